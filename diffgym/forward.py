@@ -1,0 +1,353 @@
+"""The forward step: ABA, collision, constraint assembly, NCP solve and integration.
+
+One step of semi-implicit Euler in impulse form (``shared/notes/gradients.md``)::
+
+    a_free = ABA(q, v, tau + passive)       v_free = v + dt a_free
+    G = J M^-1 J^T,  g = J v_free + b       lam = NCP(G, g, mu)
+    v1 = v_free + M^-1 J^T lam              q1 = q (+) dt v1
+"""
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+import pinocchio as pin
+
+from .collision_driver import CollisionDriver, Contacts
+from .constraint import ConstraintBuilder, Constraints
+from .model import ModelError, SimModel
+from .solver import MODE_NAMES, NCPSolver, SolverResult, SolverSettings
+
+
+class SimulationError(RuntimeError):
+    """The simulation produced a non-finite state (it diverged)."""
+
+
+class SolverWarning(RuntimeWarning):
+    """The contact solver stopped before reaching its tolerance."""
+
+
+@dataclass
+class Contact:
+    """One contact point of the last step (for reading; the arrays of StepInfo are the data)."""
+
+    geom1: str
+    geom2: str
+    point: np.ndarray
+    normal: np.ndarray
+    distance: float
+    impulse: np.ndarray      # in the contact frame (t1, t2, n); n from geom1 to geom2
+    impulse_world: np.ndarray
+    mode: str
+
+
+@dataclass
+class StepInfo:
+    """What the last step found. Arrays have one row per contact point."""
+
+    contact_points: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
+    contact_normals: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
+    contact_distances: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    contact_impulses: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
+    contact_impulses_world: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
+    contact_modes: list = field(default_factory=list)
+    contact_geoms: list = field(default_factory=list)
+    limit_joints: list = field(default_factory=list)
+    limit_impulses: np.ndarray = field(default_factory=lambda: np.zeros(0))
+    limit_active: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=bool))
+    iterations: int = 0
+    residual: float = 0.0
+    converged: bool = True
+    method: str = "none"
+
+    @property
+    def num_contacts(self) -> int:
+        return len(self.contact_modes)
+
+    @property
+    def contacts(self) -> list[Contact]:
+        return [Contact(g[0], g[1], self.contact_points[i], self.contact_normals[i],
+                        float(self.contact_distances[i]), self.contact_impulses[i],
+                        self.contact_impulses_world[i], self.contact_modes[i])
+                for i, g in enumerate(self.contact_geoms)]
+
+    def __repr__(self) -> str:
+        modes = {m: self.contact_modes.count(m) for m in MODE_NAMES if m in self.contact_modes}
+        return (f"StepInfo(contacts={self.num_contacts} {modes}, active_limits="
+                f"{int(np.sum(self.limit_active))}, iterations={self.iterations}, "
+                f"residual={self.residual:.2e}, converged={self.converged}, method={self.method!r})")
+
+
+_LOADER_KEYS = ("floating_base", "ground", "friction", "self_collision", "package_dirs", "srdf",
+                "gravity")
+
+
+class Simulator:
+    """A differentiable rigid-body simulator with unrelaxed frictional contact.
+
+    Keyword settings: ``dt`` (time step, s), ``erp`` (Baumgarte fraction of a penetration
+    removed per step, default 0.2), ``margin`` (base contact margin, m), ``tol`` (NCP residual
+    tolerance, m/s), ``max_iter`` (ADMM iterations), ``max_contact_points`` per pair (4).
+    """
+
+    def __init__(self, sm: SimModel, *, dt: float | None = None, erp: float = 0.2,
+                 margin: float = 1e-3, tol: float = 1e-9, max_iter: int = 2000,
+                 max_contact_points: int = 4):
+        if dt is not None:
+            sm.dt = dt
+        if not (isinstance(sm.dt, (int, float, np.floating)) and np.isfinite(sm.dt) and sm.dt > 0):
+            raise ValueError(f"dt must be a positive finite number of seconds, got {sm.dt!r}")
+        if not 0.0 <= erp <= 1.0:
+            raise ValueError(f"erp must be in [0, 1], got {erp!r}")
+        self.sm = sm
+        self.model: pin.Model = sm.model
+        self.geom_model: pin.GeometryModel = sm.geom_model
+        self.data = self.model.createData()
+        self.geom_data = pin.GeometryData(self.geom_model)
+        for req in self.geom_data.collisionRequests:
+            req.enable_contact = True
+        self.collision = CollisionDriver(sm, base_margin=margin, max_points=max_contact_points)
+        self.constraints = ConstraintBuilder(sm, erp=erp, limit_margin=margin)
+        self.solver = NCPSolver(SolverSettings(tol=tol, max_iter=max_iter))
+        self.last = StepInfo()
+        self._warm: dict[tuple, tuple[np.ndarray, int]] = {}
+        self._warned = False
+        self._stiff_idx = np.array(list(getattr(sm, "stiffness", {}).keys()), dtype=np.int64)
+        self._stiff_k = np.array([v[0] for v in getattr(sm, "stiffness", {}).values()])
+        self._stiff_ref = np.array([v[1] for v in getattr(sm, "stiffness", {}).values()])
+        self._stiff_q = np.array([self._idx_q_of_v(i) for i in self._stiff_idx], dtype=np.int64)
+        self.cache: dict = {}
+
+    def _idx_q_of_v(self, iv: int) -> int:
+        for j in range(1, self.model.njoints):
+            jm = self.model.joints[j]
+            if jm.idx_v <= iv < jm.idx_v + jm.nv:
+                return jm.idx_q + (iv - jm.idx_v)
+        raise ValueError(iv)
+
+    # -- construction ----------------------------------------------------------------------
+    @classmethod
+    def from_file(cls, path: str | os.PathLike, **kwargs) -> "Simulator":
+        """Load an MJCF (.xml) or URDF (.urdf) file. Keyword settings override the file."""
+        path = os.fspath(path)
+        if not os.path.isfile(path):
+            raise FileNotFoundError(f"{path}: no such model file")
+        ext = os.path.splitext(path)[1].lower()
+        loader_kw = {k: kwargs.pop(k) for k in list(kwargs) if k in _LOADER_KEYS}
+        if ext == ".urdf":
+            from .urdf import load_urdf
+            dt = kwargs.get("dt")
+            sm = load_urdf(path, dt=dt if dt is not None else 0.002, **loader_kw)
+        elif ext in (".xml", ".mjcf"):
+            if loader_kw:
+                raise TypeError(f"{path}: settings {sorted(loader_kw)} apply to URDF files only")
+            from .mjcf import load_mjcf
+            with open(path, encoding="utf-8") as fh:
+                text = fh.read()
+            sm = load_mjcf(text, os.path.dirname(os.path.abspath(path)), source=path)
+        else:
+            raise ModelError(f"{path}: unknown model format {ext!r} (expected .xml MJCF or .urdf)")
+        return cls(sm, **kwargs)
+
+    @classmethod
+    def from_string(cls, text: str, base_dir: str = ".", **kwargs) -> "Simulator":
+        """Load an MJCF document held in a string."""
+        if not isinstance(text, str):
+            raise TypeError(f"from_string expects the MJCF text as str, got {type(text).__name__}")
+        from .mjcf import load_mjcf
+        return cls(load_mjcf(text, base_dir), **kwargs)
+
+    # -- properties ------------------------------------------------------------------------
+    @property
+    def dt(self) -> float:
+        return float(self.sm.dt)
+
+    @property
+    def q0(self) -> np.ndarray:
+        return self.sm.q0.copy()
+
+    @property
+    def nq(self) -> int:
+        return self.model.nq
+
+    @property
+    def nv(self) -> int:
+        return self.model.nv
+
+    @property
+    def actuators(self):
+        return self.sm.actuators
+
+    def geom_id(self, name: str) -> int:
+        for i, g in enumerate(self.sm.geoms):
+            if g.name == name:
+                return i
+        raise KeyError(f"no geom named {name!r}; geoms: {[g.name for g in self.sm.geoms]}")
+
+    def joint_id(self, name: str) -> int:
+        if not self.model.existJointName(name):
+            raise KeyError(f"no joint named {name!r}; joints: {list(self.model.names)[1:]}")
+        return self.model.getJointId(name)
+
+    def actuation(self, ctrl) -> np.ndarray:
+        """Generalized forces (nv,) from one control value per actuator (clipped to ctrlrange)."""
+        ctrl = self._vector(ctrl, len(self.sm.actuators), "ctrl")
+        tau = np.zeros(self.nv)
+        for a, c in zip(self.sm.actuators, ctrl):
+            if a.ctrlrange is not None:
+                c = min(max(c, a.ctrlrange[0]), a.ctrlrange[1])
+            tau[a.idx_v] += a.gear * c
+        return tau
+
+    def reset_warmstart(self) -> None:
+        self._warm.clear()
+
+    # -- input checking ------------------------------------------------------------------
+    @staticmethod
+    def _vector(x, n: int, name: str) -> np.ndarray:
+        try:
+            arr = np.asarray(x, dtype=float)
+        except (TypeError, ValueError) as exc:
+            raise TypeError(f"{name} must be an array of real numbers, got {type(x).__name__}") from exc
+        if np.iscomplexobj(x):
+            raise TypeError(f"{name} must be real, got complex values")
+        if arr.shape != (n,):
+            raise ValueError(f"{name} must have shape ({n},), got {arr.shape}")
+        bad = ~np.isfinite(arr)
+        if np.any(bad):
+            raise ValueError(f"{name} contains NaN or inf at index {np.flatnonzero(bad).tolist()}")
+        return arr
+
+    def _check_q(self, q) -> np.ndarray:
+        q = self._vector(q, self.nq, "q").copy()
+        for j in range(1, self.model.njoints):
+            jm = self.model.joints[j]
+            name = jm.shortname()
+            if name in ("JointModelFreeFlyer", "JointModelSpherical"):
+                s = jm.idx_q + (3 if name == "JointModelFreeFlyer" else 0)
+                nrm = np.linalg.norm(q[s:s + 4])
+                if abs(nrm - 1.0) > 1e-3:
+                    raise ValueError(f"q[{s}:{s + 4}] is the quaternion (x y z w) of joint "
+                                     f"{self.model.names[j]!r} and must have unit norm, got {nrm:.6g}")
+                q[s:s + 4] /= nrm
+        return q
+
+    # -- the step --------------------------------------------------------------------------
+    def passive_forces(self, q: np.ndarray, v: np.ndarray) -> np.ndarray:
+        f = -self.sm.damping * v
+        if len(self._stiff_idx):
+            f[self._stiff_idx] -= self._stiff_k * (q[self._stiff_q] - self._stiff_ref)
+        return f
+
+    def step(self, q, v, tau, jacobian: bool = False):
+        """Advance one time step. Returns ``(q1, v1)`` or ``(q1, v1, jac)`` with jacobian=True."""
+        q = self._check_q(q)
+        v = self._vector(v, self.nv, "v")
+        tau = self._vector(tau, self.nv, "tau")
+        model, data, dt = self.model, self.data, self.dt
+
+        pin.forwardKinematics(model, data, q, v)
+        pin.updateGeometryPlacements(model, data, self.geom_model, self.geom_data)
+        contacts = self.collision.detect(data, self.geom_data, dt)
+
+        tau_total = tau + self.passive_forces(q, v)
+        a_free = pin.aba(model, data, q, v, tau_total)
+        v_free = v + dt * a_free
+
+        lim_idx, _ = self.constraints.active_limits(q, v, dt)
+        if len(contacts) or len(lim_idx):
+            pin.computeJointJacobians(model, data, q)
+            cons = self.constraints.build(model, data, q, v, contacts, dt)
+            Minv = pin.computeMinverse(model, data, q)
+            Minv = np.triu(Minv) + np.triu(Minv, 1).T
+            MJt = Minv @ cons.J.T
+            G = cons.J @ MJt
+            g = cons.J @ v_free + cons.b
+            lam0, modes0 = self._warm_start(cons)
+            res = self.solver.solve(G, g, cons.nc, cons.mu, lam0, modes0)
+            v1 = v_free + MJt @ res.lam
+        else:
+            cons, res, Minv, G, g = None, None, None, None, None
+            v1 = v_free
+        q1 = pin.integrate(model, q, v1 * dt)
+        if not (np.all(np.isfinite(v1)) and np.all(np.isfinite(q1))):
+            raise SimulationError("the step produced a non-finite state (the simulation diverged); "
+                                  f"|v| = {np.linalg.norm(v):.3g}, |tau| = {np.linalg.norm(tau):.3g}")
+        self._record(cons, res)
+        self.cache = dict(q=q, v=v, tau=tau, tau_total=tau_total, a_free=a_free, v_free=v_free,
+                          cons=cons, res=res, Minv=Minv, G=G, g=g, v1=v1, q1=q1)
+        if jacobian:
+            from .derivatives import step_jacobian
+            return q1, v1, step_jacobian(self)
+        return q1, v1
+
+    def _warm_start(self, cons: Constraints):
+        nc = cons.nc
+        lam0 = np.zeros(cons.m)
+        modes = np.empty(nc + len(cons.limits), dtype=np.int64)
+        found = False
+        c = cons.contacts
+        for i in range(nc):
+            w = self._warm.get((int(c.pair[i]), int(c.point[i])))
+            if w is None:
+                modes[i] = -1
+            else:
+                lam0[3 * i:3 * i + 3], modes[i] = w
+                found = True
+        for j, li in enumerate(cons.limits):
+            w = self._warm.get(("limit", int(li)))
+            if w is None:
+                modes[nc + j] = -1
+            else:
+                lam0[3 * nc + j], modes[nc + j] = w
+                found = True
+        if not found:
+            return None, None
+        # unknown rows: a breaking guess for contacts that are apart, sticking otherwise
+        for i in range(nc):
+            if modes[i] < 0:
+                modes[i] = 0 if cons.dist[i] > 0 else 1
+        for j in range(len(cons.limits)):
+            if modes[nc + j] < 0:
+                modes[nc + j] = 1 if cons.limit_dist[j] <= 0 else 0
+        return lam0, modes
+
+    def _record(self, cons: Constraints | None, res: SolverResult | None) -> None:
+        self._warm = {}
+        if cons is None:
+            self.last = StepInfo()
+            return
+        nc = cons.nc
+        c = cons.contacts
+        lam_c = res.lam[:3 * nc].reshape(nc, 3)
+        for i in range(nc):
+            self._warm[(int(c.pair[i]), int(c.point[i]))] = (lam_c[i].copy(), int(res.modes[i]))
+        for j, li in enumerate(cons.limits):
+            self._warm[("limit", int(li))] = (res.lam[3 * nc + j], int(res.limit_active[j]))
+        names = [g.name for g in self.sm.geoms]
+        self.last = StepInfo(
+            contact_points=c.pos.copy(), contact_normals=c.normal.copy(),
+            contact_distances=c.dist.copy(), contact_impulses=lam_c.copy(),
+            contact_impulses_world=np.einsum("kij,kj->ki", cons.frames, lam_c) if nc else np.zeros((0, 3)),
+            contact_modes=[MODE_NAMES[m] for m in res.modes],
+            contact_geoms=[(names[a], names[b]) for a, b in zip(c.geom1, c.geom2)],
+            limit_joints=[self.sm.limits[li].joint for li in cons.limits],
+            limit_impulses=res.lam[3 * nc:].copy(), limit_active=res.limit_active.copy(),
+            iterations=res.iterations, residual=res.residual, converged=res.converged,
+            method=res.method)
+        if not res.converged and not self._warned:
+            self._warned = True
+            warnings.warn(f"contact solver did not converge: residual {res.residual:.3e} m/s after "
+                          f"{res.iterations} iterations (tolerance {self.solver.settings.tol:.1e}); "
+                          "see sim.last.converged", SolverWarning, stacklevel=3)
+
+    def rollout(self, q, v, taus):
+        """Simulate len(taus) steps; returns arrays of q (T+1, nq) and v (T+1, nv)."""
+        qs, vs = [np.asarray(q, float)], [np.asarray(v, float)]
+        for tau in taus:
+            q, v = self.step(q, v, tau)
+            qs.append(q)
+            vs.append(v)
+        return np.array(qs), np.array(vs)

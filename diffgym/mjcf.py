@@ -1,0 +1,605 @@
+"""Model loading, MJCF: parse a MuJoCo XML document into a :class:`~diffgym.model.SimModel`.
+
+pinocchio's own MJCF parser reads only the first body tree under ``<worldbody>`` and ignores
+``<option>``; this module reads the whole document the way MuJoCo's compiler does for the
+subset of MJCF that rigid-body scenes use:
+
+* ``<compiler angle eulerseq inertiafromgeom autolimits meshdir>``, ``<option timestep gravity>``
+* nested ``<default>`` classes and ``childclass``
+* every top-level body (several free bodies in one scene), ``hinge``/``slide``/``ball``/``free``
+  joints with ``pos``, ``axis``, ``ref``, ``range``, ``limited``, ``armature``, ``damping``,
+  ``stiffness``; several joints in one body become a chain of joints
+* ``pos``/``quat``/``euler``/``axisangle``/``xyaxes``/``zaxis`` frames, ``fromto`` geoms
+* ``<inertial>`` or inertia computed from geoms (density 1000 by default), like MuJoCo
+* geoms: plane, sphere, box, capsule, cylinder, ellipsoid and convex meshes (convex hull)
+* geom ``friction`` (first component), ``contype``/``conaffinity``, ``<contact><exclude>`` and
+  ``<contact><pair>``, and MuJoCo's no-parent-child filter
+* ``<actuator><motor>`` and the first ``<keyframe><key qpos>``
+
+Configuration vectors use pinocchio's convention: a free joint is ``[x y z qx qy qz qw]``
+(MuJoCo writes ``[x y z qw qx qy qz]``; keyframes are converted).
+"""
+from __future__ import annotations
+
+import math
+import os
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass, field
+
+import coal
+import numpy as np
+import pinocchio as pin
+
+from .model import Actuator, GeomInfo, JointLimit, ModelError, SimModel
+
+GEOM_TYPES = ("plane", "sphere", "box", "capsule", "cylinder", "ellipsoid", "mesh")
+JOINT_TYPES = ("hinge", "slide", "ball", "free")
+
+
+def _floats(text: str | None, n: int | None = None, what: str = "") -> np.ndarray | None:
+    if text is None:
+        return None
+    try:
+        arr = np.array([float(x) for x in text.split()], dtype=float)
+    except ValueError as exc:
+        raise ModelError(f"{what}: expected numbers, got {text!r}") from exc
+    if n is not None and arr.size != n:
+        raise ModelError(f"{what}: expected {n} numbers, got {arr.size} ({text!r})")
+    return arr
+
+
+def _quat_wxyz_to_matrix(qw: np.ndarray) -> np.ndarray:
+    norm = np.linalg.norm(qw)
+    if norm == 0.0:
+        raise ModelError("zero quaternion")
+    w, x, y, z = qw / norm
+    return pin.Quaternion(w, x, y, z).toRotationMatrix()
+
+
+def _axis_angle(axis: np.ndarray, angle: float) -> np.ndarray:
+    n = np.linalg.norm(axis)
+    if n == 0.0:
+        raise ModelError("zero rotation axis")
+    return pin.exp3(np.asarray(axis, float) / n * angle)
+
+
+def _min_rotation(z_from: np.ndarray, z_to: np.ndarray) -> np.ndarray:
+    """Smallest rotation taking unit vector z_from onto z_to."""
+    a = z_from / np.linalg.norm(z_from)
+    b = z_to / np.linalg.norm(z_to)
+    c = np.cross(a, b)
+    s = np.linalg.norm(c)
+    d = float(np.dot(a, b))
+    if s < 1e-12:
+        if d > 0:
+            return np.eye(3)
+        perp = np.array([1.0, 0, 0]) if abs(a[0]) < 0.9 else np.array([0, 1.0, 0])
+        return _axis_angle(np.cross(a, perp), math.pi)
+    return _axis_angle(c, math.atan2(s, d))
+
+
+def bounding_radius(kind: str, size: np.ndarray, shape=None) -> float:
+    """Radius of a sphere about the geom origin that holds the whole shape (inf for planes)."""
+    if kind == "plane":
+        return math.inf
+    if kind == "sphere":
+        return float(size[0])
+    if kind in ("box", "ellipsoid"):
+        return float(np.linalg.norm(size[:3]) if kind == "box" else np.max(size[:3]))
+    if kind == "capsule":
+        return float(size[0] + size[1])
+    if kind == "cylinder":
+        return float(math.hypot(size[0], size[1]))
+    shape.computeLocalAABB()
+    return float(shape.aabb_radius + np.linalg.norm(np.asarray(shape.aabb_center)))
+
+
+@dataclass
+class _Compiler:
+    degree: bool = True
+    eulerseq: str = "xyz"
+    inertiafromgeom: str = "auto"
+    autolimits: bool = True
+    meshdir: str = ""
+
+    def angle(self, value: float) -> float:
+        return math.radians(value) if self.degree else value
+
+
+@dataclass
+class _Body:
+    """Book-keeping for one MJCF body while the pinocchio model is built."""
+
+    name: str
+    jid: int                 # pinocchio joint the body is rigidly attached to
+    placement: pin.SE3       # body frame expressed in that joint's frame
+    frame_id: int
+    weld: str                # name of the body that owns that joint ('world' for jid 0)
+    parent: str | None
+    children: list[str] = field(default_factory=list)
+
+
+class _MJCFBuilder:
+    def __init__(self, root: ET.Element, base_dir: str, source: str):
+        self.root = root
+        self.base_dir = base_dir
+        self.source = source
+        self.compiler = _Compiler()
+        self.defaults: dict[str, dict[str, dict[str, str]]] = {}
+        self.default_parent: dict[str, str | None] = {}
+        self.model = pin.Model()
+        self.geom_model = pin.GeometryModel()
+        self.geoms: list[GeomInfo] = []
+        self.geom_body_index: list[str] = []
+        self.bodies: dict[str, _Body] = {}
+        self.limits: list[JointLimit] = []
+        self.q0_parts: list[tuple[int, np.ndarray]] = []
+        self.damping: dict[int, float] = {}
+        self.stiffness: dict[int, tuple[float, float]] = {}
+        self.meshes: dict[str, tuple[str, np.ndarray]] = {}
+        self.dt = 0.002
+        self.gravity = np.array([0.0, 0.0, -9.81])
+        self._unnamed = 0
+
+    # -- document-level parsing -------------------------------------------------------
+    def err(self, msg: str) -> ModelError:
+        return ModelError(f"{self.source}: {msg}")
+
+    def parse_header(self) -> None:
+        if self.root.tag != "mujoco":
+            raise self.err(f"root element is <{self.root.tag}>, expected <mujoco>")
+        for el in self.root:
+            if el.tag == "include":
+                raise self.err("<include> is not supported; inline the included file")
+        for comp in self.root.findall("compiler"):
+            a = comp.attrib
+            if "angle" in a:
+                if a["angle"] not in ("degree", "radian"):
+                    raise self.err(f"<compiler angle={a['angle']!r}>: expected degree or radian")
+                self.compiler.degree = a["angle"] == "degree"
+            self.compiler.eulerseq = a.get("eulerseq", self.compiler.eulerseq)
+            self.compiler.inertiafromgeom = a.get("inertiafromgeom", self.compiler.inertiafromgeom)
+            if "autolimits" in a:
+                self.compiler.autolimits = a["autolimits"] == "true"
+            self.compiler.meshdir = a.get("meshdir", self.compiler.meshdir)
+            if a.get("coordinate", "local") != "local":
+                raise self.err("<compiler coordinate='global'> is not supported")
+        for opt in self.root.findall("option"):
+            if "timestep" in opt.attrib:
+                self.dt = float(_floats(opt.get("timestep"), 1, "<option timestep>")[0])
+            if "gravity" in opt.attrib:
+                self.gravity = _floats(opt.get("gravity"), 3, "<option gravity>")
+        for d in self.root.findall("default"):
+            self._parse_default(d, "main", None)
+        for asset in self.root.findall("asset"):
+            for mesh in asset.findall("mesh"):
+                self._parse_mesh(mesh)
+
+    def _parse_default(self, el: ET.Element, name: str, parent: str | None) -> None:
+        self.default_parent[name] = parent
+        table: dict[str, dict[str, str]] = {}
+        for child in el:
+            if child.tag == "default":
+                continue
+            table[child.tag] = dict(child.attrib)
+        self.defaults[name] = table
+        for child in el.findall("default"):
+            cname = child.get("class")
+            if cname is None:
+                raise self.err("nested <default> without a class name")
+            self._parse_default(child, cname, name)
+
+    def attrs(self, el: ET.Element, childclass: str | None) -> dict[str, str]:
+        """An element's attributes with its default class chain applied."""
+        cls = el.get("class") or childclass or "main"
+        if cls not in self.defaults and cls != "main":
+            raise self.err(f"<{el.tag} name={el.get('name')!r}> uses unknown default class {cls!r}")
+        chain = []
+        c: str | None = cls
+        while c is not None and c in self.defaults:
+            chain.append(c)
+            c = self.default_parent.get(c)
+        out: dict[str, str] = {}
+        tag = el.tag
+        tags = [tag]
+        if tag == "freejoint":
+            tags = []
+        if tag in ("motor", "position", "velocity", "general"):
+            tags = ["general", tag]
+        for c in reversed(chain):
+            for t in tags:
+                out.update(self.defaults[c].get(t, {}))
+        out.update(el.attrib)
+        return out
+
+    def _parse_mesh(self, el: ET.Element) -> None:
+        file = el.get("file")
+        if file is None:
+            raise self.err("<mesh> without a file (inline vertices are not supported)")
+        name = el.get("name") or os.path.splitext(os.path.basename(file))[0]
+        path = os.path.join(self.base_dir, self.compiler.meshdir, file)
+        scale = _floats(el.get("scale", "1 1 1"), 3, f"<mesh name={name!r}> scale")
+        self.meshes[name] = (path, scale)
+
+    # -- frames -----------------------------------------------------------------------
+    def rotation(self, a: dict[str, str], what: str) -> np.ndarray:
+        given = [k for k in ("quat", "euler", "axisangle", "xyaxes", "zaxis") if k in a]
+        if len(given) > 1:
+            raise self.err(f"{what}: several orientations given ({', '.join(given)})")
+        if "quat" in a:
+            return _quat_wxyz_to_matrix(_floats(a["quat"], 4, f"{what} quat"))
+        if "axisangle" in a:
+            v = _floats(a["axisangle"], 4, f"{what} axisangle")
+            return _axis_angle(v[:3], self.compiler.angle(v[3]))
+        if "euler" in a:
+            ang = [self.compiler.angle(x) for x in _floats(a["euler"], 3, f"{what} euler")]
+            seq = self.compiler.eulerseq
+            R = np.eye(3)
+            for ch, th in zip(seq, ang):
+                axis = {"x": [1.0, 0, 0], "y": [0, 1.0, 0], "z": [0, 0, 1.0]}[ch.lower()]
+                Ri = _axis_angle(np.array(axis), th)
+                R = R @ Ri if ch.islower() else Ri @ R
+            return R
+        if "xyaxes" in a:
+            v = _floats(a["xyaxes"], 6, f"{what} xyaxes")
+            x = v[:3] / np.linalg.norm(v[:3])
+            y = v[3:] - x * np.dot(x, v[3:])
+            y /= np.linalg.norm(y)
+            return np.column_stack([x, y, np.cross(x, y)])
+        if "zaxis" in a:
+            return _min_rotation(np.array([0, 0, 1.0]), _floats(a["zaxis"], 3, f"{what} zaxis"))
+        return np.eye(3)
+
+    def pose(self, a: dict[str, str], what: str) -> pin.SE3:
+        pos = _floats(a.get("pos"), 3, f"{what} pos")
+        return pin.SE3(self.rotation(a, what), pos if pos is not None else np.zeros(3))
+
+    # -- geoms ------------------------------------------------------------------------
+    def geom_shape(self, a: dict[str, str], what: str):
+        """Returns (kind, size, local pose, coal shape, volume, com, inertia-about-com)."""
+        kind = a.get("type", "sphere")
+        if kind not in GEOM_TYPES:
+            raise self.err(f"{what}: unsupported geom type {kind!r} (supported: {', '.join(GEOM_TYPES)})")
+        size = _floats(a.get("size"), None, f"{what} size")
+        size = np.zeros(3) if size is None else size
+        pose = self.pose(a, what)
+        if "fromto" in a:
+            if kind not in ("capsule", "cylinder", "box", "ellipsoid"):
+                raise self.err(f"{what}: fromto is only valid for capsule, cylinder, box, ellipsoid")
+            ft = _floats(a["fromto"], 6, f"{what} fromto")
+            p0, p1 = ft[:3], ft[3:]
+            axis = p1 - p0
+            length = np.linalg.norm(axis)
+            if length == 0:
+                raise self.err(f"{what}: fromto has zero length")
+            pose = pin.SE3(_min_rotation(np.array([0, 0, 1.0]), axis), 0.5 * (p0 + p1))
+            half = 0.5 * length
+            if kind in ("capsule", "cylinder"):
+                size = np.array([size[0], half])
+            else:
+                size = np.array([size[0], size[1] if size.size > 1 else size[0], half])
+
+        def need(n: int) -> np.ndarray:
+            if size.size < n or np.any(size[:n] <= 0):
+                raise self.err(f"{what}: {kind} needs {n} positive size values, got {a.get('size')!r}")
+            return size[:n]
+
+        com = np.zeros(3)
+        if kind == "plane":
+            shape = coal.Halfspace(np.array([0.0, 0.0, 1.0]), 0.0)
+            return kind, size, pose, shape, 0.0, com, np.zeros((3, 3))
+        if kind == "sphere":
+            (r,) = need(1)
+            shape, vol = coal.Sphere(r), 4.0 / 3.0 * math.pi * r**3
+            I = np.eye(3) * 0.4 * r * r
+        elif kind == "box":
+            hx, hy, hz = need(3)
+            shape, vol = coal.Box(2 * hx, 2 * hy, 2 * hz), 8 * hx * hy * hz
+            I = np.diag([hy * hy + hz * hz, hx * hx + hz * hz, hx * hx + hy * hy]) / 3.0
+        elif kind == "capsule":
+            r, h = need(2)
+            shape = coal.Capsule(r, 2 * h)
+            vc, vs = math.pi * r * r * 2 * h, 4.0 / 3.0 * math.pi * r**3
+            vol = vc + vs
+            H = 2 * h
+            ip = vc * (H * H / 12 + r * r / 4) + vs * (0.4 * r * r + H * H / 4 + 3 * H * r / 8)
+            ia = vc * r * r / 2 + vs * 0.4 * r * r
+            I = np.diag([ip, ip, ia]) / vol
+        elif kind == "cylinder":
+            r, h = need(2)
+            shape, vol = coal.Cylinder(r, 2 * h), math.pi * r * r * 2 * h
+            ip = (3 * r * r + 4 * h * h) / 12.0
+            I = np.diag([ip, ip, r * r / 2])
+        elif kind == "ellipsoid":
+            rx, ry, rz = need(3)
+            shape, vol = coal.Ellipsoid(rx, ry, rz), 4.0 / 3.0 * math.pi * rx * ry * rz
+            I = np.diag([ry * ry + rz * rz, rx * rx + rz * rz, rx * rx + ry * ry]) / 5.0
+        else:  # mesh
+            mname = a.get("mesh")
+            if mname not in self.meshes:
+                raise self.err(f"{what}: mesh {mname!r} is not declared in <asset>")
+            path, scale = self.meshes[mname]
+            if not os.path.isfile(path):
+                raise self.err(f"{what}: mesh file {path!r} not found")
+            try:
+                bvh = coal.MeshLoader().load(path, scale)
+                bvh.buildConvexHull(True, "Qt")
+                shape = bvh.convex
+            except Exception as exc:  # coal raises plain RuntimeErrors
+                raise self.err(f"{what}: could not load mesh {path!r}: {exc}") from exc
+            vol = float(shape.computeVolume())
+            com = np.asarray(shape.computeCOM()).copy()
+            I = np.asarray(shape.computeMomentofInertiaRelatedToCOM()) / max(vol, 1e-12)
+            size = np.asarray(scale)
+        return kind, size, pose, shape, vol, com, I
+
+    # -- bodies -----------------------------------------------------------------------
+    def build(self) -> SimModel:
+        self.parse_header()
+        world = self.root.find("worldbody")
+        if world is None:
+            raise self.err("no <worldbody>")
+        self.model.gravity = pin.Motion(self.gravity, np.zeros(3))
+        self.bodies["world"] = _Body("world", 0, pin.SE3.Identity(), 0, "world", None)
+        for el in world:
+            if el.tag == "geom":
+                self.add_geom(el, self.bodies["world"], None)
+            elif el.tag == "body":
+                self.add_body(el, self.bodies["world"], None)
+            elif el.tag == "frame":
+                raise self.err("<frame> is not supported; fold it into the bodies' pos/quat")
+        nq = self.model.nq
+        q0 = pin.neutral(self.model)
+        for idx, val in self.q0_parts:
+            q0[idx:idx + val.size] = val
+        damping = np.zeros(self.model.nv)
+        for iv, d in self.damping.items():
+            damping[iv] = d
+        pairs = self.collision_pairs()
+        actuators = self.parse_actuators()
+        keyframes = self.parse_keyframes(nq)
+        if keyframes:
+            q0 = next(iter(keyframes.values())).copy()
+        sm = SimModel(self.model, self.geom_model, self.geoms, pairs, self.limits, actuators,
+                      q0, self.dt, damping, source=self.source, keyframes=keyframes)
+        sm.stiffness = self.stiffness
+        return sm
+
+    def add_body(self, el: ET.Element, parent: _Body, childclass: str | None) -> None:
+        name = el.get("name") or f"body{len(self.bodies)}"
+        if name in self.bodies:
+            raise self.err(f"duplicate body name {name!r}")
+        what = f"<body name={name!r}>"
+        childclass = el.get("childclass", childclass)
+        local = self.pose(dict(el.attrib), what)
+        T = parent.placement * local          # body frame in the parent joint's frame
+        jid, weld = parent.jid, parent.weld
+        joints = [j for j in el if j.tag in ("joint", "freejoint")]
+        for j in joints:
+            a = self.attrs(j, childclass)
+            jtype = "free" if j.tag == "freejoint" else a.get("type", "hinge")
+            jname = a.get("name") or f"{name}_joint{self._unnamed}"
+            self._unnamed += 1
+            if jtype not in JOINT_TYPES:
+                raise self.err(f"<joint name={jname!r}>: unsupported type {jtype!r}")
+            anchor = _floats(a.get("pos", "0 0 0"), 3, f"<joint name={jname!r}> pos")
+            if jtype == "free":
+                if parent.jid != 0 or len(joints) > 1:
+                    raise self.err(f"<joint name={jname!r}>: a free joint must be the only joint "
+                                   "of a top-level body")
+                jm = pin.JointModelFreeFlyer()
+                placement = pin.SE3.Identity()
+                quat = pin.Quaternion(T.rotation).coeffs()   # x y z w
+                start = np.concatenate([T.translation, quat])
+                T = pin.SE3.Identity()
+            else:
+                frame = T * pin.SE3(np.eye(3), anchor)
+                if jtype == "ball":
+                    jm = pin.JointModelSpherical()
+                    placement, start = frame, np.array([0.0, 0, 0, 1])
+                else:
+                    axis = _floats(a.get("axis", "0 0 1"), 3, f"<joint name={jname!r}> axis")
+                    if np.linalg.norm(axis) == 0:
+                        raise self.err(f"<joint name={jname!r}>: zero axis")
+                    axis = axis / np.linalg.norm(axis)
+                    ref = float(a.get("ref", 0.0))
+                    if jtype == "hinge":
+                        ref = self.compiler.angle(ref)
+                        jm = pin.JointModelRevoluteUnaligned(axis)
+                        offset = pin.SE3(_axis_angle(axis, -ref), np.zeros(3))
+                    else:
+                        jm = pin.JointModelPrismaticUnaligned(axis)
+                        offset = pin.SE3(np.eye(3), -axis * ref)
+                    placement, start = frame * offset, np.array([ref])
+                T = pin.SE3(np.eye(3), -anchor)
+            new_jid = self.model.addJoint(jid, jm, placement, jname)
+            jmodel = self.model.joints[new_jid]
+            self.q0_parts.append((jmodel.idx_q, start))
+            self.model.armature[jmodel.idx_v:jmodel.idx_v + jmodel.nv] = float(a.get("armature", 0.0))
+            if float(a.get("damping", 0.0)) != 0.0:
+                for k in range(jmodel.nv):
+                    self.damping[jmodel.idx_v + k] = float(a["damping"])
+            if jtype in ("hinge", "slide"):
+                k = float(a.get("stiffness", 0.0))
+                if k != 0.0:
+                    sref = float(a.get("springref", 0.0))
+                    sref = self.compiler.angle(sref) if jtype == "hinge" else sref
+                    self.stiffness[jmodel.idx_v] = (k, sref)
+                self._add_limit(a, jtype, jname, jmodel)
+            jid, weld = new_jid, name
+        body = _Body(name, jid, T, 0, weld, parent.name)
+        parent.children.append(name)
+        self.bodies[name] = body
+        body.frame_id = self.model.addBodyFrame(name, jid, T, parent.frame_id)
+        # inertia
+        inertial = el.find("inertial")
+        use_geoms = self.compiler.inertiafromgeom == "true" or (
+            self.compiler.inertiafromgeom == "auto" and inertial is None)
+        geom_mass: list[tuple[float, np.ndarray, np.ndarray]] = []
+        for g in el.findall("geom"):
+            m_c_I = self.add_geom(g, body, childclass)
+            if m_c_I is not None:
+                geom_mass.append(m_c_I)
+        if use_geoms:
+            mass = sum(m for m, _, _ in geom_mass)
+            if mass > 0:
+                com = sum(m * c for m, c, _ in geom_mass) / mass
+                I = np.zeros((3, 3))
+                for m, c, Ig in geom_mass:
+                    d = c - com
+                    I += Ig + m * (np.dot(d, d) * np.eye(3) - np.outer(d, d))
+                self.model.appendBodyToJoint(jid, pin.Inertia(mass, com, I), T)
+        elif inertial is not None:
+            a = dict(inertial.attrib)
+            mass = float(a.get("mass", 0.0))
+            if mass <= 0:
+                raise self.err(f"{what} <inertial>: mass must be positive")
+            R = self.rotation(a, f"{what} <inertial>")
+            if "diaginertia" in a:
+                I = np.diag(_floats(a["diaginertia"], 3, f"{what} diaginertia"))
+            elif "fullinertia" in a:
+                xx, yy, zz, xy, xz, yz = _floats(a["fullinertia"], 6, f"{what} fullinertia")
+                I = np.array([[xx, xy, xz], [xy, yy, yz], [xz, yz, zz]])
+            else:
+                raise self.err(f"{what} <inertial>: needs diaginertia or fullinertia")
+            pos = _floats(a.get("pos", "0 0 0"), 3, f"{what} <inertial> pos")
+            self.model.appendBodyToJoint(jid, pin.Inertia(mass, pos, R @ I @ R.T), T)
+        for child in el.findall("body"):
+            self.add_body(child, body, childclass)
+
+    def _add_limit(self, a: dict[str, str], jtype: str, jname: str, jmodel) -> None:
+        limited = a.get("limited", "auto")
+        if limited == "auto":
+            limited = "true" if (self.compiler.autolimits and "range" in a) else "false"
+        if limited != "true":
+            return
+        if "range" not in a:
+            raise self.err(f"<joint name={jname!r}>: limited joint without range")
+        lo, hi = _floats(a["range"], 2, f"<joint name={jname!r}> range")
+        if jtype == "hinge":
+            lo, hi = self.compiler.angle(lo), self.compiler.angle(hi)
+        if lo >= hi:
+            raise self.err(f"<joint name={jname!r}>: range lower {lo} >= upper {hi}")
+        self.limits.append(JointLimit(jname, jmodel.idx_q, jmodel.idx_v, lo, +1.0))
+        self.limits.append(JointLimit(jname, jmodel.idx_q, jmodel.idx_v, hi, -1.0))
+
+    def add_geom(self, el: ET.Element, body: _Body, childclass: str | None):
+        a = self.attrs(el, childclass)
+        gname = a.get("name") or f"{body.name}_geom{len(self.geoms)}"
+        what = f"<geom name={gname!r}>"
+        kind, size, pose, shape, vol, com, I = self.geom_shape(a, what)
+        placement = body.placement * pose
+        go = pin.GeometryObject(gname, body.jid, body.frame_id, placement, shape)
+        self.geom_model.addGeometryObject(go)
+        fr = _floats(a.get("friction", "1"), None, f"{what} friction")
+        rgba = _floats(a.get("rgba", "0.5 0.5 0.5 1"), 4, f"{what} rgba")
+        info = GeomInfo(gname, body.name, kind, np.asarray(size, float), float(fr[0]),
+                        int(a.get("contype", 1)), int(a.get("conaffinity", 1)), rgba,
+                        bounding_radius(kind, size, shape))
+        self.geoms.append(info)
+        self.geom_body_index.append(body.name)
+        if body.jid == 0 or kind == "plane":
+            return None
+        if "mass" in a:
+            mass = float(a["mass"])
+        else:
+            mass = float(a.get("density", 1000.0)) * vol
+        if mass <= 0:
+            return None
+        R, p = pose.rotation, pose.translation
+        return mass, p + R @ com, mass * (R @ I @ R.T)
+
+    # -- pairs, actuators, keyframes -----------------------------------------------
+    def collision_pairs(self) -> np.ndarray:
+        excluded = set()
+        explicit: list[tuple[int, int]] = []
+        names = {g.name: i for i, g in enumerate(self.geoms)}
+        for contact in self.root.findall("contact"):
+            for ex in contact.findall("exclude"):
+                b1, b2 = ex.get("body1"), ex.get("body2")
+                for b in (b1, b2):
+                    if b not in self.bodies:
+                        raise self.err(f"<exclude body1={b1!r} body2={b2!r}>: unknown body {b!r}")
+                excluded.add(frozenset((b1, b2)))
+            for pr in contact.findall("pair"):
+                g1, g2 = pr.get("geom1"), pr.get("geom2")
+                for g in (g1, g2):
+                    if g not in names:
+                        raise self.err(f"<pair geom1={g1!r} geom2={g2!r}>: unknown geom {g!r}")
+                explicit.append((names[g1], names[g2]))
+        weld_parent = {b.weld: self.bodies[b.parent].weld for b in self.bodies.values()
+                       if b.parent is not None and b.weld != self.bodies[b.parent].weld}
+        pairs = []
+        n = len(self.geoms)
+        for i in range(n):
+            gi = self.geoms[i]
+            bi = self.bodies[gi.body]
+            for k in range(i + 1, n):
+                gk = self.geoms[k]
+                bk = self.bodies[gk.body]
+                if bi.weld == bk.weld:
+                    continue
+                if not ((gi.contype & gk.conaffinity) or (gk.contype & gi.conaffinity)):
+                    continue
+                if gi.kind == "plane" and gk.kind == "plane":
+                    continue
+                if bi.weld != "world" and bk.weld != "world" and (
+                        weld_parent.get(bi.weld) == bk.weld or weld_parent.get(bk.weld) == bi.weld):
+                    continue
+                if frozenset((gi.body, gk.body)) in excluded:
+                    continue
+                pairs.append((i, k))
+        for p in explicit:
+            if p not in pairs and p[::-1] not in pairs:
+                pairs.append(p)
+        return np.array(pairs, dtype=np.int64).reshape(-1, 2)
+
+    def parse_actuators(self) -> list[Actuator]:
+        acts = []
+        for sec in self.root.findall("actuator"):
+            for el in sec:
+                if el.tag not in ("motor", "general"):
+                    raise self.err(f"<actuator><{el.tag}> is not supported (use <motor>)")
+                a = self.attrs(el, None)
+                jname = a.get("joint")
+                if jname is None:
+                    raise self.err(f"<{el.tag} name={a.get('name')!r}>: only joint transmissions are supported")
+                if not self.model.existJointName(jname):
+                    raise self.err(f"<{el.tag}>: unknown joint {jname!r}")
+                jm = self.model.joints[self.model.getJointId(jname)]
+                if jm.nv != 1:
+                    raise self.err(f"<{el.tag} joint={jname!r}>: actuated joint must be hinge or slide")
+                gear = float(_floats(a.get("gear", "1"), None, "gear")[0])
+                cr = None
+                limited = a.get("ctrllimited", "auto")
+                if "ctrlrange" in a and limited != "false":
+                    lo, hi = _floats(a["ctrlrange"], 2, f"<{el.tag} joint={jname!r}> ctrlrange")
+                    cr = (float(lo), float(hi))
+                acts.append(Actuator(a.get("name", jname), jname, jm.idx_v, gear, cr))
+        return acts
+
+    def parse_keyframes(self, nq: int) -> dict[str, np.ndarray]:
+        out = {}
+        for kf in self.root.findall("keyframe"):
+            for i, key in enumerate(kf.findall("key")):
+                if "qpos" not in key.attrib:
+                    continue
+                q = _floats(key.get("qpos"), nq, f"<key name={key.get('name')!r}> qpos")
+                for j in range(1, self.model.njoints):
+                    jm = self.model.joints[j]
+                    if jm.shortname() == "JointModelFreeFlyer":
+                        w = q[jm.idx_q + 3]
+                        q[jm.idx_q + 3:jm.idx_q + 6], q[jm.idx_q + 6] = q[jm.idx_q + 4:jm.idx_q + 7].copy(), w
+                    elif jm.shortname() == "JointModelSpherical":
+                        w = q[jm.idx_q]
+                        q[jm.idx_q:jm.idx_q + 3], q[jm.idx_q + 3] = q[jm.idx_q + 1:jm.idx_q + 4].copy(), w
+                out[key.get("name", f"key{i}")] = q
+        return out
+
+
+def load_mjcf(text: str, base_dir: str = ".", source: str = "<string>") -> SimModel:
+    try:
+        root = ET.fromstring(text)
+    except ET.ParseError as exc:
+        raise ModelError(f"{source}: not valid XML: {exc}") from exc
+    return _MJCFBuilder(root, base_dir, source).build()

@@ -1,0 +1,135 @@
+"""Model loading, URDF: pinocchio's URDF parser plus a ground plane, limits and actuators.
+
+URDF has no friction, gravity or time step, so those come from keyword settings. By default a
+floating base is added (``floating_base=True``), a ground half-space ``z <= 0`` is added
+(``ground=True``) and every robot geom may touch the ground; self-collision is off unless
+``self_collision=True`` (then every pair of geoms on different, non-adjacent links is a
+candidate, minus the pairs an SRDF ``disable_collisions`` lists). Joint limits of revolute and
+prismatic joints become hard limits; each actuated scalar joint gets a unit-gear motor whose
+control range is the URDF effort limit. If an SRDF sits beside the URDF (``../srdf/NAME.srdf``
+as in example-robot-data) its first reference configuration is the default ``q0``.
+"""
+from __future__ import annotations
+
+import math
+import os
+
+import coal
+import numpy as np
+import pinocchio as pin
+
+from .model import Actuator, GeomInfo, JointLimit, ModelError, SimModel
+from .mjcf import bounding_radius
+
+_SHAPES = [(coal.Sphere, "sphere"), (coal.Box, "box"), (coal.Capsule, "capsule"),
+           (coal.Cylinder, "cylinder"), (coal.Ellipsoid, "ellipsoid"), (coal.Halfspace, "plane"),
+           (coal.ConvexBase, "mesh"), (coal.BVHModelBase, "mesh")]
+
+
+def _shape_kind_size(shape) -> tuple[str, np.ndarray]:
+    for cls, kind in _SHAPES:
+        if isinstance(shape, cls):
+            break
+    else:
+        raise ModelError(f"unsupported collision shape {type(shape).__name__}")
+    if kind == "sphere":
+        return kind, np.array([shape.radius])
+    if kind == "box":
+        return kind, np.asarray(shape.halfSide, float).copy()
+    if kind in ("capsule", "cylinder"):
+        return kind, np.array([shape.radius, shape.halfLength])
+    if kind == "ellipsoid":
+        return kind, np.asarray(shape.radii, float).copy()
+    return kind, np.zeros(3)
+
+
+def _find_srdf(path: str) -> str | None:
+    base = os.path.splitext(os.path.basename(path))[0]
+    cand = os.path.join(os.path.dirname(os.path.dirname(path)), "srdf", base + ".srdf")
+    return cand if os.path.isfile(cand) else None
+
+
+def load_urdf(path: str, *, floating_base: bool = True, ground: bool = True,
+              friction: float = 1.0, self_collision: bool = False, dt: float = 0.002,
+              gravity=(0.0, 0.0, -9.81), package_dirs: list[str] | None = None,
+              srdf: str | None = None, mesh_collisions: bool = True) -> SimModel:
+    if not os.path.isfile(path):
+        raise ModelError(f"{path}: no such file")
+    try:
+        if floating_base:
+            model = pin.buildModelFromUrdf(path, pin.JointModelFreeFlyer())
+        else:
+            model = pin.buildModelFromUrdf(path)
+    except Exception as exc:
+        raise ModelError(f"{path}: pinocchio could not parse the URDF: {exc}") from exc
+    model.gravity = pin.Motion(np.asarray(gravity, float), np.zeros(3))
+    dirs = list(package_dirs or [])
+    dirs.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(path)))))
+    try:
+        gmodel = pin.buildGeomFromUrdf(model, path, pin.GeometryType.COLLISION, dirs)
+    except Exception as exc:
+        raise ModelError(f"{path}: could not build collision geometry: {exc}") from exc
+    robot_geoms = list(range(len(gmodel.geometryObjects)))
+    geoms: list[GeomInfo] = []
+    for go in gmodel.geometryObjects:
+        kind, size = _shape_kind_size(go.geometry)
+        if kind == "mesh" and not mesh_collisions:
+            raise ModelError(f"{path}: geom {go.name!r} is a mesh and mesh_collisions=False")
+        body = model.frames[go.parentFrame].name
+        geoms.append(GeomInfo(go.name, body, kind, size, friction, 1, 1,
+                              np.array([0.6, 0.6, 0.65, 1.0]),
+                              bounding_radius(kind, size, go.geometry)))
+    pairs: list[tuple[int, int]] = []
+    if ground:
+        gid = gmodel.addGeometryObject(pin.GeometryObject(
+            "ground", 0, 0, pin.SE3.Identity(), coal.Halfspace(np.array([0, 0, 1.0]), 0.0)))
+        geoms.append(GeomInfo("ground", "world", "plane", np.array([0.0, 0.0, 0.0]), friction, 1, 1,
+                              np.array([0.8, 0.9, 0.8, 1.0]), math.inf))
+        pairs += [(i, gid) for i in robot_geoms if gmodel.geometryObjects[i].parentJoint != 0]
+    if self_collision:
+        srdf_file = srdf or _find_srdf(path)
+        tmp = pin.GeometryModel()
+        for go in gmodel.geometryObjects:
+            tmp.addGeometryObject(go)
+        tmp.addAllCollisionPairs()
+        if srdf_file:
+            pin.removeCollisionPairs(model, tmp, srdf_file)
+        parent = {j: model.parents[j] for j in range(model.njoints)}
+        for cp in tmp.collisionPairs:
+            a, b = cp.first, cp.second
+            if a not in robot_geoms or b not in robot_geoms:
+                continue
+            ja = gmodel.geometryObjects[a].parentJoint
+            jb = gmodel.geometryObjects[b].parentJoint
+            if ja == jb or parent[ja] == jb or parent[jb] == ja:
+                continue
+            pairs.append((a, b))
+    limits: list[JointLimit] = []
+    actuators: list[Actuator] = []
+    for j in range(1, model.njoints):
+        jm = model.joints[j]
+        if jm.nq != 1 or jm.nv != 1:
+            continue
+        name = model.names[j]
+        lo, hi = model.lowerPositionLimit[jm.idx_q], model.upperPositionLimit[jm.idx_q]
+        if np.isfinite(lo) and np.isfinite(hi) and lo < hi and not (lo == 0 and hi == 0):
+            limits.append(JointLimit(name, jm.idx_q, jm.idx_v, float(lo), +1.0))
+            limits.append(JointLimit(name, jm.idx_q, jm.idx_v, float(hi), -1.0))
+        effort = float(model.effortLimit[jm.idx_v])
+        cr = (-effort, effort) if np.isfinite(effort) and effort > 0 else None
+        actuators.append(Actuator(name, name, jm.idx_v, 1.0, cr))
+    q0 = pin.neutral(model)
+    keyframes: dict[str, np.ndarray] = {}
+    srdf_file = srdf or _find_srdf(path)
+    if srdf_file:
+        try:
+            pin.loadReferenceConfigurations(model, srdf_file, False)
+            for entry in model.referenceConfigurations:
+                keyframes[entry.key()] = np.asarray(entry.data(), float).copy()
+        except Exception as exc:
+            raise ModelError(f"{srdf_file}: could not read reference configurations: {exc}") from exc
+    if keyframes:
+        q0 = (keyframes.get("standing") if "standing" in keyframes else next(iter(keyframes.values()))).copy()
+    damping = np.asarray(model.damping, float).copy()
+    return SimModel(model, gmodel, geoms, np.array(pairs, dtype=np.int64).reshape(-1, 2), limits,
+                    actuators, q0, dt, damping, source=path, keyframes=keyframes)

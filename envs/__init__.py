@@ -1,0 +1,1 @@
+"""diffgym.envs: the differentiable Gymnasium environments (installed as ``diffgym.envs``)."""
