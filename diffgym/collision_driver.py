@@ -23,6 +23,7 @@ import numpy as np
 import pinocchio as pin
 
 from .model import SimModel
+from .plane_contacts import ANALYTIC_KINDS, shape_points
 
 
 @dataclass
@@ -89,6 +90,10 @@ class CollisionDriver:
             if len(p) else np.zeros(0, dtype=np.int64)
         self.pair_other = np.where(self.pair_plane == p[:, 0], p[:, 1], p[:, 0]) if len(p) else self.pair_plane
         self.patch_request = coal.ContactPatchRequest()
+        # shape-on-plane pairs with closed-form contact points (see plane_contacts.py)
+        kinds = [g.kind for g in sm.geoms]
+        self.analytic = np.array([pl >= 0 and kinds[ot] in ANALYTIC_KINDS
+                                  for pl, ot in zip(self.pair_plane, self.pair_other)], dtype=bool)
         self.moving_joints = np.unique(self.parent_joint[~self.static])
 
     def geom_frames(self, gdata: pin.GeometryData) -> tuple[np.ndarray, np.ndarray]:
@@ -116,6 +121,23 @@ class CollisionDriver:
         speed[self.static] = 0.0
         return speed
 
+    def _plane_pair(self, k, gdata, margin, rows_pair, rows_pt, rows_pos, rows_n, rows_d) -> None:
+        pl, ot = int(self.pair_plane[k]), int(self.pair_other[k])
+        Mp, Ms = gdata.oMg[pl], gdata.oMg[ot]
+        n_plane = Mp.rotation[:, 2]
+        g = self.sm.geoms[ot]
+        x, height, ids = shape_points(g.kind, g.size, Ms.rotation, Ms.translation, n_plane,
+                                      float(n_plane @ Mp.translation))
+        sel = np.nonzero(height < margin)[0]
+        if len(sel) > self.max_points:
+            sel = sel[np.argsort(height[sel], kind="stable")[:self.max_points]]
+        N = n_plane if pl == self.pairs[k, 0] else -n_plane   # from geom 1 to geom 2
+        for i in sel:
+            d = float(height[i])
+            # midpoint of the witness point x and its projection on the plane
+            rows_pair.append(k); rows_pt.append(int(ids[i]))
+            rows_pos.append(x[i] - 0.5 * d * n_plane); rows_n.append(N); rows_d.append(d)
+
     def detect(self, data: pin.Data, gdata: pin.GeometryData, dt: float) -> Contacts:
         if not len(self.pairs):
             return Contacts.empty()
@@ -141,6 +163,9 @@ class CollisionDriver:
         rows_pair, rows_pt, rows_pos, rows_n, rows_d = [], [], [], [], []
         for k in candidates:
             k = int(k)
+            if self.analytic[k]:
+                self._plane_pair(k, gdata, float(margin[k]), rows_pair, rows_pt, rows_pos, rows_n, rows_d)
+                continue
             req = gdata.collisionRequests[k]
             req.security_margin = float(margin[k])
             if not pin.computeCollision(gm, gdata, k):

@@ -5,13 +5,18 @@ generalized velocity to the velocity of geom 2 relative to geom 1 at the contact
 contact frame: ``sigma_k = R_k^T (J_p2 - J_p1) v_next + b_k``. For a joint limit
 ``sign * (q - bound) >= 0`` the row is ``sign * v_next[idx_v] + b``.
 
-Baumgarte / speculative offset (documented gains): with signed distance ``d``,
+Baumgarte / speculative offset (documented gains): with signed distance ``d`` and a contact
+skin ``s`` (default 1 mm),
 
-    b = d / dt            if d > 0   (a gap may close exactly within the step: no tunnelling)
-    b = erp * d / dt      if d <= 0  (a penetration is removed geometrically, ``erp`` per step)
+    b = erp * d / dt                      if d <= s  (Baumgarte: a penetration is removed
+                                                      geometrically, a fraction ``erp`` per step)
+    b = (d - s) / dt + erp * s / dt       if d > s   (speculative: a gap closes exactly within
+                                                      the step, so nothing tunnels)
 
 so the position-level gain is ``Kp = erp / dt`` (default ``erp = 0.2``) and there is no
-velocity-level damping term (``Kd = 0``): the velocity rows are exact.
+velocity-level damping term (``Kd = 0``): the velocity rows are exact. ``b`` is continuous and
+smooth around ``d = 0``, where resting contacts settle, so step derivatives there are those of
+one smooth piece; its only kink is at ``d = s``, away from resting states.
 """
 from __future__ import annotations
 
@@ -54,14 +59,21 @@ def tangent_frames(normals: np.ndarray) -> np.ndarray:
     return np.stack([t1, t2, n], axis=2)
 
 
-def baumgarte(dist: np.ndarray, dt: float, erp: float) -> np.ndarray:
-    return np.where(dist > 0.0, dist / dt, erp * dist / dt)
+def baumgarte(dist: np.ndarray, dt: float, erp: float, skin: float) -> np.ndarray:
+    return np.where(dist > skin, (dist - skin) / dt + erp * skin / dt, erp * dist / dt)
+
+
+def baumgarte_gain(dist: np.ndarray, dt: float, erp: float, skin: float) -> np.ndarray:
+    """d b / d dist."""
+    return np.where(dist > skin, 1.0 / dt, erp / dt)
 
 
 class ConstraintBuilder:
-    def __init__(self, sm: SimModel, erp: float = 0.2, limit_margin: float = 1e-3):
+    def __init__(self, sm: SimModel, erp: float = 0.2, limit_margin: float = 1e-3,
+                 skin: float = 1e-3):
         self.sm = sm
         self.erp = float(erp)
+        self.skin = float(skin)
         self.limit_margin = float(limit_margin)
         self.nv = sm.model.nv
         self.geom_joint = np.array([g.parentJoint for g in sm.geom_model.geometryObjects], dtype=np.int64)
@@ -112,10 +124,10 @@ class ConstraintBuilder:
                                       np.concatenate([contacts.pos, contacts.pos]))
             Jrel = Jp[nc:] - Jp[:nc]                                   # (nc, 3, nv)
             J[:3 * nc] = np.einsum("kai,kab->kib", frames, Jrel).reshape(3 * nc, self.nv)
-            b[2:3 * nc:3] = baumgarte(contacts.dist, dt, self.erp)
+            b[2:3 * nc:3] = baumgarte(contacts.dist, dt, self.erp, self.skin)
         if nl:
             rows = np.arange(3 * nc, 3 * nc + nl)
             J[rows, self.lim_v[lim_idx]] = self.lim_sign[lim_idx]
-            b[3 * nc:] = baumgarte(lim_dist, dt, self.erp)
+            b[3 * nc:] = baumgarte(lim_dist, dt, self.erp, self.skin)
         return Constraints(J, b, nc, contacts.mu.copy(), frames, contacts, lim_idx, lim_dist,
                            contacts.dist.copy())
