@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import warnings
 
 import coal
 import numpy as np
@@ -66,7 +67,9 @@ def load_urdf(path: str, *, floating_base: bool = True, ground: bool = True,
     dirs = list(package_dirs or [])
     dirs.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(path)))))
     try:
-        gmodel = pin.buildGeomFromUrdf(model, path, pin.GeometryType.COLLISION, dirs)
+        with warnings.catch_warnings():      # pinocchio warns when package_dirs are given
+            warnings.simplefilter("ignore", UserWarning)
+            gmodel = pin.buildGeomFromUrdf(model, path, pin.GeometryType.COLLISION, dirs)
     except Exception as exc:
         raise ModelError(f"{path}: could not build collision geometry: {exc}") from exc
     robot_geoms = list(range(len(gmodel.geometryObjects)))
