@@ -236,6 +236,7 @@ class NCPSolver:
         y = -(G @ z + g)
         y = -self._project_dual(-y, nc, mu)
         res = np.inf
+        best, best_res = z.copy(), natural_residual(z, G @ z + g, nc, mu, dG)
         it = 0
         for it in range(1, max_iter + 1):
             sigma = G @ z + g
@@ -250,8 +251,12 @@ class NCPSolver:
             if it % 10 == 0 or it == max_iter:
                 sigma = G @ z + g
                 res = natural_residual(z, sigma, nc, mu, dG)
+                if res < best_res:
+                    best, best_res = z.copy(), res
                 if res <= tol:
                     break
+                if not np.isfinite(res) or res > 1e6 * max(best_res, tol):
+                    break                               # diverging: keep the best iterate
                 primal = float(np.max(np.abs(x - z))) * scale
                 dual = float(np.max(np.abs(z - z_old))) * rho
                 if primal > 10 * dual:
@@ -260,8 +265,30 @@ class NCPSolver:
                 elif dual > 10 * primal:
                     rho /= 2.0
                     A_inv = np.linalg.inv(G + (rho + eta) * np.eye(m))
-        sigma = G @ z + g
-        return z, sigma, it, natural_residual(z, sigma, nc, mu, dG)
+        sigma = G @ best + g
+        return best, sigma, it, best_res
+
+    def _pgs(self, G, g, nc, mu, lam0, dG, tol, max_sweeps):
+        """Projected block Gauss-Seidel with the De Saxce shift: slow but robust fallback."""
+        lam = self._project(np.nan_to_num(lam0), nc, mu)
+        m = G.shape[0]
+        w = np.array([np.linalg.eigvalsh(G[3 * i:3 * i + 3, 3 * i:3 * i + 3])[-1] for i in range(nc)])
+        res = np.inf
+        sweep = 0
+        for sweep in range(1, max_sweeps + 1):
+            for i in range(nc):
+                r = slice(3 * i, 3 * i + 3)
+                sg = G[r] @ lam + g[r]
+                sg[2] += mu[i] * np.hypot(sg[0], sg[1])
+                lam[r] = project_cone((lam[r] - sg / w[i])[None], mu[i:i + 1])[0]
+            for k in range(3 * nc, m):
+                lam[k] = max(0.0, lam[k] - (G[k] @ lam + g[k]) / dG[k])
+            if sweep % 10 == 0:
+                res = natural_residual(lam, G @ lam + g, nc, mu, dG)
+                if res <= tol:
+                    break
+        sigma = G @ lam + g
+        return lam, sigma, sweep, natural_residual(lam, sigma, nc, mu, dG)
 
     @staticmethod
     def _project(x, nc, mu):
@@ -333,7 +360,16 @@ class NCPSolver:
                 lam, sigma, modes, lim_act, its2, res = out
                 return SolverResult(lam, sigma, modes, lim_act, its + its2, res, True, "admm+newton")
         if res_a > s.tol:
-            lam_a, sigma_a, its3, res_a = self._admm(G, g, nc, mu, lam_a, dG, s.tol, s.max_iter)
+            lam_p, sigma_p, its3, res_p = self._pgs(G, g, nc, mu, lam_a, dG, max(s.tol, 1e-7), 500)
             its += its3
+            if res_p < res_a:
+                lam_a, sigma_a, res_a = lam_p, sigma_p, res_p
+                scale_l = max(1e-12, float(np.max(np.abs(lam_a))))
+                for f in (1e-5, 1e-3, 1e-7):
+                    modes, lim_act = self.classify(lam_a, sigma_a, nc, mu, f * scale_v, f * scale_l)
+                    out = self._active_set(G, g, nc, mu, modes, lim_act, lam_a, dG)
+                    if out is not None:
+                        lam, sigma, modes, lim_act, its2, res = out
+                        return SolverResult(lam, sigma, modes, lim_act, its + its2, res, True, "pgs+newton")
         modes, lim_act = self.classify(lam_a, sigma_a, nc, mu, 1e-6 * scale_v, 1e-6 * scale_l)
         return SolverResult(lam_a, sigma_a, modes, lim_act, its, res_a, res_a <= s.tol, "admm")
