@@ -326,6 +326,16 @@ class NCPSolver:
         lim_act = lam[3 * nc:] > tol_l
         return modes, lim_act
 
+    def _polish(self, G, g, nc, mu, lam, sigma, dG, scale_v):
+        """Active-set Newton seeded with the modes of an approximate solution (3 thresholds)."""
+        scale_l = max(1e-12, float(np.max(np.abs(lam))))
+        for f in (1e-5, 1e-3, 1e-7):
+            modes, lim_act = self.classify(lam, sigma, nc, mu, f * scale_v, f * scale_l)
+            out = self._active_set(G, g, nc, mu, modes, lim_act, lam, dG)
+            if out is not None:
+                return out
+        return None
+
     # -- entry point -----------------------------------------------------------------------
     def solve(self, G: np.ndarray, g: np.ndarray, nc: int, mu: np.ndarray,
               lam0: np.ndarray | None = None, modes0: np.ndarray | None = None) -> SolverResult:
@@ -342,34 +352,29 @@ class NCPSolver:
             modes0 = np.where(g[2:3 * nc:3] >= 0.0, BREAKING, STICKING).astype(np.int64)
             lim0 = g[3 * nc:] < 0.0
         else:
-            modes0 = np.asarray(modes0[:nc], dtype=np.int64)
-            lim0 = np.asarray(modes0[nc:], dtype=bool) if len(modes0) > nc else g[3 * nc:] < 0.0
+            given = np.asarray(modes0, dtype=np.int64)
+            modes0 = given[:nc]
+            lim0 = given[nc:].astype(bool) if len(given) > nc else g[3 * nc:] < 0.0
         lim0 = np.asarray(lim0, dtype=bool).reshape(nl)
         out = self._active_set(G, g, nc, mu, modes0, lim0, lam, dG)
         if out is not None:
             lam, sigma, modes, lim_act, its, res = out
             return SolverResult(lam, sigma, modes, lim_act, its, res, True, "newton")
-        # stage 2: ADMM, then polish its modes
+        # stage 2: ADMM, then polish its modes; if ADMM stalls, projected Gauss-Seidel
         lam_a, sigma_a, its, res_a = self._admm(G, g, nc, mu, lam, dG, max(s.tol, 1e-7), s.max_iter)
-        scale_l = max(1e-12, float(np.max(np.abs(lam_a))))
         scale_v = max(1e-12, float(np.max(np.abs(g))))
-        for f in (1e-5, 1e-3, 1e-7):
-            modes, lim_act = self.classify(lam_a, sigma_a, nc, mu, f * scale_v, f * scale_l)
-            out = self._active_set(G, g, nc, mu, modes, lim_act, lam_a, dG)
-            if out is not None:
-                lam, sigma, modes, lim_act, its2, res = out
-                return SolverResult(lam, sigma, modes, lim_act, its + its2, res, True, "admm+newton")
+        out = self._polish(G, g, nc, mu, lam_a, sigma_a, dG, scale_v)
+        if out is not None:
+            return SolverResult(*out[:4], its + out[4], out[5], True, "admm+newton")
         if res_a > s.tol:
             lam_p, sigma_p, its3, res_p = self._pgs(G, g, nc, mu, lam_a, dG, max(s.tol, 1e-7), 500)
             its += its3
             if res_p < res_a:
                 lam_a, sigma_a, res_a = lam_p, sigma_p, res_p
-                scale_l = max(1e-12, float(np.max(np.abs(lam_a))))
-                for f in (1e-5, 1e-3, 1e-7):
-                    modes, lim_act = self.classify(lam_a, sigma_a, nc, mu, f * scale_v, f * scale_l)
-                    out = self._active_set(G, g, nc, mu, modes, lim_act, lam_a, dG)
-                    if out is not None:
-                        lam, sigma, modes, lim_act, its2, res = out
-                        return SolverResult(lam, sigma, modes, lim_act, its + its2, res, True, "pgs+newton")
+                out = self._polish(G, g, nc, mu, lam_a, sigma_a, dG, scale_v)
+                if out is not None:
+                    return SolverResult(*out[:4], its + out[4], out[5], True, "pgs+newton")
+        scale_l = max(1e-12, float(np.max(np.abs(lam_a))))
         modes, lim_act = self.classify(lam_a, sigma_a, nc, mu, 1e-6 * scale_v, 1e-6 * scale_l)
-        return SolverResult(lam_a, sigma_a, modes, lim_act, its, res_a, res_a <= s.tol, "admm")
+        return SolverResult(lam_a, sigma_a, modes, lim_act, its, res_a, res_a <= s.tol,
+                            "pgs" if its > s.max_iter else "admm")
