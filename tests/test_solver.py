@@ -1,0 +1,368 @@
+"""The NCP solver (diffgym/solver.py): unit tests and a cross-check with pinocchio's own NCP solver
+(``pin.ADMMConstraintSolver`` with ``solve_ncp``) on random problems and on problems captured from
+simulated scenes. NCP solutions need not be unique in lam (redundant contacts) and, with friction,
+not always in sigma either; where they differ, both must be solutions."""
+import numpy as np
+import pinocchio as pin
+import pytest
+
+import diffgym
+from diffgym.resources import asset_path
+from diffgym.solver import (BREAKING, MODE_NAMES, SLIDING, STICKING, NCPSolver, SolverResult,
+                            SolverSettings, desaxce, natural_residual, project_cone)
+
+BOX = """<mujoco><option timestep="0.01"/><worldbody><geom type="plane" size="5 5 .1" friction="{mu}"/>
+<body name="box" pos="0 0 0.1"><freejoint/><geom type="box" size="0.1 0.15 0.1" friction="{mu}"/>
+</body></worldbody></mujoco>"""
+SPHERE = """<mujoco><option timestep="0.005"/><worldbody><geom type="plane" size="5 5 .1" friction="0.3"/>
+<body name="ball" pos="0 0 0.1"><freejoint/><geom type="sphere" size="0.1" friction="0.3"/>
+</body></worldbody></mujoco>"""
+
+
+# -- helpers -------------------------------------------------------------------------------
+def own_only():
+    """Our solver without pinocchio's ADMM as a fallback (an independent cross-check)."""
+    return NCPSolver(SolverSettings(pin_fallback=False))
+
+
+_PIN_MODEL = pin.Model()
+_PIN_MODEL.addJoint(0, pin.JointModelFreeFlyer(), pin.SE3.Identity(), "body")
+_PIN_MODEL.appendBodyToJoint(1, pin.Inertia.FromSphere(1.0, 0.1), pin.SE3.Identity())
+
+
+def pinocchio_ncp(G, g, nc, mu, tol=1e-13, max_iter=50000):
+    """pinocchio's ADMM NCP solver on our problem. A point contact's rows are (t1, t2, n) as ours
+    (checked below); a joint limit row becomes the normal row of a frictionless point contact
+    whose two tangential rows are decoupled dummies (zero impulse, zero velocity)."""
+    m = G.shape[0]
+    nl = m - 3 * nc
+    M = 3 * nc + 3 * nl
+    idx = np.concatenate((np.arange(3 * nc), 3 * nc + 3 * np.arange(nl) + 2))
+    Ge = np.eye(M) * float(np.mean(np.diag(G)))
+    Ge[np.ix_(idx, idx)] = G
+    ge = np.zeros(M)
+    ge[idx] = g
+    models = pin.StdVec_ConstraintModel()
+    for f in np.concatenate((mu, np.zeros(nl))):
+        pc = pin.PointContactConstraintModel(_PIN_MODEL, 1)
+        pc.setFriction(float(f))
+        models.append(pin.ConstraintModel(pc))
+    datas = pin.StdVec_ConstraintData()
+    for cm in models:
+        datas.append(cm.createData())
+    st = pin.ADMMSolverSettings()
+    st.solve_ncp = True
+    st.max_iterations = max_iter
+    st.absolute_feasibility_tol = st.absolute_complementarity_tol = tol
+    st.relative_feasibility_tol = st.relative_complementarity_tol = tol
+    res = pin.ADMMSolverResult()
+    pin.ADMMConstraintSolver(M).solve(pin.DelassusOperatorDense(Ge), ge, models, datas, st, res)
+    lam = np.asarray(res.retrieveConstraintImpulses())[idx].copy()
+    return lam, G @ lam + g
+
+
+def assert_modes_consistent(res: SolverResult, G, g, nc, mu, eq_tol=1e-10):
+    """The mode equations hold (to eq_tol, relative to |g|) and so do the modes' inequalities."""
+    vs = max(1.0, float(np.abs(g).max()))
+    lam, sigma = res.lam, res.sigma
+    ls = max(1e-12, float(np.abs(lam).max()))
+    assert np.allclose(sigma, G @ lam + g, rtol=0, atol=1e-12 * vs)
+    assert res.modes.shape == (nc,) and res.limit_active.shape == (G.shape[0] - 3 * nc,)
+    for i in range(nc):
+        l, s = lam[3 * i:3 * i + 3], sigma[3 * i:3 * i + 3]
+        if res.modes[i] == BREAKING:
+            assert np.all(l == 0.0)
+            assert s[2] >= -eq_tol * vs
+        elif res.modes[i] == STICKING:
+            assert np.linalg.norm(s) <= eq_tol * vs, (i, s)
+            assert np.linalg.norm(l[:2]) <= mu[i] * l[2] + 1e-9 * ls, (i, l)
+        else:
+            assert res.modes[i] == SLIDING
+            assert abs(s[2]) <= eq_tol * vs and l[2] >= -1e-9 * ls, (i, l, s)
+            slip = np.linalg.norm(s[:2])
+            assert slip > 0.0
+            assert np.allclose(l[:2], -mu[i] * l[2] * s[:2] / slip, rtol=0, atol=1e-9 * ls), (i, l, s)
+    for j, act in enumerate(res.limit_active):
+        k = 3 * nc + j
+        if act:
+            assert abs(sigma[k]) <= eq_tol * vs and lam[k] >= -1e-9 * ls
+        else:
+            assert lam[k] == 0.0 and sigma[k] >= -eq_tol * vs
+
+
+def random_problem(rng, nc, nl, extra=3):
+    """G = J M^-1 J^T from a random J and SPD M with more degrees of freedom than rows (G SPD)."""
+    m = 3 * nc + nl
+    n = m + extra
+    J = rng.standard_normal((m, n))
+    A = rng.standard_normal((n, n))
+    M = A @ A.T + 0.5 * np.eye(n)
+    G = J @ np.linalg.solve(M, J.T)
+    G = 0.5 * (G + G.T)
+    g = rng.standard_normal(m)
+    mu = rng.uniform(0.1, 1.0, nc)
+    return G, g, mu
+
+
+# -- projections -------------------------------------------------------------------------------
+def test_project_cone_against_brute_force():
+    rng = np.random.default_rng(1)
+    k = 300
+    x = rng.standard_normal((k, 3)) * rng.uniform(0.1, 3.0, (k, 1))
+    mu = rng.uniform(0.0, 1.5, k)
+    mu[:10] = 0.0
+    x[10:20, :2] = 0.0                       # on the axis
+    x[20:30, 2] = np.linalg.norm(x[20:30, :2], axis=1) / mu[20:30]   # on the boundary
+    P = project_cone(x, mu)
+    r = x - P
+    nt = np.linalg.norm(P[:, :2], axis=1)
+    assert np.all(nt <= mu * P[:, 2] + 1e-12)                       # in the cone
+    assert np.allclose(np.einsum("ij,ij->i", r, P), 0.0, atol=1e-12)  # orthogonal residual
+    # the residual is in the polar cone: mu ||r_T|| <= -r_N
+    assert np.all(mu * np.linalg.norm(r[:, :2], axis=1) <= -r[:, 2] + 1e-12)
+    # brute force: the distance to the cone is 0 inside, else the smallest distance to the apex
+    # and to boundary points (on the half-plane of x_T, where the projection lies, and anywhere)
+    for i in range(k):
+        d = np.linalg.norm(r[i])
+        if np.linalg.norm(x[i, :2]) <= mu[i] * x[i, 2]:
+            assert d == 0.0 and np.array_equal(P[i], x[i])
+            continue
+        th = np.arctan2(x[i, 1], x[i, 0])
+        z = np.linspace(0.0, 2.0 * np.linalg.norm(x[i]) + 1.0, 20001)
+        half_plane = np.column_stack((mu[i] * z * np.cos(th), mu[i] * z * np.sin(th), z))
+        ang = rng.uniform(-np.pi, np.pi, 2000)
+        zr = rng.uniform(0, 3, 2000)
+        anywhere = np.column_stack((mu[i] * zr * np.cos(ang), mu[i] * zr * np.sin(ang), zr))
+        best = min(np.linalg.norm(x[i]), np.linalg.norm(half_plane - x[i], axis=1).min(),
+                   np.linalg.norm(anywhere - x[i], axis=1).min())
+        assert d <= best + 1e-12
+        assert d >= best - 1e-3 * (1 + np.linalg.norm(x[i]))
+    # inside points are kept, polar points go to zero
+    inside = np.array([[0.1, 0.0, 1.0]])
+    assert np.array_equal(project_cone(inside, np.array([0.5])), inside)
+    assert np.array_equal(project_cone(np.array([[0.1, 0.0, -1.0]]), np.array([0.5])), np.zeros((1, 3)))
+
+
+def test_desaxce_and_natural_residual_zero_at_solution():
+    s = np.array([[3.0, 4.0, 0.0], [0.0, 0.0, 1.0]])
+    assert np.allclose(desaxce(s, np.array([0.5, 0.5])), [[3, 4, 2.5], [0, 0, 1]])
+    G = np.eye(3)
+    g = np.array([2.0, 0.0, -1.0])
+    lam = np.array([-0.3, 0.0, 1.0])          # the sliding solution for mu = 0.3
+    assert natural_residual(lam, G @ lam + g, 1, np.array([0.3]), np.diag(G)) < 1e-15
+    assert natural_residual(np.zeros(3), g, 1, np.array([0.3]), np.diag(G)) > 0.1
+
+
+# -- modes on hand-made problems -----------------------------------------------------------
+G1 = np.array([[2.0, 0.1, 0.2], [0.1, 1.5, -0.1], [0.2, -0.1, 3.0]])
+
+
+def test_single_contact_pushing_down_sticks():
+    g = np.array([0.0, 0.0, -1.0])
+    G = np.diag([2.0, 1.5, 3.0])
+    res = NCPSolver().solve(G, g, 1, np.array([0.5]))
+    assert res.converged and res.method == "newton"
+    assert res.modes.tolist() == [STICKING]
+    assert np.allclose(res.lam, [0.0, 0.0, 1.0 / 3.0], atol=1e-15)     # lam_N = -g_N / G_NN
+    assert np.abs(res.sigma).max() < 1e-15
+    # coupled G: sticking is lam = -G^-1 g when that is in the cone
+    g = np.array([0.05, -0.02, -1.0])
+    res = NCPSolver().solve(G1, g, 1, np.array([0.5]))
+    assert res.modes.tolist() == [STICKING]
+    assert np.allclose(res.lam, -np.linalg.solve(G1, g), atol=1e-14)
+    assert_modes_consistent(res, G1, g, 1, np.array([0.5]), eq_tol=1e-14)
+
+
+def test_single_contact_fast_tangential_velocity_slides():
+    mu = np.array([0.3])
+    G = np.eye(3)
+    g = np.array([2.0, 0.0, -1.0])
+    res = NCPSolver().solve(G, g, 1, mu)
+    assert res.converged and res.modes.tolist() == [SLIDING]
+    assert np.allclose(res.lam, [-0.3, 0.0, 1.0], atol=1e-14)          # lam_T = -mu lam_N u
+    assert np.allclose(res.sigma, [1.7, 0.0, 0.0], atol=1e-14)
+    # coupled, slip in an oblique direction
+    g = np.array([1.0, -2.0, -0.5])
+    res = NCPSolver().solve(G1, g, 1, mu)
+    assert res.converged and res.modes.tolist() == [SLIDING]
+    assert_modes_consistent(res, G1, g, 1, mu, eq_tol=1e-14)
+    u = res.sigma[:2] / np.linalg.norm(res.sigma[:2])
+    assert np.allclose(res.lam[:2], -mu[0] * res.lam[2] * u, atol=1e-14)
+
+
+def test_single_contact_separating_breaks():
+    for g in (np.array([0.5, 0.0, 0.2]), np.array([0.0, 0.0, 0.0]), np.array([3.0, 1.0, 1e-9])):
+        res = NCPSolver().solve(G1, g, 1, np.array([0.8]))
+        assert res.converged and res.modes.tolist() == [BREAKING]
+        assert np.all(res.lam == 0.0) and np.allclose(res.sigma, g)
+
+
+def test_frictionless_contact():
+    g = np.array([1.0, 0.5, -1.0])
+    res = NCPSolver().solve(np.eye(3), g, 1, np.array([0.0]))
+    assert res.converged and np.allclose(res.lam, [0, 0, 1.0]) and np.allclose(res.sigma, [1, 0.5, 0])
+    assert res.modes.tolist() == [SLIDING]
+
+
+def test_joint_limit_rows():
+    s = NCPSolver()
+    res = s.solve(np.array([[2.0]]), np.array([-1.0]), 0, np.zeros(0))
+    assert res.converged and res.limit_active.tolist() == [True]
+    assert np.allclose(res.lam, [0.5]) and abs(res.sigma[0]) < 1e-15 and res.modes.shape == (0,)
+    res = s.solve(np.array([[2.0]]), np.array([1.0]), 0, np.zeros(0))
+    assert res.converged and res.limit_active.tolist() == [False] and res.lam[0] == 0.0
+    # two coupled limits: one pushed into its stop, the other pulled away by the coupling
+    G = np.array([[2.0, 1.5], [1.5, 2.0]])
+    g = np.array([-1.0, 0.2])
+    res = s.solve(G, g, 0, np.zeros(0))
+    assert res.limit_active.tolist() == [True, False]
+    assert np.allclose(res.lam, [0.5, 0.0]) and np.allclose(res.sigma, [0.0, 0.95])
+    # a contact with limits, coupled
+    rng = np.random.default_rng(3)
+    for _ in range(20):
+        G, g, mu = random_problem(rng, 1, 2)
+        res = own_only().solve(G, g, 1, mu)
+        assert res.converged
+        assert_modes_consistent(res, G, g, 1, mu)
+
+
+# -- warm starts ---------------------------------------------------------------------------
+def test_warm_start_converges_in_at_most_two_newton_iterations():
+    rng = np.random.default_rng(7)
+    done = 0
+    for _ in range(60):
+        G, g, mu = random_problem(rng, int(rng.integers(1, 5)), int(rng.integers(0, 3)))
+        nc = len(mu)
+        s = own_only()
+        res = s.solve(G, g, nc, mu)
+        if not res.converged:
+            continue
+        modes = np.concatenate((res.modes, res.limit_active.astype(np.int64)))
+        again = s.solve(G, g, nc, mu, res.lam, modes)
+        assert again.method == "newton" and again.iterations <= 1
+        assert np.allclose(again.sigma, res.sigma, atol=1e-12)
+        # the next "time step": a slightly different problem, same modes
+        g2 = g + 1e-7 * rng.standard_normal(len(g))
+        nxt = s.solve(G, g2, nc, mu, res.lam, modes)
+        assert nxt.converged and nxt.method == "newton"
+        if np.array_equal(nxt.modes, res.modes) and np.array_equal(nxt.limit_active, res.limit_active):
+            assert nxt.iterations <= 2, nxt
+            done += 1
+    assert done >= 40
+
+
+def test_warm_started_simulation_needs_one_or_two_newton_steps():
+    sim = diffgym.Simulator.from_string(BOX.format(mu=0.5))
+    q, v = sim.q0, np.zeros(6)
+    for i in range(60):
+        q, v = sim.step(q, v, np.zeros(6))
+        if i >= 5:
+            assert sim.last.method == "newton" and sim.last.iterations <= 2, (i, sim.last)
+    assert sim.last.contact_modes == ["sticking"] * 4
+
+
+# -- cross-check with pinocchio's NCP solver ----------------------------------------------------
+def test_pinocchio_point_contact_rows_are_t1_t2_n():
+    # sliding along +t1: the friction impulse is -mu lam_N along t1, and the normal is the last row
+    lam, sigma = pinocchio_ncp(np.eye(3), np.array([0.5, 0.0, -1.0]), 1, np.array([0.3]))
+    assert np.allclose(lam, [-0.3, 0.0, 1.0], atol=1e-8)
+    assert np.allclose(sigma, [0.2, 0.0, 0.0], atol=1e-8)
+
+
+def test_random_problems_against_pinocchio():
+    rng = np.random.default_rng(11)
+    n_total = n_cmp = n_diff = 0
+    for trial in range(60):
+        nc = int(rng.integers(1, 6))
+        nl = int(rng.integers(0, 3))
+        G, g, mu = random_problem(rng, nc, nl, extra=int(rng.integers(2, 6)))
+        res = own_only().solve(G, g, nc, mu)
+        assert res.converged and res.residual <= 1e-9, (trial, res)
+        assert natural_residual(res.lam, res.sigma, nc, mu, np.diag(G)) == pytest.approx(res.residual)
+        assert_modes_consistent(res, G, g, nc, mu)
+        n_total += 1
+        lam_p, sigma_p = pinocchio_ncp(G, g, nc, mu)
+        res_p = natural_residual(lam_p, sigma_p, nc, mu, np.diag(G))
+        if res_p > 1e-8:
+            continue                        # pinocchio's ADMM did not converge
+        n_cmp += 1
+        if np.abs(sigma_p - res.sigma).max() > 1e-6 * max(1.0, np.abs(g).max()):
+            n_diff += 1                     # another NCP solution (both are solutions)
+    assert n_total == 60
+    assert n_cmp >= 50
+    assert n_diff <= 0.1 * n_cmp, (n_diff, n_cmp)
+
+
+def _scene_problems():
+    """(name, G, g, nc, mu) captured from simulated scenes via sim.cache."""
+    out = []
+
+    def capture(name, sim, q, v, steps, tau=None):
+        tau = np.zeros(sim.nv) if tau is None else tau
+        for _ in range(steps):
+            q, v = sim.step(q, v, tau)
+        c = sim.cache
+        out.append((name, c["G"].copy(), c["g"].copy(), c["cons"].nc, c["cons"].mu.copy(), c["res"]))
+        return q, v
+
+    sim = diffgym.Simulator.from_string(BOX.format(mu=0.5))
+    capture("box resting (4 coplanar sticking points)", sim, sim.q0, np.zeros(6), 30)
+    sim = diffgym.Simulator.from_string(BOX.format(mu=0.5))
+    capture("box sliding", sim, sim.q0, np.array([1.0, 0.3, 0, 0, 0, 0]), 3)
+    sim = diffgym.Simulator.from_string(SPHERE)
+    capture("sphere resting", sim, sim.q0, np.zeros(6), 30)
+    sim = diffgym.Simulator.from_string(SPHERE)
+    capture("sphere skidding", sim, sim.q0, np.array([2.0, 0, 0, 0, 0, 0]), 3)
+    sim = diffgym.Simulator.from_file(asset_path("hopper_gymnasium.xml"))
+    capture("hopper standing", sim, sim.q0, np.zeros(sim.nv), 150)
+    sim = diffgym.Simulator.from_file(asset_path("go1.urdf"))
+    q = sim.q0
+    q[2] += 0.1
+    q, v = capture("go1 landing on its feet", sim, q, np.zeros(sim.nv), 100)
+    q, v = capture("go1 legs folding (thighs touch)", sim, q, v, 75)
+    capture("go1 lying (calf joint limits active)", sim, q, v, 225)
+    return out
+
+
+SCENES = _scene_problems()
+
+
+# our solver alone (without pinocchio's ADMM as fallback) solves every scene from a cold start but
+# the Go1 folding its legs (10 contacts, 4 joint limits, mu = 1, G of rank 18 for 34 rows): there
+# the active-set Newton needs a near solution to start from, which pinocchio's ADMM provides
+OWN_COLD_FAILS = {"go1 legs folding (thighs touch)"}
+
+
+@pytest.mark.parametrize("scene", SCENES, ids=[s[0] for s in SCENES])
+def test_scene_problems_against_pinocchio(scene):
+    name, G, g, nc, mu, res_sim = scene
+    dG = np.diag(G)
+    lam_p, sigma_p = pinocchio_ncp(G, g, nc, mu)
+    assert natural_residual(lam_p, sigma_p, nc, mu, dG) <= 1e-9
+    vs = max(1.0, float(np.abs(g).max()))
+    results = {"simulator (warm start)": res_sim, "cold start": NCPSolver().solve(G, g, nc, mu)}
+    if name not in OWN_COLD_FAILS:
+        results["cold start, no pinocchio fallback"] = own_only().solve(G, g, nc, mu)
+    for label, res in results.items():
+        assert res.converged and res.residual <= 1e-9, (label, res)
+        assert natural_residual(res.lam, res.sigma, nc, mu, dG) <= 1e-9
+        assert_modes_consistent(res, G, g, nc, mu, eq_tol=1e-11)
+        # the velocities after the step agree even where the impulses are not unique
+        assert np.abs(res.sigma - sigma_p).max() <= 1e-9 * vs, (label, np.abs(res.sigma - sigma_p).max())
+
+
+def test_scene_modes():
+    by_name = {s[0]: s for s in SCENES}
+    _, G, g, nc, mu, res = by_name["box resting (4 coplanar sticking points)"]
+    assert nc == 4 and res.modes.tolist() == [STICKING] * 4
+    assert np.linalg.matrix_rank(G) < 12                       # redundant: G is singular
+    _, G, g, nc, mu, res = by_name["box sliding"]
+    assert res.modes.tolist() == [SLIDING] * 4
+    _, G, g, nc, mu, res = by_name["go1 lying (calf joint limits active)"]
+    assert res.limit_active.any()
+    assert [MODE_NAMES[m] for m in res.modes]
+
+
+def test_result_for_empty_problem():
+    res = NCPSolver().solve(np.zeros((0, 0)), np.zeros(0), 0, np.zeros(0))
+    assert res.converged and res.method == "none" and res.lam.shape == (0,)
