@@ -17,7 +17,10 @@ subset of MJCF that rigid-body scenes use:
 * ``<actuator><motor>`` and the first ``<keyframe><key qpos>``
 
 Configuration vectors use pinocchio's convention: a free joint is ``[x y z qx qy qz qw]``
-(MuJoCo writes ``[x y z qw qx qy qz]``; keyframes are converted).
+(MuJoCo writes ``[x y z qw qx qy qz]``; keyframes are converted). Its velocity is MuJoCo's:
+``[vx vy vz]`` the world-frame velocity of the body origin, then the body-frame angular
+velocity (a pinocchio translation joint named after the free joint, then a spherical joint
+``<name>_rot`` that carries the body).
 """
 from __future__ import annotations
 
@@ -140,6 +143,7 @@ class _MJCFBuilder:
         self.dt = 0.002
         self.gravity = np.array([0.0, 0.0, -9.81])
         self._unnamed = 0
+        self.pair_mu: dict[tuple[int, int], float] = {}
 
     # -- document-level parsing -------------------------------------------------------
     def err(self, msg: str) -> ModelError:
@@ -363,6 +367,11 @@ class _MJCFBuilder:
         sm = SimModel(self.model, self.geom_model, self.geoms, pairs, self.limits, actuators,
                       q0, self.dt, damping, source=self.source, keyframes=keyframes)
         sm.stiffness = self.stiffness
+        # an explicit <pair> has its own friction (MuJoCo's default 1), not the geoms' larger one
+        for k, (a, b) in enumerate(sm.pairs):
+            mu = self.pair_mu.get((int(a), int(b)), self.pair_mu.get((int(b), int(a))))
+            if mu is not None:
+                sm.pair_friction[k] = mu
         return sm
 
     def add_body(self, el: ET.Element, parent: _Body, childclass: str | None) -> None:
@@ -387,10 +396,26 @@ class _MJCFBuilder:
                 if parent.jid != 0 or len(joints) > 1:
                     raise self.err(f"<joint name={jname!r}>: a free joint must be the only joint "
                                    "of a top-level body")
-                jm = pin.JointModelFreeFlyer()
+                # MuJoCo's free joint: a translation whose velocity is the WORLD-frame linear
+                # velocity of the body origin, then a ball joint (body-frame angular velocity).
+                # Same q layout [x y z qx qy qz qw] and v layout as one free flyer, but not
+                # pinocchio's JointModelFreeFlyer, whose linear velocity is in the body frame:
+                # with it, the semi-implicit step rotates that velocity explicitly each step
+                # (|v| grows by sqrt(1 + (w dt)^2)) and integrates a screw, so a spinning or
+                # rolling body gains energy without bound (a rolling billiard ball diverged).
+                tid = self.model.addJoint(jid, pin.JointModelTranslation(), pin.SE3.Identity(), jname)
+                tj = self.model.joints[tid]
+                self.q0_parts.append((tj.idx_q, T.translation.copy()))
+                self.model.armature[tj.idx_v:tj.idx_v + 3] = float(a.get("armature", 0.0))
+                if float(a.get("damping", 0.0)) != 0.0:
+                    for k in range(3):
+                        self.damping[tj.idx_v + k] = float(a["damping"])
+                jid, jname = tid, f"{jname}_rot"
+                if self.model.existJointName(jname):
+                    raise self.err(f"duplicate joint name {jname!r}")
+                jm = pin.JointModelSpherical()
                 placement = pin.SE3.Identity()
-                quat = pin.Quaternion(T.rotation).coeffs()   # x y z w
-                start = np.concatenate([T.translation, quat])
+                start = pin.Quaternion(T.rotation).coeffs().copy()   # x y z w
                 T = pin.SE3.Identity()
             else:
                 frame = T * pin.SE3(np.eye(3), anchor)
@@ -527,6 +552,8 @@ class _MJCFBuilder:
                     if g not in names:
                         raise self.err(f"<pair geom1={g1!r} geom2={g2!r}>: unknown geom {g!r}")
                 explicit.append((names[g1], names[g2]))
+                fr = _floats(pr.get("friction", "1"), None, f"<pair geom1={g1!r} geom2={g2!r}> friction")
+                self.pair_mu[(names[g1], names[g2])] = float(fr[0])
         weld_parent = {b.weld: self.bodies[b.parent].weld for b in self.bodies.values()
                        if b.parent is not None and b.weld != self.bodies[b.parent].weld}
         pairs = []
