@@ -22,8 +22,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seconds", type=float, default=2.0, help="simulated time per scene")
     p.set_defaults(func=_demo)
     p = sub.add_parser("bench", help="print the step-time benchmark table (MuJoCo side by side)")
-    p.add_argument("--steps", type=int, default=2000, help="steps timed per model")
-    p.add_argument("--models", nargs="*", default=None, help="subset of models to run")
+    from .bench import add_arguments
+    add_arguments(p)
     p.set_defaults(func=_bench)
     args = parser.parse_args(argv)
     return int(args.func(args) or 0)

@@ -3,8 +3,9 @@
 ``detect`` returns every contact point whose signed distance is below the pair's margin:
 
 * broad phase: the candidate pairs (already filtered by contype/conaffinity, exclusions and
-  the parent-child rule) are tested with bounding spheres (planes with a half-space test) in one
-  vectorized numpy pass, so a table of 16 balls runs the exact test on touching pairs only;
+  the parent-child rule) are tested with bounding spheres (planes with a half-space test, boxes
+  with their oriented box) in one vectorized numpy pass, so a table of 16 balls runs the exact
+  test on touching pairs only;
 * narrow phase: coal's GJK/EPA or analytic tests (``pinocchio.computeCollision``) with a
   security margin, so that contacts about to close within this step are found (speculative
   contacts: a 10 m/s ball cannot tunnel through a 2 cm wall);
@@ -13,6 +14,11 @@
 
 The margin of a pair is ``base_margin + dt * (speed bound of geom 1 + speed bound of geom 2)``.
 Normals point from geom 1 to geom 2; ``dist`` is the signed distance (negative in penetration).
+
+Cost: the per-step Python work is one loop over the *moving joints* (their placements and
+velocities, read from pinocchio's data), a fixed number of numpy calls for the broad phase, and
+a loop over the candidate pairs only. The broad phase is conservative (plus a 1 nm slack), so
+the exact narrow-phase tests alone decide which points are contacts.
 """
 from __future__ import annotations
 
@@ -24,6 +30,10 @@ import pinocchio as pin
 
 from .model import SimModel
 from .plane_contacts import ANALYTIC_KINDS, shape_points
+
+# The broad phase computes geom placements in numpy (round-off differs from pinocchio's); a
+# pair is dropped only when its lower bound on the distance exceeds the margin by this much.
+_BROAD_SLACK = 1e-9
 
 
 @dataclass
@@ -71,6 +81,11 @@ def _reduce_patch(points: np.ndarray, max_points: int) -> np.ndarray:
     return np.unique(np.array(chosen[:max_points]))
 
 
+def _norms(x: np.ndarray) -> np.ndarray:
+    """Row norms of (k, 3), equal bit for bit to ``np.linalg.norm`` of each row (a BLAS dot)."""
+    return np.sqrt(np.matmul(x[:, None, :], x[:, :, None])[:, 0, 0])
+
+
 class CollisionDriver:
     def __init__(self, sm: SimModel, base_margin: float = 1e-3, max_points: int = 4):
         self.sm = sm
@@ -95,7 +110,78 @@ class CollisionDriver:
         self.analytic = np.array([pl >= 0 and kinds[ot] in ANALYTIC_KINDS
                                   for pl, ot in zip(self.pair_plane, self.pair_other)], dtype=bool)
         self.moving_joints = np.unique(self.parent_joint[~self.static])
+        self._gdata = None
+        self._precompute(gm)
 
+    # -- constant tables for the per-step work -----------------------------------------------
+    def _precompute(self, gm: pin.GeometryModel) -> None:
+        p = self.pairs
+        self._npairs = len(p)
+        self._mj = [int(j) for j in self.moving_joints]
+        slot = np.full(max(int(self.parent_joint.max(initial=0)) + 1, 1), -1, dtype=np.int64)
+        slot[self.moving_joints] = np.arange(len(self._mj))
+        # slot of the joint of each geom in the moving-joint arrays (-1: static geom)
+        self._gslot = np.where(self.static, -1, slot[self.parent_joint])
+        self._moving_geoms = np.flatnonzero(~self.static)
+        self._mg_slot = self._gslot[self._moving_geoms]
+        # reach of each geom from its joint origin (speed bound = |v_o| + |w| * reach)
+        self._reach = np.linalg.norm(self.local_pos, axis=1) + np.where(self.is_plane, 0.0, self.radius)
+        self._reach_moving = self._reach[self._moving_geoms]
+        # world placements (homogeneous) of the static geoms, which never change, and the local
+        # placements of the moving ones: W[moving] = oMi[joint] @ L each step
+        self._W0 = np.array([g.placement.homogeneous for g in gm.geometryObjects]).reshape(-1, 4, 4)
+        self._L_moving = self._W0[self._moving_geoms].copy()
+        # broad phase, plane pairs and sphere pairs
+        hp = self.pair_plane >= 0
+        self._hp = np.flatnonzero(hp)
+        self._hp_pl = self.pair_plane[hp]
+        self._hp_ot = self.pair_other[hp]
+        self._hp_rad = self.radius[self._hp_ot]
+        # support of the shape along the plane normal n: |R^T n| . ext_vec + ext_const (exact
+        # for boxes and capsules, an upper bound for cylinders; the bounding radius otherwise)
+        ext_vec = np.zeros((len(self._hp), 3))
+        ext_const = self._hp_rad.copy()
+        for i, ot in enumerate(self._hp_ot):
+            g = self.sm.geoms[int(ot)]
+            shape = gm.geometryObjects[int(ot)].geometry
+            sw = shape.getSweptSphereRadius() if hasattr(shape, "getSweptSphereRadius") else 0.0
+            if g.kind == "box":
+                ext_vec[i], ext_const[i] = np.asarray(g.size[:3], float), sw
+            elif g.kind in ("capsule", "cylinder"):
+                ext_vec[i, 2], ext_const[i] = float(g.size[1]), float(g.size[0]) + sw
+        self._hp_ext_vec, self._hp_ext_const = ext_vec, ext_const
+        self._hp_use_rot = bool(np.any(ext_vec))
+        self._np = np.flatnonzero(~hp)
+        self._np_a, self._np_b = p[~hp, 0], p[~hp, 1]
+        self._np_rad = self.radius[self._np_a] + self.radius[self._np_b]
+        # oriented-box refinement of pairs (without a plane) that involve a box
+        ent_pair, ent_box, ent_other, half = [], [], [], []
+        for k in self._np:
+            for box, other in ((p[k, 0], p[k, 1]), (p[k, 1], p[k, 0])):
+                shape = gm.geometryObjects[int(box)].geometry
+                if isinstance(shape, coal.Box):
+                    ent_pair.append(k); ent_box.append(box); ent_other.append(other)
+                    sw = shape.getSweptSphereRadius() if hasattr(shape, "getSweptSphereRadius") else 0.0
+                    half.append(np.asarray(shape.halfSide, float) + sw)
+        self._box_pair = np.array(ent_pair, dtype=np.int64)
+        self._box_geom = np.array(ent_box, dtype=np.int64)
+        self._box_other = np.array(ent_other, dtype=np.int64)
+        self._box_half = np.array(half, dtype=float).reshape(-1, 3)
+        self._box_orad = self.radius[self._box_other] if len(ent_pair) else np.zeros(0)
+        # narrow phase tables
+        self._analytic_list = self.analytic.tolist()
+        self._pl_list = [int(x) for x in self.pair_plane]
+        self._ot_list = [int(x) for x in self.pair_other]
+        self._flip = [bool(pl >= 0 and pl != p[k, 0]) for k, pl in enumerate(self._pl_list)]
+        self._plane_frame: dict[int, tuple[np.ndarray, float]] = {}
+        for k in np.flatnonzero(self.analytic):
+            pl = self._pl_list[k]
+            if self.static[pl]:
+                M = gm.geometryObjects[pl].placement
+                n_plane = M.rotation[:, 2].copy()
+                self._plane_frame[pl] = (n_plane, float(n_plane @ M.translation))
+
+    # -- per-step kinematics ---------------------------------------------------------------
     def geom_frames(self, gdata: pin.GeometryData) -> tuple[np.ndarray, np.ndarray]:
         """World positions (ngeom, 3) and z axes (ngeom, 3) of every geom."""
         pos = np.empty((self.ngeom, 3))
@@ -105,84 +191,135 @@ class CollisionDriver:
             zax[i] = M.rotation[:, 2]
         return pos, zax
 
-    def speed_bounds(self, data: pin.Data) -> np.ndarray:
-        """Upper bound on the speed of any point of each geom (from the joint velocities)."""
+    def _joint_state(self, data: pin.Data) -> tuple[np.ndarray, np.ndarray]:
+        """Placements (m, 4, 4) and local spatial velocities (m, 6) of the moving joints."""
+        oMi, vel = data.oMi, data.v
+        H = np.array([oMi[j].homogeneous for j in self._mj])
+        V = np.array([vel[j].vector for j in self._mj])
+        return H, V
+
+    def _speeds(self, V: np.ndarray) -> np.ndarray:
         speed = np.zeros(self.ngeom)
-        if not len(self.moving_joints):
-            return speed
-        lin = np.zeros(len(data.v))
-        ang = np.zeros(len(data.v))
-        for j in self.moving_joints:
-            m = data.v[int(j)]
-            lin[j] = np.linalg.norm(m.linear)
-            ang[j] = np.linalg.norm(m.angular)
-        reach = np.linalg.norm(self.local_pos, axis=1) + np.where(self.is_plane, 0.0, self.radius)
-        speed = lin[self.parent_joint] + ang[self.parent_joint] * reach
-        speed[self.static] = 0.0
+        lin = _norms(V[:, :3])
+        ang = _norms(V[:, 3:])
+        s = self._mg_slot
+        speed[self._moving_geoms] = lin[s] + ang[s] * self._reach_moving
         return speed
 
-    def _plane_pair(self, k, gdata, margin, rows_pair, rows_pt, rows_pos, rows_n, rows_d) -> None:
-        pl, ot = int(self.pair_plane[k]), int(self.pair_other[k])
-        Mp, Ms = gdata.oMg[pl], gdata.oMg[ot]
-        n_plane = Mp.rotation[:, 2]
-        g = self.sm.geoms[ot]
-        x, height, ids = shape_points(g.kind, g.size, Ms.rotation, Ms.translation, n_plane,
-                                      float(n_plane @ Mp.translation))
-        sel = np.nonzero(height < margin)[0]
-        if len(sel) > self.max_points:
-            sel = sel[np.argsort(height[sel], kind="stable")[:self.max_points]]
-        N = n_plane if pl == self.pairs[k, 0] else -n_plane   # from geom 1 to geom 2
-        for i in sel:
-            d = float(height[i])
-            # midpoint of the witness point x and its projection on the plane
-            rows_pair.append(k); rows_pt.append(int(ids[i]))
-            rows_pos.append(x[i] - 0.5 * d * n_plane); rows_n.append(N); rows_d.append(d)
+    def speed_bounds(self, data: pin.Data) -> np.ndarray:
+        """Upper bound on the speed of any point of each geom (from the joint velocities)."""
+        if not len(self._mj):
+            return np.zeros(self.ngeom)
+        return self._speeds(self._joint_state(data)[1])
 
+    # -- narrow phase, closed form ---------------------------------------------------------
+    def _plane_pair(self, k, gdata, margin, rows_pair, rows_pt, rows_pos, rows_n, rows_d) -> None:
+        """Shape-on-plane points of pair k (appended to the row lists)."""
+        pl, ot = self._pl_list[k], self._ot_list[k]
+        fr = self._plane_frame.get(pl)
+        if fr is None:
+            Mp = gdata.oMg[pl]
+            n_plane = Mp.rotation[:, 2]
+            fr = (n_plane, float(n_plane @ Mp.translation))
+        n_plane, offset = fr
+        Ms = gdata.oMg[ot]
+        g = self.sm.geoms[ot]
+        x, height, ids = shape_points(g.kind, g.size, Ms.rotation, Ms.translation, n_plane, offset)
+        sel = np.flatnonzero(height < margin)
+        m = len(sel)
+        if not m:
+            return
+        if m > self.max_points:
+            sel = sel[np.argsort(height[sel], kind="stable")[:self.max_points]]
+            m = self.max_points
+        N = -n_plane if self._flip[k] else n_plane   # from geom 1 to geom 2
+        d = height[sel]
+        rows_pair += [k] * m
+        rows_pt += ids[sel].tolist()
+        # midpoint of the witness point x and its projection on the plane
+        rows_pos.extend(x[sel] - (0.5 * d)[:, None] * n_plane)
+        rows_n += [N] * m
+        rows_d += d.tolist()
+
+    def _narrow_tables(self, gdata: pin.GeometryData):
+        """References to gdata's per-pair request/result objects (looked up once per gdata)."""
+        if self._gdata is not gdata:
+            self._gdata = gdata
+            self._reqs = list(gdata.collisionRequests)
+            self._cres = list(gdata.collisionResults)
+            self._pres = list(gdata.contactPatchResults)
+        return self._reqs, self._cres, self._pres
+
+    # -- the detection pass ----------------------------------------------------------------
     def detect(self, data: pin.Data, gdata: pin.GeometryData, dt: float) -> Contacts:
-        if not len(self.pairs):
+        if not self._npairs:
             return Contacts.empty()
-        pos, zax = self.geom_frames(gdata)
-        speed = self.speed_bounds(data)
         p = self.pairs
+        if self._mj:
+            H, V = self._joint_state(data)
+            speed = self._speeds(V)
+            W = self._W0.copy()
+            W[self._moving_geoms] = np.matmul(H[self._mg_slot], self._L_moving)
+        else:
+            speed = np.zeros(self.ngeom)
+            W = self._W0
         margin = self.base_margin + dt * (speed[p[:, 0]] + speed[p[:, 1]])
-        # broad phase
-        plane = self.pair_plane
-        other = self.pair_other
-        has_plane = plane >= 0
-        gap = np.empty(len(p))
-        if np.any(has_plane):
-            pl, ot = plane[has_plane], other[has_plane]
-            gap[has_plane] = np.einsum("ij,ij->i", zax[pl], pos[ot] - pos[pl]) - self.radius[ot]
-        nop = ~has_plane
-        if np.any(nop):
-            a, b = p[nop, 0], p[nop, 1]
-            gap[nop] = np.linalg.norm(pos[a] - pos[b], axis=1) - self.radius[a] - self.radius[b]
-        candidates = np.nonzero(gap < margin)[0]
+        # broad phase: lower bounds on the distance of each pair
+        gap = np.empty(self._npairs)
+        if len(self._hp):
+            Wp, Wo = W[self._hp_pl], W[self._hp_ot]
+            zax = Wp[:, :3, 2]
+            if self._hp_use_rot:
+                w = np.abs(np.einsum("kji,kj->ki", Wo[:, :3, :3], zax))
+                ext = np.einsum("ki,ki->k", w, self._hp_ext_vec) + self._hp_ext_const
+            else:
+                ext = self._hp_rad
+            gap[self._hp] = np.einsum("ij,ij->i", zax, Wo[:, :3, 3] - Wp[:, :3, 3]) - ext
+        if len(self._np):
+            pos = W[:, :3, 3]
+            gap[self._np] = np.linalg.norm(pos[self._np_a] - pos[self._np_b], axis=1) - self._np_rad
+            if len(self._box_pair):
+                Wb = W[self._box_geom]
+                d = np.einsum("kji,kj->ki", Wb[:, :3, :3], pos[self._box_other] - Wb[:, :3, 3])
+                out = np.maximum(np.abs(d) - self._box_half, 0.0)
+                lb = np.sqrt(np.einsum("ij,ij->i", out, out)) - self._box_orad
+                np.maximum.at(gap, self._box_pair, lb)
+        cand = np.flatnonzero(gap < margin + _BROAD_SLACK)
+        if not len(cand):
+            return Contacts.empty()
         # narrow phase
         gm = self.sm.geom_model
-        rows_pair, rows_pt, rows_pos, rows_n, rows_d = [], [], [], [], []
-        for k in candidates:
-            k = int(k)
-            if self.analytic[k]:
-                self._plane_pair(k, gdata, float(margin[k]), rows_pair, rows_pt, rows_pos, rows_n, rows_d)
+        rows_pair: list = []
+        rows_pt: list = []
+        rows_pos: list = []
+        rows_n: list = []
+        rows_d: list = []
+        analytic = self._analytic_list
+        reqs, cres, pres_all = self._narrow_tables(gdata)
+        for k, mk in zip(cand.tolist(), margin[cand].tolist()):
+            if analytic[k]:
+                self._plane_pair(k, gdata, mk, rows_pair, rows_pt, rows_pos, rows_n, rows_d)
                 continue
-            req = gdata.collisionRequests[k]
-            req.security_margin = float(margin[k])
+            reqs[k].security_margin = mk
             if not pin.computeCollision(gm, gdata, k):
                 continue
             pin.computeContactPatch(gm, gdata, k)
-            pres = gdata.contactPatchResults[k]
+            pres = pres_all[k]
             if pres.numContactPatches() == 0:
-                res = gdata.collisionResults[k]
-                c = res.getContact(0)
+                c = cres[k].getContact(0)
                 p1, p2 = c.getNearestPoint1(), c.getNearestPoint2()
-                n = np.asarray(c.normal)
+                n = np.asarray(c.normal).copy()
                 rows_pair.append(k); rows_pt.append(0)
                 rows_pos.append(0.5 * (p1 + p2)); rows_n.append(n); rows_d.append(float(n @ (p2 - p1)))
                 continue
             patch = pres.getContactPatch(0)
             n = np.asarray(patch.getNormal()).copy()
             m = patch.size()
+            if m == 1:
+                p1, p2 = patch.getPointShape1(0), patch.getPointShape2(0)
+                rows_pair.append(k); rows_pt.append(0)
+                rows_pos.append(0.5 * (p1 + p2)); rows_n.append(n); rows_d.append(float(n @ (p2 - p1)))
+                continue
             P1 = np.array([patch.getPointShape1(i) for i in range(m)])
             P2 = np.array([patch.getPointShape2(i) for i in range(m)])
             keep = _reduce_patch(0.5 * (P1 + P2), self.max_points)

@@ -46,17 +46,30 @@ class Constraints:
         return int(self.J.shape[0])
 
 
+_I1 = np.array([1, 2, 0])
+_I2 = np.array([2, 0, 1])
+# helper x n for helper = e_x and e_y as matrices acting on n: (0, -n_z, n_y) and (n_z, 0, -n_x)
+_HELPER_CROSS = np.array([[[0.0, 0.0, 1.0], [0.0, 0.0, 0.0], [-1.0, 0.0, 0.0]],     # e_y x n
+                          [[0.0, 0.0, 0.0], [0.0, 0.0, -1.0], [0.0, 1.0, 0.0]]])    # e_x x n
+
+
+def _row_norms(x: np.ndarray) -> np.ndarray:
+    """``np.linalg.norm(x, axis=1, keepdims=True)`` without its Python overhead (same numbers)."""
+    return np.sqrt(np.add.reduce(x * x, axis=1, keepdims=True))
+
+
 def tangent_frames(normals: np.ndarray) -> np.ndarray:
     """Orthonormal frames (k, 3, 3) whose third column is the normal."""
-    n = normals / np.linalg.norm(normals, axis=1, keepdims=True)
-    helper = np.zeros_like(n)
-    use_x = np.abs(n[:, 0]) < 0.9
-    helper[use_x, 0] = 1.0
-    helper[~use_x, 1] = 1.0
-    t1 = np.cross(helper, n)
-    t1 /= np.linalg.norm(t1, axis=1, keepdims=True)
-    t2 = np.cross(n, t1)
-    return np.stack([t1, t2, n], axis=2)
+    n = normals / _row_norms(normals)
+    # t1 = helper x n, helper = e_x where |n_x| < 0.9, else e_y (the matrices pick and negate
+    # components of n, so this is exact)
+    t1 = np.einsum("kij,kj->ki", _HELPER_CROSS[(np.abs(n[:, 0]) < 0.9).view(np.int8)], n)
+    t1 /= _row_norms(t1)
+    out = np.empty((len(n), 3, 3))
+    out[:, :, 0] = t1
+    out[:, :, 1] = n[:, _I1] * t1[:, _I2] - n[:, _I2] * t1[:, _I1]      # n x t1, as np.cross
+    out[:, :, 2] = n
+    return out
 
 
 def baumgarte(dist: np.ndarray, dt: float, erp: float, skin: float) -> np.ndarray:
@@ -93,41 +106,66 @@ class ConstraintBuilder:
     def point_jacobians(self, model: pin.Model, data: pin.Data, joints: np.ndarray,
                         points: np.ndarray) -> np.ndarray:
         """Linear velocity Jacobians (k, 3, nv) of world points rigidly attached to joints."""
-        out = np.zeros((len(joints), 3, self.nv))
-        cache: dict[int, np.ndarray] = {}
-        for i, j in enumerate(joints):
-            j = int(j)
-            if j == 0:
-                continue
-            Jj = cache.get(j)
-            if Jj is None:
-                Jj = pin.getJointJacobian(model, data, j, pin.LOCAL_WORLD_ALIGNED)
-                cache[j] = Jj
-            r = points[i] - data.oMi[j].translation
-            # v_p = v_o + w x r = v_o - r x w
-            out[i] = Jj[:3] - np.cross(r, Jj[3:].T).T
+        jl = np.asarray(joints).tolist()
+        k = len(jl)
+        if not k:
+            return np.zeros((0, 3, self.nv))
+        slot_of: dict[int, int] = {0: 0}
+        for j in jl:
+            if j not in slot_of:
+                slot_of[j] = len(slot_of)
+        # one pinocchio Jacobian per distinct joint (slot 0: the world, zero)
+        table = np.zeros((len(slot_of), 6, self.nv))
+        origin = np.zeros((len(slot_of), 3))
+        for j, s in slot_of.items():
+            if j:
+                table[s] = pin.getJointJacobian(model, data, j, pin.LOCAL_WORLD_ALIGNED)
+                origin[s] = data.oMi[j].translation
+        slot = np.array([slot_of[j] for j in jl], dtype=np.int64)
+        Jj = table[slot]
+        r = points - origin[slot]
+        W = Jj[:, 3:]
+        # v_p = v_o + w x r = v_o - r x w  (r x w component by component, as np.cross does)
+        out = Jj[:, :3] - (r[:, _I1, None] * W[:, _I2] - r[:, _I2, None] * W[:, _I1])
+        if 0 in jl:
+            out[slot == 0] = 0.0
         return out
 
     def build(self, model: pin.Model, data: pin.Data, q: np.ndarray, v: np.ndarray,
-              contacts: Contacts, dt: float) -> Constraints:
-        """Assemble J and b. ``data`` must hold joint Jacobians at q (computeJointJacobians)."""
+              contacts: Contacts, dt: float,
+              limits: tuple[np.ndarray, np.ndarray] | None = None) -> Constraints:
+        """Assemble J and b. ``data`` must hold joint Jacobians at q (computeJointJacobians).
+
+        ``limits``: the ``active_limits(q, v, dt)`` result when the caller already has it.
+        """
         nc = len(contacts)
-        lim_idx, lim_dist = self.active_limits(q, v, dt)
+        lim_idx, lim_dist = self.active_limits(q, v, dt) if limits is None else limits
         nl = len(lim_idx)
-        J = np.zeros((3 * nc + nl, self.nv))
+        nv = self.nv
+        J = np.zeros((3 * nc + nl, nv))
         b = np.zeros(3 * nc + nl)
-        frames = tangent_frames(contacts.normal) if nc else np.zeros((0, 3, 3))
         if nc:
+            frames = tangent_frames(contacts.normal)
             j1 = self.geom_joint[contacts.geom1]
             j2 = self.geom_joint[contacts.geom2]
-            Jp = self.point_jacobians(model, data, np.concatenate([j1, j2]),
-                                      np.concatenate([contacts.pos, contacts.pos]))
-            Jrel = Jp[nc:] - Jp[:nc]                                   # (nc, 3, nv)
-            J[:3 * nc] = np.einsum("kai,kab->kib", frames, Jrel).reshape(3 * nc, self.nv)
+            if j1.any():
+                Jp = self.point_jacobians(model, data, np.concatenate([j1, j2]),
+                                          np.concatenate([contacts.pos, contacts.pos]))
+                Jrel = Jp[nc:] - Jp[:nc]                               # (nc, 3, nv)
+            else:                                  # geom 1 is static (the world) everywhere
+                Jrel = self.point_jacobians(model, data, j2, contacts.pos)
+            np.einsum("kai,kab->kib", frames, Jrel, out=J[:3 * nc].reshape(nc, 3, nv))
+        else:
+            frames = np.zeros((0, 3, 3))
+        if nc and nl:
+            off = baumgarte(np.concatenate([contacts.dist, lim_dist]), dt, self.erp, self.skin)
+            b[2:3 * nc:3] = off[:nc]
+            b[3 * nc:] = off[nc:]
+        elif nc:
             b[2:3 * nc:3] = baumgarte(contacts.dist, dt, self.erp, self.skin)
-        if nl:
-            rows = np.arange(3 * nc, 3 * nc + nl)
-            J[rows, self.lim_v[lim_idx]] = self.lim_sign[lim_idx]
+        elif nl:
             b[3 * nc:] = baumgarte(lim_dist, dt, self.erp, self.skin)
+        if nl:
+            J[np.arange(3 * nc, 3 * nc + nl), self.lim_v[lim_idx]] = self.lim_sign[lim_idx]
         return Constraints(J, b, nc, contacts.mu.copy(), frames, contacts, lim_idx, lim_dist,
                            contacts.dist.copy())

@@ -243,10 +243,42 @@ class Simulator:
 
     def step(self, q, v, tau, jacobian: bool = False):
         """Advance one time step. Returns ``(q1, v1)`` or ``(q1, v1, jac)`` with jacobian=True."""
-        q = self._check_q(q)
-        v = self._vector(v, self.nv, "v")
-        tau = self._vector(tau, self.nv, "tau")
         model, data, dt = self.model, self.data, self.dt
+        nq, nv = model.nq, model.nv
+        # Input checks. Fast path: float64 vectors of the right shapes whose sums are finite
+        # (so every entry is) and unit quaternions; anything else takes the full checks, which
+        # raise the detailed errors. Both give the same q, v, tau.
+        qrows = self.__dict__.get("_step_qrows")
+        if qrows is None:
+            rows = []
+            for j in range(1, model.njoints):
+                jm = model.joints[j]
+                name = jm.shortname()
+                if name in ("JointModelFreeFlyer", "JointModelSpherical"):
+                    s0 = jm.idx_q + (3 if name == "JointModelFreeFlyer" else 0)
+                    rows.extend(range(s0, s0 + 4))
+            qrows = self._step_qrows = np.array(rows, dtype=np.int64)
+        fast = False
+        if (type(q) is np.ndarray and type(v) is np.ndarray and type(tau) is np.ndarray
+                and q.dtype == np.float64 and v.dtype == np.float64 and tau.dtype == np.float64
+                and q.shape == (nq,) and v.shape == (nv,) and tau.shape == (nv,)):
+            total = float(q.sum()) + float(v.sum()) + float(tau.sum())
+            if total - total == 0.0:               # finite
+                if len(qrows):
+                    Q = q[qrows].reshape(-1, 4)
+                    # norms as np.linalg.norm computes them (a BLAS dot), one matmul for all
+                    nrm = np.sqrt(np.matmul(Q[:, None, :], Q[:, :, None])[:, 0, 0])
+                    if float(np.max(np.abs(nrm - 1.0))) <= 1e-3:
+                        q = q.copy()
+                        q[qrows] = (Q / nrm[:, None]).reshape(-1)
+                        fast = True
+                else:
+                    q = q.copy()
+                    fast = True
+        if not fast:
+            q = self._check_q(q)
+            v = self._vector(v, nv, "v")
+            tau = self._vector(tau, nv, "tau")
 
         pin.forwardKinematics(model, data, q, v)
         pin.updateGeometryPlacements(model, data, self.geom_model, self.geom_data)
@@ -256,12 +288,16 @@ class Simulator:
         a_free = pin.aba(model, data, q, v, tau_total)
         v_free = v + dt * a_free
 
-        lim_idx, _ = self.constraints.active_limits(q, v, dt)
-        if len(contacts) or len(lim_idx):
-            pin.computeJointJacobians(model, data, q)
-            cons = self.constraints.build(model, data, q, v, contacts, dt)
-            Minv = pin.computeMinverse(model, data, q)
-            Minv = np.triu(Minv) + np.triu(Minv, 1).T
+        limits = self.constraints.active_limits(q, v, dt)
+        if len(contacts) or len(limits[0]):
+            # joint Jacobians from the placements forwardKinematics computed (no second pass)
+            pin.computeJointJacobians(model, data)
+            cons = self.constraints.build(model, data, q, v, contacts, dt, limits=limits)
+            Minv = pin.computeMinverse(model, data, q)     # only its upper triangle is filled
+            upper = self.__dict__.get("_step_upper")
+            if upper is None or upper.shape != (nv, nv):
+                upper = self._step_upper = np.triu(np.ones((nv, nv), dtype=bool))
+            Minv = np.where(upper, Minv, Minv.T)            # symmetric, a new array
             MJt = Minv @ cons.J.T
             G = cons.J @ MJt
             g = cons.J @ v_free + cons.b
@@ -272,7 +308,8 @@ class Simulator:
             cons, res, Minv, G, g = None, None, None, None, None
             v1 = v_free
         q1 = pin.integrate(model, q, v1 * dt)
-        if not (np.all(np.isfinite(v1)) and np.all(np.isfinite(q1))):
+        total = float(v1.sum()) + float(q1.sum())
+        if total - total != 0.0 and not (np.isfinite(v1).all() and np.isfinite(q1).all()):
             raise SimulationError("the step produced a non-finite state (the simulation diverged); "
                                   f"|v| = {np.linalg.norm(v):.3g}, |tau| = {np.linalg.norm(tau):.3g}")
         self._record(cons, res)
