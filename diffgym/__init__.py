@@ -26,3 +26,7 @@ def _mount_envs() -> None:
 
 
 _mount_envs()
+
+from .vector import DiffVectorEnv, make_vec  # noqa: E402  (after diffgym.envs is mounted)
+
+__all__ += ["make_vec", "DiffVectorEnv"]
