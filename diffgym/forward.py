@@ -207,12 +207,14 @@ class Simulator:
     # -- input checking ------------------------------------------------------------------
     @staticmethod
     def _vector(x, n: int, name: str) -> np.ndarray:
+        if x is None or isinstance(x, (str, bytes, dict)):
+            raise TypeError(f"{name} must be an array of real numbers, got {type(x).__name__}")
+        if np.iscomplexobj(x):
+            raise TypeError(f"{name} must be real, got complex values")
         try:
             arr = np.asarray(x, dtype=float)
         except (TypeError, ValueError) as exc:
             raise TypeError(f"{name} must be an array of real numbers, got {type(x).__name__}") from exc
-        if np.iscomplexobj(x):
-            raise TypeError(f"{name} must be real, got complex values")
         if arr.shape != (n,):
             raise ValueError(f"{name} must have shape ({n},), got {arr.shape}")
         bad = ~np.isfinite(arr)
