@@ -304,7 +304,11 @@ class Simulator:
             G = cons.J @ MJt
             g = cons.J @ v_free + cons.b
             lam0, modes0 = self._warm_start(cons)
-            res = self.solver.solve(G, g, cons.nc, cons.mu, lam0, modes0)
+            try:
+                res = self.solver.solve(G, g, cons.nc, cons.mu, lam0, modes0)
+            except np.linalg.LinAlgError as exc:     # LAPACK gave up on a degenerate problem
+                raise SimulationError(f"the contact solver failed on a degenerate problem ({exc}); "
+                                      f"{cons.nc} contacts, |v| = {np.linalg.norm(v):.3g}") from exc
             v1 = v_free + MJt @ res.lam
         else:
             cons, res, Minv, G, g = None, None, None, None, None

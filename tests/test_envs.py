@@ -15,8 +15,8 @@ IDS = list(ENV_IDS)
 # modes do not change inside the stencil), the action used, and the relative tolerance.
 FD_SETUP = {
     "DiffCartPole-v0": dict(warmup=20, action=0.4, rtol=1e-5),
-    "DiffHopper-v0": dict(warmup=10, action=0.1, rtol=1e-4),
-    "DiffGo1-v0": dict(warmup=10, action=0.1, rtol=1e-4),
+    "DiffHopper-v0": dict(warmup=30, action=0.1, rtol=1e-5),    # foot sticking + sliding
+    "DiffGo1-v0": dict(warmup=20, action=0.1, rtol=1e-5),       # 4 feet, sticking + sliding
     "DiffPush-v0": dict(warmup=10, action=0.5, rtol=1e-4),
     "DiffBilliards-v0": dict(warmup=5, action=0.5, rtol=1e-4),
 }
