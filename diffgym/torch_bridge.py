@@ -55,9 +55,7 @@ class TorchVecEnv:
 
     def detach(self) -> None:
         """Cut the graph: later gradients stop at the current state (a new leaf tensor)."""
-        if self.state is None:
-            raise RuntimeError("TorchVecEnv: call reset() first")
-        self._set_state_tensor(self.venv.get_state())
+        self._set_state_tensor(self.venv.get_state())    # raises if the envs were never reset
 
     def _forward_numpy(self, a: np.ndarray):
         venv = self.venv

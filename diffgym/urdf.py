@@ -65,7 +65,12 @@ def load_urdf(path: str, *, floating_base: bool = True, ground: bool = True,
         raise ModelError(f"{path}: pinocchio could not parse the URDF: {exc}") from exc
     model.gravity = pin.Motion(np.asarray(gravity, float), np.zeros(3))
     dirs = list(package_dirs or [])
-    dirs.append(os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(path)))))
+    # package://NAME/... resolves against a folder holding NAME: try the URDF's ancestors
+    # (example-robot-data's robots/*/urdf/x.urdf names package://example-robot-data/robots/...)
+    anc = os.path.dirname(os.path.abspath(path))
+    for _ in range(5):
+        anc = os.path.dirname(anc)
+        dirs.append(anc)
     try:
         with warnings.catch_warnings():      # pinocchio warns when package_dirs are given
             warnings.simplefilter("ignore", UserWarning)
