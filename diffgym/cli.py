@@ -15,6 +15,48 @@ def _bench(args: argparse.Namespace) -> int:
     return bench_main(args)
 
 
+def _train(args: argparse.Namespace) -> int:
+    from .train import train
+    from .train.config import ConfigError, load_config
+    try:
+        if args.resume:
+            import os
+            cfg_path = os.path.join(args.resume, "config.yaml")
+            if not os.path.isfile(cfg_path):
+                raise ConfigError(f"--resume {args.resume}: not a run directory (no config.yaml)")
+            cfg = load_config(cfg_path, args.overrides)
+            run_dir = args.resume
+        else:
+            if not args.config:
+                raise ConfigError("give a CONFIG.yaml (or --resume RUN_DIR)")
+            cfg = load_config(args.config, args.overrides)
+            run_dir = args.run_dir
+    except ConfigError as exc:
+        print(f"diffgym train: {exc}", file=sys.stderr)
+        return 2
+    out = train(cfg, run_dir, resume=bool(args.resume))
+    ev = out.get("eval") or {}
+    print(f"run directory: {out['run_dir']}")
+    if ev:
+        msg = f"evaluation over {ev['episodes']} episodes: return {ev['return_mean']:.2f} +- {ev['return_std']:.2f}"
+        if "success_rate" in ev:
+            msg += f", success rate {ev['success_rate']:.2f}"
+        print(msg)
+    return 0
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    from .train.config import ConfigError
+    from .train.sweep import run_sweep
+    try:
+        recs = run_sweep(args.sweep, workers=args.workers, use_ray=args.ray is not None,
+                         ray_address=args.ray or None, out=args.out)
+    except ConfigError as exc:
+        print(f"diffgym sweep: {exc}", file=sys.stderr)
+        return 2
+    return 0 if any(r.get("status") == "ok" for r in recs) else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="diffgym", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -25,7 +67,23 @@ def main(argv: list[str] | None = None) -> int:
     from .bench import add_arguments
     add_arguments(p)
     p.set_defaults(func=_bench)
+    p = sub.add_parser("train", help="train SHAC or PPO from a YAML config")
+    p.add_argument("config", nargs="?", help="CONFIG.yaml (a path, or a name in diffgym's configs/)")
+    p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. shac.actor_lr=1e-3 seed=2")
+    p.add_argument("--run-dir", default=None, help="where to write the run (default runs/<env>_<algo>_s<seed>_<time>)")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    p.set_defaults(func=_train)
+    p = sub.add_parser("sweep", help="run a sweep of training trials (local process pool or Ray)")
+    p.add_argument("sweep", help="SWEEP.yaml")
+    p.add_argument("--workers", type=int, default=2, help="local worker processes (default 2)")
+    p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
+                   help="run the trials as Ray Tune trials (on ADDRESS, or a local Ray instance)")
+    p.add_argument("--out", default=None, help="sweep output directory (default runs/sweeps/<name>)")
+    p.set_defaults(func=_sweep)
     args = parser.parse_args(argv)
+    if args.command == "train" and args.config and "=" in args.config:
+        args.overrides.insert(0, args.config)
+        args.config = None
     return int(args.func(args) or 0)
 
 

@@ -1,0 +1,206 @@
+"""Training configuration: YAML validated into typed dataclasses.
+
+    cfg = load_config("configs/cartpole_shac.yaml", overrides=["shac.actor_lr=1e-3", "seed=2"])
+
+An unknown key, a value of the wrong type or a missing file raises :class:`ConfigError` naming
+the dotted key (and the file). Overrides are ``dotted.key=value`` with the value read as YAML
+(``1e-3``, ``[64, 64]``, ``true``).
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any
+
+import yaml
+
+
+class ConfigError(ValueError):
+    """A configuration file or override is invalid; the message names the key and the file."""
+
+
+@dataclass
+class EnvConfig:
+    id: str = "DiffCartPole-v0"
+    num_envs: int = 64
+    kwargs: dict = field(default_factory=dict)      # passed to gym.make
+    episode_steps: int | None = None                # None: the environment's default
+
+
+@dataclass
+class PPOConfig:
+    """stable-baselines3 PPO settings (n_steps is the horizon per environment)."""
+    n_steps: int = 240
+    batch_size: int = 3840
+    n_epochs: int = 5
+    learning_rate: float = 3e-4
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    clip_range: float = 0.2
+    ent_coef: float = 0.0
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    net_arch: list = field(default_factory=lambda: [64, 64])
+    log_std_init: float = 0.0
+    normalize_obs: bool = True
+
+
+@dataclass
+class SHACConfig:
+    horizon: int = 32
+    actor_lr: float = 1e-2
+    critic_lr: float = 1e-3
+    lam: float = 0.95
+    gamma: float = 0.99
+    target_alpha: float = 0.2
+    critic_iterations: int = 16
+    critic_minibatches: int = 4
+    actor_mlp: list = field(default_factory=lambda: [64, 64])
+    critic_mlp: list = field(default_factory=lambda: [64, 64])
+    grad_norm: float = 1.0
+    obs_norm: bool = True
+    lr_schedule: str = "linear"
+    betas: list = field(default_factory=lambda: [0.7, 0.95])
+    actor_log_std_init: float = -1.0
+    reward_scale: float = 1.0
+    bound_coef: float = 0.0
+
+
+@dataclass
+class TrainConfig:
+    algo: str = "shac"                 # "shac" or "ppo"
+    env: EnvConfig = field(default_factory=EnvConfig)
+    seed: int = 0
+    total_env_steps: int = 1_000_000
+    eval_episodes: int = 5
+    checkpoint_every: int = 10         # iterations
+    log_every: int = 1
+    gif: bool = True
+    run_dir: str | None = None
+    device: str = "cpu"
+    ppo: PPOConfig = field(default_factory=PPOConfig)
+    shac: SHACConfig = field(default_factory=SHACConfig)
+
+    def __post_init__(self):
+        if self.algo not in ("shac", "ppo"):
+            raise ConfigError(f"algo: must be 'shac' or 'ppo', got {self.algo!r}")
+        for key in ("total_env_steps", "log_every"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"{key}: must be >= 1, got {getattr(self, key)!r}")
+        if self.env.num_envs < 1:
+            raise ConfigError(f"env.num_envs: must be >= 1, got {self.env.num_envs!r}")
+
+
+def _check_type(value: Any, tp: Any, key: str, where: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        errors = []
+        for arg in typing.get_args(tp):
+            if arg is type(None):
+                if value is None:
+                    return None
+                continue
+            try:
+                return _check_type(value, arg, key, where)
+            except ConfigError as exc:
+                errors.append(exc)
+        raise ConfigError(f"{where}{key}: expected {tp}, got {value!r}")
+    if dataclasses.is_dataclass(tp):
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}{key}: expected a mapping of {tp.__name__} fields, got {value!r}")
+        return _build(tp, value, key + ".", where)
+    if tp is float:
+        if isinstance(value, str):           # YAML 1.1 reads 1e-3 (no dot) as a string
+            try:
+                value = float(value)
+            except ValueError:
+                pass
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigError(f"{where}{key}: expected a number, got {value!r}")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, float) and value.is_integer())):
+            raise ConfigError(f"{where}{key}: expected an integer, got {value!r}")
+        return int(value)
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise ConfigError(f"{where}{key}: expected true or false, got {value!r}")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise ConfigError(f"{where}{key}: expected a string, got {value!r}")
+        return value
+    if tp is list or origin is list:
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}{key}: expected a list, got {value!r}")
+        return list(value)
+    if tp is dict or origin is dict:
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}{key}: expected a mapping, got {value!r}")
+        return dict(value)
+    return value
+
+
+def _build(cls, data: dict, prefix: str = "", where: str = ""):
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - names)
+    if unknown:
+        raise ConfigError(f"{where}unknown key {prefix}{unknown[0]!s}; valid keys at this level: "
+                          f"{sorted(names)}")
+    kwargs = {k: _check_type(v, hints[k], prefix + k, where) for k, v in data.items()}
+    try:
+        return cls(**kwargs)
+    except ConfigError as exc:
+        raise ConfigError(f"{where}{exc}") from None
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    for item in overrides or []:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like key=value (dotted keys: shac.actor_lr=1e-3)")
+        key, raw = item.split("=", 1)
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as exc:
+            raise ConfigError(f"override {key}: cannot read value {raw!r}: {exc}") from None
+        node = data
+        parts = key.strip().split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise ConfigError(f"override {key}: {p} is not a section")
+        node[parts[-1]] = value
+    return data
+
+
+def config_from_dict(data: dict, overrides: list[str] | None = None, where: str = "") -> TrainConfig:
+    data = apply_overrides(dict(data or {}), overrides or [])
+    return _build(TrainConfig, data, "", where)
+
+
+def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> TrainConfig:
+    """Read and validate a YAML training config (errors name the key and the file)."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        from diffgym.resources import configs_dir
+        alt = os.path.join(str(configs_dir()), path)
+        if os.path.isfile(alt):
+            path = alt
+        else:
+            raise ConfigError(f"config file not found: {path}")
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
+    return config_from_dict(data, overrides, where=f"{path}: ")
+
+
+def config_to_dict(cfg) -> dict:
+    return dataclasses.asdict(cfg)
