@@ -1,4 +1,5 @@
-"""``diffgym bench``: forward-step time of diffgym next to MuJoCo's ``mj_step`` on the same file.
+"""``diffgym bench``: forward-step and step-Jacobian times of diffgym next to MuJoCo (``mj_step``,
+``mjd_transitionFD``) on the same file.
 
 Both engines load the same model file and start from the same state; the step loops run side by
 side in one process. Per model and engine: ``--warmup`` steps (not timed), then ``--steps`` timed
@@ -13,7 +14,24 @@ So both engines time the same stretch of the same trajectory regime (step ``warm
   ground, joints held by a PD on that pose (``tau = 100 (q_ref - q) - 2 qdot``, no torque limit).
   In MuJoCo the same PD is the model's own actuators (gain 100, bias ``-100 q - 2 qdot``, ctrl
   ``q_ref``), so no Python runs between its steps; diffgym computes it in the loop (~3 us);
-* ``billiards`` (``assets/billiards.xml``): the cue ball sent at 2 m/s into the rack at rest.
+* ``billiards`` (``assets/billiards.xml``): the cue ball sent at 2 m/s into the rack at rest;
+* ``ur5`` (example-robot-data's UR5 URDF, fixed base, 6 joints): released 0.2-0.3 rad away from
+  ``UR5_POSE`` and pulled back by a PD (gain 100, damping 2) on top of exact gravity
+  compensation (pinocchio's ``g(q)``; in MuJoCo ``gravcomp = 1`` on every body and the PD as
+  actuators); it swings in free space (no contacts).
+
+**Step Jacobians** (``--jacobian``, on by default; ``--no-jacobian`` skips it): a second table
+for ``cartpole``, ``hopper``, ``go1`` and ``ur5``. After ``--jac-warmup`` steps (200: the
+hopper has landed) the same ``--jac-states`` consecutive steps are timed without and with
+``jacobian=True``; central differences of our own step (``2 (2 nv + nv)`` steps, the Jacobian a
+user without analytical derivatives would compute) are timed at ``--fd-states`` of those states,
+and MuJoCo's ``mj_step`` and ``mjd_transitionFD`` (centered, eps 1e-6) on its own trajectory
+from the same state. MuJoCo differentiates with respect to its ``nu`` actuator controls, we with
+respect to all ``nv`` generalized forces; ``mjd_transitionFD`` does not support RK4, so a file
+that asks for RK4 (Gymnasium's hopper) is timed with Euler in this table (said under it).
+Targets printed under the table: ``jac/fwd <= 3`` and, on the hopper, our step with Jacobian
+faster than MuJoCo's centered finite differences. ``--csv FILE`` also writes
+``FILE_jacobian.csv`` (or ``--jacobian-csv``).
 
 MuJoCo is a benchmark-only extra (``pip install diffgym[bench]``), imported lazily. MuJoCo
 cannot read the Go1 URDF as it is (the ``base`` link's inertia matrix is singular); it is then
@@ -48,11 +66,18 @@ MODELS = {
     "hopper": "hopper_gymnasium.xml",
     "go1": "go1.urdf",
     "billiards": "billiards.xml",
+    "ur5": "ur5.urdf",
 }
+JAC_MODELS = ("cartpole", "hopper", "go1", "ur5")    # rows of the Jacobian table
 
 GO1_KP, GO1_KD = 100.0, 2.0       # PD holding the standing pose
 GO1_CLEARANCE = 0.002             # feet start this far above the ground (m)
 HOPPER_TARGET = 5.0               # the issue's goal: a hopper step within 5x of MuJoCo's
+JAC_TARGET = 3.0                  # the step with Jacobian costs at most this many forward steps
+FD_EPS = 1e-6                     # central-difference step (ours and MuJoCo's mjd_transitionFD)
+UR5_POSE = np.array([0.0, -1.57, 1.57, -1.57, -1.57, 0.0])   # upper arm up, forearm level
+UR5_OFFSET = np.array([0.3, 0.2, -0.2, 0.3, 0.2, 0.3])       # start away from it: the arm swings
+UR5_KP, UR5_KD = 100.0, 2.0       # PD on UR5_POSE on top of exact gravity compensation
 
 
 class NotAvailable(Exception):
@@ -89,6 +114,14 @@ class Scenario:
     v0: np.ndarray
     control: object           # (q, v) -> tau, or None for zero torque
     q_ref: np.ndarray | None = None
+    kp: float = GO1_KP        # PD gains of q_ref (MuJoCo: the same PD as actuators)
+    kd: float = GO1_KD
+    gravcomp: bool = False    # exact gravity compensation (MuJoCo: body gravcomp = 1)
+
+    @property
+    def base_nq(self) -> int:
+        """Configuration entries of the free-flyer base (7) or 0 for a fixed base."""
+        return 7 if self.sim.model.joints[1].shortname() == "JointModelFreeFlyer" else 0
 
 
 def _lowest_point(sim: Simulator, q: np.ndarray) -> float:
@@ -106,6 +139,8 @@ def _lowest_point(sim: Simulator, q: np.ndarray) -> float:
 
 
 def scenario(name: str, path: str) -> Scenario:
+    if name == "ur5":
+        return _ur5_scenario(path)
     sim = Simulator.from_file(path)
     q, v = sim.q0, np.zeros(sim.nv)
     control = None
@@ -124,6 +159,21 @@ def scenario(name: str, path: str) -> Scenario:
             tau[6:] = GO1_KP * (q_ref - q[7:]) - GO1_KD * v[6:]
             return tau
     return Scenario(name, path, sim, q, v, control, q_ref)
+
+
+def _ur5_scenario(path: str) -> Scenario:
+    """The UR5 bolted to the ground (fixed base), released 0.2-0.3 rad away from UR5_POSE and
+    pulled back by a PD on top of exact gravity compensation: it swings without touching
+    anything (no contacts, no joint limits)."""
+    import pinocchio as pin
+    sim = Simulator.from_file(path, floating_base=False)
+    q_ref = UR5_POSE.copy()
+    gdata = sim.model.createData()
+
+    def control(q, v, q_ref=q_ref):
+        return pin.computeGeneralizedGravity(sim.model, gdata, q) + UR5_KP * (q_ref - q) - UR5_KD * v
+    return Scenario("ur5", path, sim, q_ref + UR5_OFFSET, np.zeros(sim.nv), control, q_ref,
+                    kp=UR5_KP, kd=UR5_KD, gravcomp=True)
 
 
 def time_diffgym(sc: Scenario, steps: int, warmup: int, repeats: int) -> tuple[float, float, int]:
@@ -173,15 +223,22 @@ def _mujoco_urdf(mujoco, sc: Scenario):
     except Exception as exc:   # noqa: BLE001 - an old MuJoCo without MjSpec, or a compile error
         raise NotAvailable(f"MuJoCo cannot load it ({first or 'as is: ok'}; via MjSpec: "
                            f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})") from exc
+    floating = sc.base_nq > 0
     note = ((f"cannot load the URDF as is ({first}); " if first else "")
-            + "built via MjSpec as diffgym reads URDF: free base, ground plane, robot-ground "
-            "contacts only, visuals dropped, PD as actuators"
+            + "built via MjSpec as diffgym reads URDF: "
+            + ("free base" if floating else "fixed base, package:// mesh paths resolved")
+            + ", ground plane, robot-ground contacts only, visuals dropped, PD as actuators"
+            + (", gravity compensation as body gravcomp" if sc.gravcomp else "")
             + (f", singular inertia of link(s) {', '.join(fixed)} -> diagonal" if fixed else ""))
     return m, note
 
 
 def _mujoco_urdf_spec(mujoco, sc: Scenario):
-    spec = mujoco.MjSpec.from_file(sc.path)
+    with open(sc.path, encoding="utf-8") as fh:
+        package_paths = "package://" in fh.read()
+    # MuJoCo cannot open package:// mesh paths: resolve them as diffgym's URDF loader does
+    spec = (mujoco.MjSpec.from_string(_resolve_package_paths(sc.path)) if package_paths
+            else mujoco.MjSpec.from_file(sc.path))
     spec.compiler.discardvisual = True
     fixed = []
     for body in spec.bodies:
@@ -200,23 +257,45 @@ def _mujoco_urdf_spec(mujoco, sc: Scenario):
     spec.worldbody.add_geom(name="ground", type=mujoco.mjtGeom.mjGEOM_PLANE, size=[0, 0, 1],
                             contype=0, conaffinity=1)
     spec.option.timestep = sc.sim.dt
+    if sc.gravcomp:
+        for body in spec.bodies:
+            body.gravcomp = 1.0
     if sc.q_ref is not None:
         _add_pd_actuators(mujoco, spec, sc)
     return spec.compile(), fixed
 
 
+def _resolve_package_paths(path: str) -> str:
+    """The URDF text with ``package://NAME/...`` replaced by absolute paths, NAME found among
+    the file's ancestors (as diffgym's URDF loader resolves them)."""
+    import re
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+
+    def repl(match):
+        rel = match.group(1)
+        anc = os.path.dirname(os.path.abspath(path))
+        for _ in range(6):
+            anc = os.path.dirname(anc)
+            cand = os.path.join(anc, rel)
+            if os.path.exists(cand):
+                return cand
+        return match.group(0)
+    return re.sub(r"package://([^\"'<>]+)", repl, text)
+
+
 def _add_pd_actuators(mujoco, spec, sc: Scenario) -> None:
     """The diffgym-side PD as MuJoCo actuators: force = KP ctrl - KP q - KD qdot."""
     model = sc.sim.model
-    for j in range(2, model.njoints):
+    for j in range(2 if sc.base_nq else 1, model.njoints):
         act = spec.add_actuator()
         act.name = "pd_" + model.names[j]
         act.target = model.names[j]
         act.trntype = mujoco.mjtTrn.mjTRN_JOINT
         act.gaintype = mujoco.mjtGain.mjGAIN_FIXED
-        act.gainprm = [GO1_KP] + [0.0] * (len(act.gainprm) - 1)
+        act.gainprm = [sc.kp] + [0.0] * (len(act.gainprm) - 1)
         act.biastype = mujoco.mjtBias.mjBIAS_AFFINE
-        act.biasprm = [0.0, -GO1_KP, -GO1_KD] + [0.0] * (len(act.biasprm) - 3)
+        act.biasprm = [0.0, -sc.kp, -sc.kd] + [0.0] * (len(act.biasprm) - 3)
         act.ctrllimited = 0
         act.forcelimited = 0
 
@@ -280,12 +359,12 @@ def mujoco_state(mujoco, m, sc: Scenario) -> tuple[np.ndarray, np.ndarray, np.nd
             jid = int(m.actuator_trnid[a, 0])
             name = mujoco.mj_id2name(m, mujoco.mjtObj.mjOBJ_JOINT, jid)
             jm = model.joints[model.getJointId(name)]
-            ctrl[a] = sc.q_ref[jm.idx_q - 7]
+            ctrl[a] = sc.q_ref[jm.idx_q - sc.base_nq]
     return qpos, qvel, ctrl
 
 
-def time_mujoco(mujoco, sc: Scenario, steps: int, warmup: int, repeats: int):
-    """(median seconds per step, mean ncon, note); raises NotAvailable."""
+def mujoco_model(mujoco, sc: Scenario):
+    """MuJoCo's model of the scenario's file, (model, note); raises NotAvailable."""
     note = ""
     if sc.path.lower().endswith(".urdf"):
         m, note = _mujoco_urdf(mujoco, sc)
@@ -296,6 +375,12 @@ def time_mujoco(mujoco, sc: Scenario, steps: int, warmup: int, repeats: int):
             raise NotAvailable(f"MuJoCo cannot load it: {str(exc).splitlines()[0]}") from exc
     if abs(m.opt.timestep - sc.sim.dt) > 1e-12:
         raise NotAvailable(f"time steps differ (MuJoCo {m.opt.timestep}, diffgym {sc.sim.dt})")
+    return m, note
+
+
+def time_mujoco(mujoco, sc: Scenario, steps: int, warmup: int, repeats: int):
+    """(median seconds per step, mean ncon, note); raises NotAvailable."""
+    m, note = mujoco_model(mujoco, sc)
     qpos, qvel, ctrl = mujoco_state(mujoco, m, sc)
     d = mujoco.MjData(m)
     step = mujoco.mj_step
@@ -315,6 +400,235 @@ def time_mujoco(mujoco, sc: Scenario, steps: int, warmup: int, repeats: int):
         times.append((time.perf_counter() - t0) / steps)
         contacts.append(n_c / steps)
     return float(np.median(times)), float(np.mean(contacts)), note
+
+
+# -- step Jacobians ---------------------------------------------------------------------------
+@dataclass
+class JacRow:
+    """One row of the Jacobian table; times are seconds per step / per Jacobian."""
+
+    name: str
+    nv: int = 0
+    nu_mj: int = 0
+    states: int = 0
+    fd_states: int = 0
+    contacts: float = float("nan")
+    t_fwd: float = float("nan")           # our forward step
+    t_jac: float = float("nan")           # our step with jacobian=True
+    t_fd: float = float("nan")            # central differences of our step (6 nv steps)
+    t_mj: float = float("nan")            # mj_step
+    t_mjd: float = float("nan")           # mjd_transitionFD, centered
+    nonconverged: int = 0
+    mj_note: str = ""
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def jac_ratio(self) -> float:
+        return self.t_jac / self.t_fwd if self.t_fwd > 0 else float("nan")
+
+    @property
+    def fd_ratio(self) -> float:
+        return self.t_fd / self.t_jac if self.t_jac > 0 else float("nan")
+
+    @property
+    def mjd_ratio(self) -> float:
+        return self.t_jac / self.t_mjd if self.t_mjd > 0 else float("nan")
+
+
+def fd_step_jacobian(sim: Simulator, q: np.ndarray, v: np.ndarray, tau: np.ndarray,
+                     eps: float = FD_EPS) -> np.ndarray:
+    """d(q1, v1)/d(q, v, tau) (2nv, 3nv) by central differences of our step: 2 (2nv + nv)
+    steps, q perturbed in the tangent space (what a user without step Jacobians would do)."""
+    import pinocchio as pin
+    nv, model = sim.nv, sim.model
+    out = np.empty((2 * nv, 3 * nv))
+    e = np.zeros(nv)
+    for col in range(3 * nv):
+        i = col % nv
+        res = []
+        for sgn in (1.0, -1.0):
+            e[i] = sgn * eps
+            if col < nv:
+                res.append(sim.step(pin.integrate(model, q, e), v, tau))
+            elif col < 2 * nv:
+                res.append(sim.step(q, v + e, tau))
+            else:
+                res.append(sim.step(q, v, tau + e))
+        e[i] = 0.0
+        (qa, va), (qb, vb) = res
+        out[:nv, col] = pin.difference(model, qb, qa) / (2 * eps)
+        out[nv:, col] = (va - vb) / (2 * eps)
+    return out
+
+
+def time_jacobian_diffgym(sc: Scenario, states: int, warmup: int, fd_states: int, repeats: int):
+    """Median seconds per forward step, per step with Jacobian (both over the same ``states``
+    steps after ``warmup``), per finite-difference Jacobian (at the first ``fd_states`` of
+    those states); mean contacts per step; non-converged steps."""
+    sim = sc.sim
+    zero = np.zeros(sim.nv)
+    ctrl = sc.control
+    t_fwd, t_jac, t_fd, contacts, failed = [], [], [], [], 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", SolverWarning)
+        # one untimed step with Jacobian: module import and per-model set-up are not timed
+        sim.step(sc.q0, sc.v0, ctrl(sc.q0, sc.v0) if ctrl else zero, jacobian=True)
+        for _ in range(repeats):
+            for kind in ("fwd", "jac", "fd"):
+                sim.reset_warmstart()
+                q, v = sc.q0.copy(), sc.v0.copy()
+                for _ in range(warmup):
+                    q, v = sim.step(q, v, ctrl(q, v) if ctrl else zero)
+                n_c = n_fail = 0
+                if kind == "fd":
+                    taken = []
+                    for _ in range(fd_states):
+                        tau = (ctrl(q, v) if ctrl else zero).copy()
+                        taken.append((q, v, tau))
+                        q, v = sim.step(q, v, tau)
+                    t0 = time.perf_counter()
+                    for qs, vs, taus in taken:
+                        fd_step_jacobian(sim, qs, vs, taus)
+                    t_fd.append((time.perf_counter() - t0) / max(1, fd_states))
+                    continue
+                jac = kind == "jac"
+                t0 = time.perf_counter()
+                for _ in range(states):
+                    if jac:
+                        q, v, _j = sim.step(q, v, ctrl(q, v) if ctrl else zero, jacobian=True)
+                    else:
+                        q, v = sim.step(q, v, ctrl(q, v) if ctrl else zero)
+                    n_c += len(sim.last.contact_modes)
+                    n_fail += not sim.last.converged
+                (t_jac if jac else t_fwd).append((time.perf_counter() - t0) / states)
+                contacts.append(n_c / states)
+                failed = max(failed, n_fail)
+    return (float(np.median(t_fwd)), float(np.median(t_jac)), float(np.median(t_fd)),
+            float(np.mean(contacts)), failed)
+
+
+def time_jacobian_mujoco(mujoco, sc: Scenario, states: int, warmup: int, fd_states: int,
+                         repeats: int):
+    """Median seconds per mj_step (over ``states`` steps after ``warmup``) and per centered
+    ``mjd_transitionFD`` (at ``fd_states`` of those states, eps FD_EPS); (t_step, t_fd, nu, note)."""
+    m, note = mujoco_model(mujoco, sc)
+    if m.opt.integrator == mujoco.mjtIntegrator.mjINT_RK4:
+        # mjd_transitionFD does not support RK4; diffgym integrates with semi-implicit Euler
+        m.opt.integrator = mujoco.mjtIntegrator.mjINT_EULER
+        note = (note + "; " if note else "") + "file asks for RK4, timed with Euler (mjd_transitionFD has no RK4)"
+    qpos, qvel, ctrl = mujoco_state(mujoco, m, sc)
+    d = mujoco.MjData(m)
+    nx = 2 * m.nv + m.na
+    A = np.zeros((nx, nx))
+    B = np.zeros((nx, m.nu))
+    t_step, t_fd = [], []
+    for _ in range(repeats):
+        for kind in ("step", "fd"):
+            mujoco.mj_resetData(m, d)
+            d.qpos[:], d.qvel[:], d.ctrl[:] = qpos, qvel, ctrl
+            for _ in range(warmup):
+                mujoco.mj_step(m, d)
+            if kind == "step":
+                t0 = time.perf_counter()
+                for _ in range(states):
+                    mujoco.mj_step(m, d)
+                t_step.append((time.perf_counter() - t0) / states)
+            else:
+                total = 0.0
+                for _ in range(fd_states):
+                    t0 = time.perf_counter()
+                    mujoco.mjd_transitionFD(m, d, FD_EPS, True, A, B if m.nu else None, None, None)
+                    total += time.perf_counter() - t0
+                    mujoco.mj_step(m, d)
+                t_fd.append(total / max(1, fd_states))
+    return float(np.median(t_step)), float(np.median(t_fd)), int(m.nu), note
+
+
+def run_jacobians(names: list[str], states: int, warmup: int, fd_states: int,
+                  repeats: int) -> list[JacRow]:
+    mujoco = _import_mujoco()
+    rows = []
+    for name in names:
+        row = JacRow(name, states=states, fd_states=fd_states)
+        rows.append(row)
+        try:
+            path = asset_path(MODELS[name])
+        except FileNotFoundError as exc:
+            row.notes.append(f"model file missing: {exc}")
+            continue
+        sc = scenario(name, path)
+        row.nv = sc.sim.nv
+        row.t_fwd, row.t_jac, row.t_fd, row.contacts, row.nonconverged = time_jacobian_diffgym(
+            sc, states, warmup, fd_states, repeats)
+        if row.nonconverged:
+            row.notes.append(f"diffgym solver missed tol on {row.nonconverged}/{states} steps")
+        if mujoco is None:
+            row.notes.append("MuJoCo n/a: not installed")
+            continue
+        try:
+            row.t_mj, row.t_mjd, row.nu_mj, row.mj_note = time_jacobian_mujoco(
+                mujoco, sc, states, warmup, fd_states, repeats)
+        except NotAvailable as exc:
+            row.notes.append(f"MuJoCo n/a: {exc}")
+    return rows
+
+
+_JAC_COLUMNS = [("model", 9, "<"), ("nv", 3, ">"), ("contacts", 8, ">"), ("fwd us", 8, ">"),
+                ("jac us", 8, ">"), ("jac/fwd", 7, ">"), ("ourFD us", 9, ">"), ("FD/jac", 7, ">"),
+                ("mj_step us", 10, ">"), ("mjdFD us", 9, ">"), ("jac/mjdFD", 9, ">")]
+
+
+def format_jacobian_table(rows: list[JacRow]) -> str:
+    lines = ["  ".join(f"{h:{a}{w}}" for h, w, a in _JAC_COLUMNS) + "  note"]
+    for r in rows:
+        cells = [r.name, str(r.nv) if r.nv else "n/a", _fmt(r.contacts, ".1f"),
+                 _fmt(r.t_fwd * 1e6, ".1f"), _fmt(r.t_jac * 1e6, ".1f"), _fmt(r.jac_ratio, ".2f"),
+                 _fmt(r.t_fd * 1e6, ".0f"), _fmt(r.fd_ratio, ".1f"), _fmt(r.t_mj * 1e6, ".1f"),
+                 _fmt(r.t_mjd * 1e6, ".1f"), _fmt(r.mjd_ratio, ".2f")]
+        lines.append("  ".join(f"{c:{a}{w}}" for c, (_, w, a) in zip(cells, _JAC_COLUMNS))
+                     + "  " + "; ".join(r.notes))
+    return "\n".join(lines)
+
+
+def write_jacobian_csv(rows: list[JacRow], path: str) -> None:
+    with open(path, "w", newline="", encoding="utf-8") as fh:
+        w = csv.writer(fh)
+        w.writerow(["model", "nv", "mujoco_nu", "states", "fd_states", "contacts_diffgym",
+                    "forward_us", "jacobian_us", "jacobian_over_forward", "diffgym_fd_us",
+                    "fd_over_jacobian", "mj_step_us", "mjd_transitionFD_us",
+                    "jacobian_over_mjd_fd", "note"])
+        for r in rows:
+            w.writerow([r.name, r.nv, r.nu_mj, r.states, r.fd_states, f"{r.contacts:.3f}",
+                        f"{r.t_fwd * 1e6:.2f}", f"{r.t_jac * 1e6:.2f}", f"{r.jac_ratio:.3f}",
+                        f"{r.t_fd * 1e6:.2f}", f"{r.fd_ratio:.3f}", f"{r.t_mj * 1e6:.2f}",
+                        f"{r.t_mjd * 1e6:.2f}", f"{r.mjd_ratio:.3f}",
+                        "; ".join(r.notes + ([r.mj_note] if r.mj_note else []))])
+
+
+def _jacobian_report(rows: list[JacRow], states: int, warmup: int, fd_states: int,
+                     repeats: int) -> None:
+    print("Step Jacobians: d(q1, v1)/d(q, v, tau)")
+    print(format_jacobian_table(rows))
+    print()
+    print(f"median of {repeats} repeats; forward and jac: {states} consecutive steps after {warmup} "
+          f"warm-up steps (the same states); ourFD: central differences of our step, 2(2nv+nv) "
+          f"steps, eps {FD_EPS:g}, at the first {fd_states} of those states; mjdFD: MuJoCo's "
+          f"mjd_transitionFD(centered=True, eps {FD_EPS:g}) on its own trajectory of the same "
+          "file, state and control (its B is w.r.t. its nu actuator controls, ours w.r.t. all nv "
+          "generalized forces).")
+    met = [r.name for r in rows if np.isfinite(r.jac_ratio) and r.jac_ratio <= JAC_TARGET]
+    missed = [f"{r.name} ({r.jac_ratio:.2f}x)" for r in rows
+              if np.isfinite(r.jac_ratio) and r.jac_ratio > JAC_TARGET]
+    print(f"jac/fwd target (<= {JAC_TARGET:g}x): met on {', '.join(met) or 'none'}"
+          + (f"; NOT met on {', '.join(missed)}" if missed else ""))
+    for r in rows:
+        if r.name == "hopper" and np.isfinite(r.mjd_ratio):
+            verdict = "met" if r.mjd_ratio < 1.0 else "NOT met"
+            print(f"hopper target (our step with Jacobian faster than MuJoCo's centered FD): {verdict} "
+                  f"({r.t_jac * 1e6:.0f} us vs {r.t_mjd * 1e6:.0f} us)")
+    for r in rows:
+        if r.mj_note:
+            print(f"{r.name}: MuJoCo {r.mj_note}")
 
 
 # -- report ----------------------------------------------------------------------------------
@@ -357,7 +671,17 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--models", nargs="*", default=None, help=f"subset of {list(MODELS)}")
     parser.add_argument("--warmup", type=int, default=20, help="untimed steps before timing")
     parser.add_argument("--repeats", type=int, default=3, help="repeats (the median is reported)")
-    parser.add_argument("--csv", default=None, help="also write the table to this CSV file")
+    parser.add_argument("--csv", default=None, help="also write the table to this CSV file "
+                        "(and the Jacobian table to FILE_jacobian.csv unless --jacobian-csv)")
+    parser.add_argument("--jacobian", action=argparse.BooleanOptionalAction, default=True,
+                        help=f"also time step Jacobians on {', '.join(JAC_MODELS)} (default: on)")
+    parser.add_argument("--jac-states", type=int, default=100,
+                        help="steps timed with and without jacobian=True per model and repeat")
+    parser.add_argument("--jac-warmup", type=int, default=200,
+                        help="untimed steps before the Jacobian timings (the hopper has landed)")
+    parser.add_argument("--fd-states", type=int, default=5,
+                        help="states at which the finite-difference Jacobians are timed")
+    parser.add_argument("--jacobian-csv", default=None, help="write the Jacobian table to this CSV")
     return parser
 
 
@@ -424,6 +748,23 @@ def main(args) -> int:
     if out:
         write_csv(rows, out)
         print(f"wrote {out}")
+    if getattr(args, "jacobian", False):
+        jnames = [n for n in names if n in JAC_MODELS] if getattr(args, "models", None) else list(JAC_MODELS)
+        if jnames:
+            jstates = int(getattr(args, "jac_states", 100))
+            jwarm = int(getattr(args, "jac_warmup", 200))
+            fd_states = int(getattr(args, "fd_states", 5))
+            if jstates < 1 or fd_states < 1 or jwarm < 0:
+                raise SystemExit(f"--jac-states and --fd-states must be positive and --jac-warmup "
+                                 f">= 0, got {jstates}, {fd_states}, {jwarm}")
+            jrows = run_jacobians(jnames, jstates, jwarm, fd_states, repeats)
+            print()
+            _jacobian_report(jrows, jstates, jwarm, fd_states, repeats)
+            jout = getattr(args, "jacobian_csv", None) or (
+                os.path.splitext(out)[0] + "_jacobian.csv" if out else None)
+            if jout:
+                write_jacobian_csv(jrows, jout)
+                print(f"wrote {jout}")
     return 0
 
 

@@ -21,10 +21,14 @@ At a mode switch the result is the one-sided derivative of the mode the solver f
 Jacobian of the smooth piece the current state lies on); no smoothing is applied.
 
 Collision geometry (how contact points, normals and distances move with q) is closed form for
-a static plane against sphere, capsule, box, cylinder, ellipsoid and convex meshes (witness
-points of flat shapes are body-fixed vertices; spheres and capsules roll about their centre or
-segment point) and for sphere-sphere. Any other pair (e.g. box-box) falls back to a central
-difference of the collision output alone (``collision_fd_eps``), never of the dynamics.
+a static plane against every shape (``_plane_contacts``: sphere and capsule roll about their
+centre or segment point, box and mesh witness points are body-fixed vertices, a tilted
+cylinder's witness is the lowest point of its cap rim, an ellipsoid's its support point) and for
+sphere-sphere. Every other pair (box-box, capsule-capsule, sphere-box, anything on a moving
+plane, mesh-mesh, ...) falls back to a central difference of the collision output alone
+(``_collision_fd``, step ``collision_fd_eps``), never of the dynamics; ``closed_form_pair``
+says which. ``tests/test_gradients.py`` checks both routes against central differences of the
+whole step.
 """
 from __future__ import annotations
 
@@ -65,16 +69,41 @@ def _skew(x: np.ndarray) -> np.ndarray:
     return np.array([[0.0, -x[2], x[1]], [x[2], 0.0, -x[0]], [-x[1], x[0], 0.0]])
 
 
-def _frame_derivative(n: np.ndarray, dn: np.ndarray) -> np.ndarray:
-    """d R / dq (3, 3, nv) of R = tangent_frames(n) given dn (3, nv)."""
-    helper = np.array([1.0, 0, 0]) if abs(n[0]) < 0.9 else np.array([0, 1.0, 0])
-    c = np.cross(helper, n)
-    nc = np.linalg.norm(c)
-    t1 = c / nc
-    dc = np.cross(helper[:, None], dn, axis=0)
-    dt1 = (np.eye(3) - np.outer(t1, t1)) @ dc / nc
-    dt2 = np.cross(dn, t1[:, None], axis=0) + np.cross(n[:, None], dt1, axis=0)
-    return np.stack([dt1, dt2, dn], axis=1)
+def _cross(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise cross products a x b: a (k, 3), b (k, 3, n) -> (k, 3, n)."""
+    a0, a1, a2 = a[:, 0, None], a[:, 1, None], a[:, 2, None]
+    out = np.empty(b.shape)
+    out[:, 0] = a1 * b[:, 2] - a2 * b[:, 1]
+    out[:, 1] = a2 * b[:, 0] - a0 * b[:, 2]
+    out[:, 2] = a0 * b[:, 1] - a1 * b[:, 0]
+    return out
+
+
+def _frame_derivatives(n: np.ndarray, dn: np.ndarray) -> np.ndarray:
+    """d R / dq (k, 3, 3, nv) of the frames R = constraint.tangent_frames(n) (k, 3, 3) given
+    dn (k, 3, nv): t1 = helper x n / |helper x n| (helper e_x where |n_x| < 0.9, else e_y),
+    t2 = n x t1. Zero where dn is (a static plane's normal)."""
+    k, nv = dn.shape[0], dn.shape[2]
+    moving = np.flatnonzero(np.abs(dn).reshape(k, -1).max(axis=1, initial=0.0) > 0.0)
+    out = np.zeros((k, 3, 3, nv))
+    if len(moving):
+        out[moving] = _frame_derivatives_rows(n[moving], dn[moving])
+    return out
+
+
+def _frame_derivatives_rows(n: np.ndarray, dn: np.ndarray) -> np.ndarray:
+    use_x = (np.abs(n[:, 0]) < 0.9)[:, None]
+    # c = helper x n: e_x x n = (0, -n2, n1), e_y x n = (n2, 0, -n0); the same for dn
+    zero = np.zeros_like(n[:, 0])
+    c = np.where(use_x, np.stack([zero, -n[:, 2], n[:, 1]], axis=1), np.stack([n[:, 2], zero, -n[:, 0]], axis=1))
+    nc = np.sqrt(np.einsum("ki,ki->k", c, c))
+    t1 = c / nc[:, None]
+    zn = np.zeros_like(dn[:, 0])
+    dc = np.where(use_x[:, :, None], np.stack([zn, -dn[:, 2], dn[:, 1]], axis=1),
+                  np.stack([dn[:, 2], zn, -dn[:, 0]], axis=1))
+    dt1 = (dc - t1[:, :, None] * np.einsum("ki,kin->kn", t1, dc)[:, None, :]) / nc[:, None, None]
+    dt2 = _cross(n, dt1) - _cross(t1, dn)                  # n x dt1 + dn x t1
+    return np.stack([dt1, dt2, dn], axis=2)
 
 
 class _Kin:
@@ -105,6 +134,108 @@ class _Kin:
         J = self.J[j]
         return J[:3] - _skew(p - self.o[j]) @ J[3:]
 
+    def stacked(self, js: np.ndarray):
+        """Per-row arrays for the joints js (k,): Jacobian (k, 6, nv), origin (k, 3), angular
+        velocity (k, 3) and velocity derivative (k, 6, nv); zero rows where js == 0 (world)."""
+        k, nv = len(js), self.nv
+        J = np.zeros((k, 6, nv))
+        dV = np.zeros((k, 6, nv))
+        o = np.zeros((k, 3))
+        w = np.zeros((k, 3))
+        for i, j in enumerate(js):
+            j = int(j)
+            if j:
+                J[i], dV[i], o[i], w[i] = self.J[j], self.dV[j], self.o[j], self.omega[j]
+        return J, o, w, dV
+
+    def point_jacobians(self, js: np.ndarray, p: np.ndarray) -> np.ndarray:
+        """(k, 3, nv) Jacobians of the world points p (k, 3) fixed on the bodies of joints js."""
+        J, o, _, _ = self.stacked(js)
+        return J[:, :3] - _cross(p - o, J[:, 3:])
+
+
+def _plane_contacts(sim, kin: _Kin, cons, idx: np.ndarray, dp, dn, dd) -> None:
+    """Closed form for the contacts idx of a shape X against a static plane (vectorized).
+
+    The witness point x on X moves with X: for a sphere or capsule it is the centre (or the
+    segment point) minus r n, so it moves with that body-fixed point; for a box, a mesh or a
+    cylinder lying flat it is a body-fixed vertex; for a tilted cylinder it is the lowest point
+    of a cap's rim, c - r u with u the unit projection of the plane normal on the cap plane; for
+    an ellipsoid it is the support point c - E n / sqrt(n^T E n), E = R diag(radii^2) R^T. The
+    plane's normal is constant, so dn = 0, d dist = n_X . dx and the contact point (midway
+    between x and the plane) moves by dx - (1/2) n d dist.
+    """
+    c = cons.contacts
+    geoms = sim.sm.geoms
+    gjoint = sim.constraints.geom_joint
+    table = getattr(sim, "_dgeoms", None)
+    if table is None:
+        # per geom: static plane?, rolling radius (sphere, capsule) and kinds needing more work
+        table = sim._dgeoms = (
+            np.array([g.kind == "plane" and gjoint[i] == 0 for i, g in enumerate(geoms)], dtype=bool),
+            np.array([g.size[0] if g.kind in ("sphere", "capsule") else 0.0 for g in geoms]),
+            np.array([g.kind in ("cylinder", "ellipsoid") for g in geoms], dtype=bool))
+    static_plane, roll_radius, curved = table
+    g1, g2 = c.geom1[idx], c.geom2[idx]
+    first = static_plane[g1]
+    sgn = np.where(first, 1.0, -1.0)                    # +1: the moving shape X is geom 2
+    gx = np.where(first, g2, g1)
+    jx = gjoint[gx]
+    n = c.normal[idx]
+    npl = sgn[:, None] * n                              # plane normal, out of the plane
+    x = c.pos[idx] + (0.5 * c.dist[idx])[:, None] * npl   # witness points on X
+    anchor = x + roll_radius[gx][:, None] * npl         # centre / segment point / vertex
+    dx = kin.point_jacobians(jx, anchor)
+    Jang = None
+    for r in np.flatnonzero(curved[gx] & (jx != 0)):
+        kd = geoms[int(gx[r])].kind
+        if Jang is None:
+            Jang = kin.stacked(jx)[0][:, 3:]
+        Rg = sim.geom_data.oMg[int(gx[r])].rotation
+        w = Jang[r]                                     # (3, nv) angular velocity Jacobian
+        m = npl[r]
+        if kd == "cylinder":
+            rad = geoms[int(gx[r])].size[0]
+            a = Rg[:, 2]
+            dvec = m - (m @ a) * a
+            nd = np.linalg.norm(dvec)
+            if nd < 1e-9:                               # cap flat on the plane: rim vertices
+                continue
+            u = dvec / nd
+            centre = x[r] + rad * u                     # centre of the touching cap (body-fixed)
+            da = -_skew(a) @ w                          # d a = w x a
+            dd_vec = -np.outer(a, m @ da) - (m @ a) * da
+            du = (dd_vec - np.outer(u, u @ dd_vec)) / nd
+            dx[r] = kin.point_jacobians(jx[r:r + 1], centre[None])[0] - rad * du
+        else:                                           # ellipsoid: support point
+            E = Rg @ np.diag(np.asarray(geoms[int(gx[r])].size[:3], float) ** 2) @ Rg.T
+            y = E @ m
+            s2 = float(m @ y)
+            centre = x[r] + y / np.sqrt(s2)
+            # d(E m) for a rotation w: w x (E m) - E (w x m)
+            dy = -_skew(y) @ w + E @ _skew(m) @ w
+            ds2 = m @ dy
+            dg = dy / np.sqrt(s2) - np.outer(y, ds2) / (2.0 * s2 ** 1.5)
+            dx[r] = kin.point_jacobians(jx[r:r + 1], centre[None])[0] - dg
+    ddist = np.einsum("ki,kin->kn", npl, dx)
+    dd[idx] = ddist
+    dp[idx] = dx - 0.5 * npl[:, :, None] * ddist[:, None, :]
+    dn[idx] = 0.0
+
+
+# shapes whose contact against a static plane has closed-form geometry derivatives
+PLANE_CLOSED_FORM = ("sphere", "capsule", "box", "cylinder", "ellipsoid", "mesh")
+
+
+def closed_form_pair(kind1: str, static1: bool, kind2: str, static2: bool) -> bool:
+    """Whether the contact geometry of this pair of geom kinds has closed-form derivatives
+    (otherwise ``_collision_fd`` differentiates the collision output numerically)."""
+    if kind1 == "plane" and static1 and kind2 in PLANE_CLOSED_FORM:
+        return True
+    if kind2 == "plane" and static2 and kind1 in PLANE_CLOSED_FORM:
+        return True
+    return kind1 == "sphere" and kind2 == "sphere"
+
 
 def geometry_derivatives(sim, kin: _Kin, cons) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """dp/dq (nc, 3, nv), dn/dq (nc, 3, nv), d dist/dq (nc, nv) of every contact point."""
@@ -116,26 +247,15 @@ def geometry_derivatives(sim, kin: _Kin, cons) -> tuple[np.ndarray, np.ndarray, 
     dp = np.zeros((nc, 3, nv))
     dn = np.zeros((nc, 3, nv))
     dd = np.zeros((nc, nv))
-    fallback = []
+    plane, fallback = [], []
     for k in range(nc):
         g1, g2 = int(c.geom1[k]), int(c.geom2[k])
         k1, k2 = geoms[g1].kind, geoms[g2].kind
         j1, j2 = int(gjoint[g1]), int(gjoint[g2])
-        n = c.normal[k]
-        p = c.pos[k]
-        dist = c.dist[k]
-        if (k1 == "plane" and j1 == 0) or (k2 == "plane" and j2 == 0):
-            s = 1.0 if k1 == "plane" else -1.0        # +1: the moving shape X is geom 2
-            gx = g2 if s > 0 else g1
-            jx = j2 if s > 0 else j1
-            x = p + s * 0.5 * dist * n                 # witness point on X
-            kind = geoms[gx].kind
-            r = geoms[gx].size[0] if kind in ("sphere", "capsule") else 0.0
-            anchor = x + s * r * n                     # body-fixed point: centre or vertex
-            dx = kin.point_jacobian(jx, anchor)
-            dd[k] = s * n @ dx
-            dp[k] = dx - s * 0.5 * np.outer(n, dd[k])
+        if not closed_form_pair(k1, j1 == 0, k2, j2 == 0):
+            fallback.append(k)
         elif k1 == "sphere" and k2 == "sphere":
+            n = c.normal[k]
             c1 = sim.geom_data.oMg[g1].translation
             c2 = sim.geom_data.oMg[g2].translation
             r1, r2 = geoms[g1].size[0], geoms[g2].size[0]
@@ -145,7 +265,9 @@ def geometry_derivatives(sim, kin: _Kin, cons) -> tuple[np.ndarray, np.ndarray, 
             dd[k] = n @ (dc2 - dc1)
             dp[k] = 0.5 * (dc1 + dc2) + 0.5 * (r1 - r2) * dn[k]
         else:
-            fallback.append(k)
+            plane.append(k)
+    if plane:
+        _plane_contacts(sim, kin, cons, np.array(plane), dp, dn, dd)
     if fallback:
         _collision_fd(sim, cons, fallback, dp, dn, dd)
     return dp, dn, dd
@@ -232,6 +354,16 @@ def _mode_system(res, G, nc, mu):
     return A, W
 
 
+def _solve_min_norm(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    """A X = B by LU where A is well conditioned, else the minimum-norm least-squares solution
+    (redundant contacts make A rank deficient; d v1 is unique even where d lam is not)."""
+    if A.size:
+        sv = np.linalg.svd(A, compute_uv=False)
+        if sv[-1] > 1e-8 * sv[0]:
+            return np.linalg.solve(A, B)
+    return np.linalg.lstsq(A, B, rcond=1e-12)[0]
+
+
 def step_jacobian(sim) -> StepJacobian:
     """Jacobian of the step that ``sim`` just took (uses ``sim.cache``)."""
     C = sim.cache
@@ -243,9 +375,15 @@ def step_jacobian(sim) -> StepJacobian:
     if data is None:
         data = sim._ddata = model.createData()
     damping = sim.sm.damping
-    dpassive_dq = np.zeros((nv, nv))
-    if len(sim._stiff_idx):
-        dpassive_dq[sim._stiff_idx, sim._stiff_idx] = -sim._stiff_k
+    const = getattr(sim, "_dconst", None)
+    if const is None or const[0].shape != (nv, nv):
+        # per-model constants: identity, upper-triangle mask, passive-force derivatives
+        dpassive_dq = np.zeros((nv, nv))
+        if len(sim._stiff_idx):
+            dpassive_dq[sim._stiff_idx, sim._stiff_idx] = -sim._stiff_k
+        const = sim._dconst = (np.eye(nv), np.triu(np.ones((nv, nv), dtype=bool)),
+                               dpassive_dq if len(sim._stiff_idx) else None, bool(np.any(damping)))
+    eye, upper, dpassive_dq, damped = const
 
     fext = [pin.Force.Zero() for _ in range(model.njoints)]
     if cons is not None:
@@ -256,69 +394,66 @@ def step_jacobian(sim) -> StepJacobian:
         kin = _Kin(model, data, q, v1, np.concatenate([j1s, j2s]))
         lam_c = res.lam[:3 * nc].reshape(nc, 3)
         f_world = np.einsum("kij,kj->ki", cons.frames, lam_c) if nc else np.zeros((0, 3))
-        for k in range(nc):
-            for j, sgn in ((int(j1s[k]), -1.0), (int(j2s[k]), 1.0)):
-                if j == 0:
-                    continue
-                f = sgn * f_world[k] / dt
-                Rj = kin.R[j]
-                r = c.pos[k] - kin.o[j]
-                fext[j] = fext[j] + pin.Force(Rj.T @ f, Rj.T @ np.cross(r, f))
+        # contact impulses as external forces, summed per joint (world axes, about its origin)
+        for js, sgn in ((j1s, -1.0), (j2s, 1.0)):
+            if not js.any():
+                continue
+            _, o, _, _ = kin.stacked(js)
+            f = (sgn / dt) * f_world
+            tq = _cross(c.pos - o, f[:, :, None])[:, :, 0]
+            for j in np.unique(js[js != 0]):
+                sel = js == j
+                Rj = kin.R[int(j)]
+                fext[j] = fext[j] + pin.Force(Rj.T @ f[sel].sum(axis=0), Rj.T @ tq[sel].sum(axis=0))
     ddq_dq, ddq_dv, Minv = pin.computeABADerivatives(model, data, q, v, C["tau_total"], fext)
-    Minv = np.triu(Minv) + np.triu(Minv, 1).T
-    Vq = dt * (ddq_dq + Minv @ dpassive_dq)
-    Vv = np.eye(nv) + dt * (ddq_dv - Minv * damping[None, :])
+    Minv = np.where(upper, Minv, Minv.T)               # pinocchio fills the upper triangle
+    Vq = dt * (ddq_dq + Minv @ dpassive_dq) if dpassive_dq is not None else dt * ddq_dq
+    Vv = eye + dt * (ddq_dv - Minv * damping[None, :]) if damped else eye + dt * ddq_dv
     Vt = dt * Minv
     if cons is not None and cons.m:
         J, G = cons.J, C["G"]
         m = cons.m
-        dp, dn, dd = geometry_derivatives(sim, kin, cons) if nc else (None, None, None)
         corr = np.zeros((nv, nv))           # d(J^T lam)/dq minus its body-fixed part
         Dq_extra = np.zeros((m, nv))        # d(J(q) w)/dq at w = v1, plus Baumgarte
         erp, skin = sim.constraints.erp, sim.constraints.skin
-        for k in range(nc):
-            R = cons.frames[k]
-            dR = _frame_derivative(c.normal[k], dn[k])
-            f = f_world[k]
-            df = np.einsum("ijn,j->in", dR, lam_c[k])
-            p = c.pos[k]
-            vrel = np.zeros(3)
-            dvrel = np.zeros((3, nv))
-            for j, sgn in ((int(j1s[k]), -1.0), (int(j2s[k]), 1.0)):
-                if j == 0:
+        if nc:
+            dp, dn, dd = geometry_derivatives(sim, kin, cons)
+            R = cons.frames                                   # (nc, 3, 3)
+            dR = _frame_derivatives(c.normal, dn)             # (nc, 3, 3, nv)
+            df = np.einsum("kijn,kj->kin", dR, lam_c)         # d f_world at fixed lam
+            p = c.pos
+            vrel = np.zeros((nc, 3))
+            dvrel = np.zeros((nc, 3, nv))
+            for js, sgn in ((j1s, -1.0), (j2s, 1.0)):
+                if not np.any(js):
                     continue
-                Jj = kin.J[j]
-                Jp = kin.point_jacobian(j, p)
-                Jw = Jj[3:]
-                fs = sgn * f
-                corr += Jp.T @ (sgn * df + _skew(fs) @ Jw) - Jw.T @ _skew(fs) @ (dp[k] - Jp)
-                w = kin.omega[j]
-                Vw = sim_point_velocity(kin, j, p, v1)
-                vrel += sgn * Vw
-                dV = kin.dV[j]
-                dvrel += sgn * (dV[:3] - _skew(p) @ dV[3:] + _skew(w) @ dp[k])
-            rows = slice(3 * k, 3 * k + 3)
-            Dq_extra[rows] = np.einsum("ain,a->in", dR, vrel) + R.T @ dvrel
-            Dq_extra[3 * k + 2] += baumgarte_gain(cons.dist[k], dt, erp, skin) * dd[k]
+                Jj, o, w, dV = kin.stacked(js)
+                Jw = Jj[:, 3:]
+                Jp = Jj[:, :3] - _cross(p - o, Jw)            # zero rows for the world
+                fs = sgn * f_world
+                X = sgn * df + _cross(fs, Jw)
+                Y = _cross(fs, dp - Jp)
+                corr += Jp.reshape(-1, nv).T @ X.reshape(-1, nv) - Jw.reshape(-1, nv).T @ Y.reshape(-1, nv)
+                vrel += sgn * (Jp @ v1)
+                dvrel += sgn * (dV[:, :3] - _cross(p, dV[:, 3:]) + _cross(w, dp))     # 0 for the world
+            Dq_extra[:3 * nc] = (np.einsum("kain,ka->kin", dR, vrel)
+                                 + np.einsum("kai,kan->kin", R, dvrel)).reshape(3 * nc, nv)
+            Dq_extra[2:3 * nc:3] += baumgarte_gain(cons.dist, dt, erp, skin)[:, None] * dd
         for jl, li in enumerate(cons.limits):
             lim = sim.sm.limits[li]
             Dq_extra[3 * nc + jl, lim.idx_v] += baumgarte_gain(cons.limit_dist[jl], dt, erp, skin) * lim.sign
         Vq = Vq + Minv @ corr
         D = np.hstack([J @ Vq + Dq_extra, J @ Vv, J @ Vt])
         A, W = _mode_system(res, G, nc, cons.mu)
-        dlam = np.linalg.lstsq(A, -(W @ D), rcond=1e-12)[0]
-        MJt = Minv @ J.T
-        dv1 = np.hstack([Vq, Vv, Vt]) + MJt @ dlam
+        dlam = _solve_min_norm(A, -(W @ D))
+        MJt_dlam = (Minv @ J.T) @ dlam
+        dv_dq = Vq + MJt_dlam[:, :nv]
+        dv_dv = Vv + MJt_dlam[:, nv:2 * nv]
+        dv_dtau = Vt + MJt_dlam[:, 2 * nv:]
     else:
-        dv1 = np.hstack([Vq, Vv, Vt])
-    dv_dq, dv_dv, dv_dtau = dv1[:, :nv], dv1[:, nv:2 * nv], dv1[:, 2 * nv:]
+        dv_dq, dv_dv, dv_dtau = Vq, Vv, Vt
     dI_dq = pin.dIntegrate(model, q, v1 * dt, pin.ArgumentPosition.ARG0)
     dI_dv = pin.dIntegrate(model, q, v1 * dt, pin.ArgumentPosition.ARG1)
     del q1
     return StepJacobian(dq_dq=dI_dq + dt * dI_dv @ dv_dq, dq_dv=dt * dI_dv @ dv_dv,
                         dq_dtau=dt * dI_dv @ dv_dtau, dv_dq=dv_dq, dv_dv=dv_dv, dv_dtau=dv_dtau)
-
-
-def sim_point_velocity(kin: _Kin, j: int, p: np.ndarray, v1: np.ndarray) -> np.ndarray:
-    """World velocity at world point p of the body of joint j, for generalized velocity v1."""
-    return kin.point_jacobian(j, p) @ v1

@@ -74,3 +74,59 @@ def test_go1_scenario_matches_mujoco_state():
         jid = mujoco.mj_name2id(m, mujoco.mjtObj.mjOBJ_JOINT, model.names[j])
         assert qpos[m.jnt_qposadr[jid]] == pytest.approx(sc.q0[model.joints[j].idx_q])
     assert np.allclose(np.sort(ctrl), np.sort(sc.q_ref))
+
+
+def test_bench_jacobian_table(tmp_path, capsys):
+    """The Jacobian table: our forward step, step with Jacobian, our central differences and
+    MuJoCo's mj_step / mjd_transitionFD, for the four models, and its CSV."""
+    out = tmp_path / "bench.csv"
+    args = _args(models=["cartpole", "ur5"], csv=str(out), jacobian=True, jac_states=3, jac_warmup=2,
+                 fd_states=1)
+    assert bench.main(args) == 0
+    text = capsys.readouterr().out
+    assert "Step Jacobians" in text and "jac/fwd target" in text
+    with open(tmp_path / "bench_jacobian.csv", newline="") as fh:
+        rows = {r["model"]: r for r in csv.DictReader(fh)}
+    assert set(rows) == {"cartpole", "ur5"}
+    assert rows["ur5"]["nv"] == "6"                  # fixed base: six arm joints
+    for r in rows.values():
+        for key in ("forward_us", "jacobian_us", "diffgym_fd_us"):
+            assert float(r[key]) > 0, (key, r)
+    if bench._import_mujoco() is not None:
+        for r in rows.values():
+            assert float(r["mjd_transitionFD_us"]) > 0 and float(r["mj_step_us"]) > 0, r
+        assert rows["ur5"]["mujoco_nu"] == "6"
+
+
+def test_bench_fd_jacobian_matches_analytic():
+    """The finite-difference Jacobian the benchmark times is the step Jacobian."""
+    from diffgym.resources import asset_path
+    sc = bench.scenario("ur5", asset_path("ur5.urdf"))
+    q, v = sc.q0, np.array([0.1, -0.2, 0.3, 0.0, 0.2, -0.1])
+    tau = sc.control(q, v)
+    _, _, jac = sc.sim.step(q, v, tau, jacobian=True)
+    fd = bench.fd_step_jacobian(sc.sim, q, v, tau)
+    exact = np.hstack([jac.state, jac.control])
+    assert np.abs(fd - exact).max() <= 1e-5 * np.abs(exact).max()
+
+
+def test_ur5_scenario_matches_mujoco():
+    """The UR5 is fixed-base with gravity compensation in both engines: held at its pose with
+    zero PD error, neither moves."""
+    mujoco = pytest.importorskip("mujoco")
+    if not hasattr(mujoco, "MjSpec"):
+        pytest.skip("MuJoCo without MjSpec")
+    from diffgym.resources import asset_path
+    sc = bench.scenario("ur5", asset_path("ur5.urdf"))
+    sc.q0 = sc.q_ref.copy()
+    m, note = bench.mujoco_model(mujoco, sc)
+    assert "fixed base" in note and m.nq == m.nv == m.nu == 6
+    qpos, qvel, ctrl = bench.mujoco_state(mujoco, m, sc)
+    d = mujoco.MjData(m)
+    d.qpos[:], d.qvel[:], d.ctrl[:] = qpos, qvel, ctrl
+    for _ in range(50):
+        mujoco.mj_step(m, d)
+    q, v = sc.q0, np.zeros(6)
+    for _ in range(50):
+        q, v = sc.sim.step(q, v, sc.control(q, v))
+    assert np.abs(d.qpos - qpos).max() < 1e-6 and np.abs(q - sc.q_ref).max() < 1e-6

@@ -182,3 +182,79 @@ def test_rollout_gradient_20_steps():
         fdq = (loss_and_grad(pin.integrate(sim.model, q0, e), v0, taus, False)
                - loss_and_grad(pin.integrate(sim.model, q0, -e), v0, taus, False)) / (2 * eps)
         assert abs(fdq - gq[i]) <= 1e-4 * abs(fdq) + 1e-7, (i, fdq, gq[i])
+
+
+# -- collision-geometry term: closed forms for every shape on a plane, and the FD fallback ----
+SHAPE = """<mujoco><option timestep="0.01"/><worldbody>{ground}
+<body name="b" pos="0 0 1" euler="{euler}"><freejoint/>{geom}</body></worldbody></mujoco>"""
+
+
+def place_at_distance(sim, q, gap=-2e-5, pair=0):
+    """q with the free body moved vertically so that collision pair `pair` is `gap` apart."""
+    q = q.copy()
+    for _ in range(3):
+        pin.forwardKinematics(sim.model, sim.data, q)
+        pin.updateGeometryPlacements(sim.model, sim.data, sim.geom_model, sim.geom_data)
+        pin.computeDistance(sim.geom_model, sim.geom_data, pair)
+        q[2] -= sim.geom_data.distanceResults[pair].min_distance - gap
+    return q
+
+
+@pytest.mark.parametrize("geom, euler, v", [
+    # a tilted cylinder on its rim, spinning about its own axis: the lowest rim point stays
+    # put in the world while the body turns (a body-fixed rim point would be wrong)
+    ('<geom type="cylinder" size="0.1 0.2" friction="0.5"/>', "30 0 0", [0.3, 0.1, 0, 0, 0, 3.0]),
+    ('<geom type="ellipsoid" size="0.1 0.15 0.2" friction="0.5"/>', "30 20 0", [0.3, 0.1, 0, 1.0, 0.5, 2.0]),
+    ('<geom type="capsule" size="0.05 0.2" friction="0.5"/>', "30 20 0", [0.3, 0.1, -0.1, 0, 0, 3.0]),
+    ('<geom type="box" size="0.1 0.15 0.2" friction="0.5"/>', "30 20 0", [0.3, 0.1, 0, 1.0, 0.5, 2.0]),
+], ids=["cylinder-rim", "ellipsoid", "capsule", "box-corner"])
+def test_shape_on_plane_closed_form(geom, euler, v, monkeypatch):
+    from diffgym import derivatives
+    monkeypatch.setattr(derivatives, "_collision_fd", lambda *a: pytest.fail("fallback used"))
+    sim = diffgym.Simulator.from_string(SHAPE.format(
+        ground='<geom type="plane" size="5 5 .1" friction="0.5"/>', euler=euler, geom=geom))
+    q = place_at_distance(sim, sim.q0)
+    assert_jacobian_matches(sim, q, np.array(v, float), np.zeros(6), expect_modes={"sliding"})
+
+
+@pytest.mark.parametrize("ground, geom, euler, v, modes, points", [
+    # a tilted box sliding on a corner and on an edge over a static box (box-box)
+    ('<geom type="box" pos="0 0 -0.1" size="1 1 0.1" friction="0.5"/>',
+     '<geom type="box" size="0.1 0.15 0.05" friction="0.5"/>', "20 10 0", [0.5, 0.2, 0, 0, 0, 0],
+     {"sliding"}, 1),
+    ('<geom type="box" pos="0 0 -0.1" size="1 1 0.1" friction="0.5"/>',
+     '<geom type="box" size="0.1 0.15 0.05" friction="0.5"/>', "20 0 0", [0.5, 0.2, 0, 0, 0, 0.5],
+     {"sliding"}, 2),
+    # a capsule lying across a static capsule at 60 degrees, sliding and spinning, and at rest
+    ('<geom type="capsule" fromto="-1 0 0.05 1 0 0.05" size="0.05" friction="0.5"/>',
+     '<geom type="capsule" fromto="0.1 0.1732 0 -0.1 -0.1732 0" size="0.04" friction="0.5"/>', "0 0 0",
+     [0.3, 0.2, 0, 0.5, 0.2, 0.3], {"sliding"}, None),
+    ('<geom type="capsule" fromto="-1 0 0.05 1 0 0.05" size="0.05" friction="0.5"/>',
+     '<geom type="capsule" fromto="0.1 0.1732 0 -0.1 -0.1732 0" size="0.04" friction="0.5"/>', "0 0 0",
+     [0, 0, 0, 0, 0, 0], {"sticking"}, None),
+], ids=["box-box-corner", "box-box-edge", "capsule-capsule-sliding", "capsule-capsule-resting"])
+def test_collision_fd_fallback(ground, geom, euler, v, modes, points, monkeypatch):
+    """Pairs without closed-form geometry derivatives go through derivatives._collision_fd
+    (a central difference of the collision output alone); the whole step Jacobian must still
+    match central differences of the whole step, and must not without that term."""
+    from diffgym import derivatives
+    calls = []
+    real = derivatives._collision_fd
+
+    def spy(sim, cons, idx, dp, dn, dd):
+        calls.append(list(idx))
+        return real(sim, cons, idx, dp, dn, dd)
+
+    monkeypatch.setattr(derivatives, "_collision_fd", spy)
+    sim = diffgym.Simulator.from_string(SHAPE.format(ground=ground, euler=euler, geom=geom))
+    q = place_at_distance(sim, sim.q0)
+    v = np.array(v, float)
+    jac = assert_jacobian_matches(sim, q, v, np.zeros(6), expect_modes=modes)
+    assert calls and len(calls[-1]) == sim.last.num_contacts
+    if points is not None:
+        assert sim.last.num_contacts == points
+    # the fallback term matters: without it (contact frame glued to the body) dv/dq is wrong
+    monkeypatch.setattr(derivatives, "_collision_fd", lambda *a: None)
+    sim.reset_warmstart()
+    _, _, bad = sim.step(q, v, np.zeros(6), jacobian=True)
+    assert np.abs(bad.dv_dq - jac.dv_dq).max() > 1e-3 * np.abs(jac.dv_dq).max()
