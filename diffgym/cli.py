@@ -16,25 +16,36 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _train(args: argparse.Namespace) -> int:
+    import os
     from .train import train
     from .train.config import ConfigError, load_config
     try:
         if args.resume:
-            import os
             cfg_path = os.path.join(args.resume, "config.yaml")
             if not os.path.isfile(cfg_path):
                 raise ConfigError(f"--resume {args.resume}: not a run directory (no config.yaml)")
+            if args.run_dir and os.path.abspath(args.run_dir) != os.path.abspath(args.resume):
+                raise ConfigError("--resume RUN_DIR continues in RUN_DIR; drop --run-dir")
             cfg = load_config(cfg_path, args.overrides)
             run_dir = args.resume
         else:
             if not args.config:
-                raise ConfigError("give a CONFIG.yaml (or --resume RUN_DIR)")
+                from .resources import configs_dir
+                names = sorted(f for f in os.listdir(configs_dir()) if f.endswith(".yaml"))
+                raise ConfigError("give a CONFIG.yaml (or --resume RUN_DIR); shipped configs: " + ", ".join(names))
             cfg = load_config(args.config, args.overrides)
             run_dir = args.run_dir
     except ConfigError as exc:
         print(f"diffgym train: {exc}", file=sys.stderr)
         return 2
-    out = train(cfg, run_dir, resume=bool(args.resume))
+    from .train import default_run_dir
+    run_dir = run_dir or cfg.run_dir or default_run_dir(cfg)
+    print(f"{'resuming' if args.resume else 'training'} {cfg.algo} on {cfg.env.id} in {run_dir}", file=sys.stderr)
+    try:
+        out = train(cfg, run_dir, resume=bool(args.resume))
+    except KeyboardInterrupt:
+        print("\ninterrupted; continue with: diffgym train --resume <run dir>", file=sys.stderr)
+        return 130
     ev = out.get("eval") or {}
     print(f"run directory: {out['run_dir']}")
     if ev:
@@ -50,11 +61,13 @@ def _sweep(args: argparse.Namespace) -> int:
     from .train.sweep import run_sweep
     try:
         recs = run_sweep(args.sweep, workers=args.workers, use_ray=args.ray is not None,
-                         ray_address=args.ray or None, out=args.out)
+                         ray_address=args.ray or None, out=args.out, restart=args.restart)
     except ConfigError as exc:
         print(f"diffgym sweep: {exc}", file=sys.stderr)
         return 2
-    return 0 if any(r.get("status") == "ok" for r in recs) else 1
+    except KeyboardInterrupt:
+        return 130
+    return 0 if all(r.get("status") == "ok" for r in recs) else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -70,17 +83,28 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("train", help="train SHAC or PPO from a YAML config")
     p.add_argument("config", nargs="?", help="CONFIG.yaml (a path, or a name in diffgym's configs/)")
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. shac.actor_lr=1e-3 seed=2")
-    p.add_argument("--run-dir", default=None, help="where to write the run (default runs/<env>_<algo>_s<seed>_<time>)")
-    p.add_argument("--resume", default=None, metavar="RUN_DIR", help="continue a run from its last checkpoint")
+    p.add_argument("--run-dir", default=None, metavar="DIR",
+                   help="where to write the run (default runs/<env>_<algo>_s<seed>_<time>)")
+    p.add_argument("--resume", default=None, metavar="RUN_DIR",
+                   help="continue a run from its last checkpoint (overrides such as total_env_steps=... apply)")
     p.set_defaults(func=_train)
     p = sub.add_parser("sweep", help="run a sweep of training trials (local process pool or Ray)")
-    p.add_argument("sweep", help="SWEEP.yaml")
-    p.add_argument("--workers", type=int, default=2, help="local worker processes (default 2)")
+    p.add_argument("sweep", nargs="?", help="SWEEP.yaml (a path, or a name in diffgym's configs/sweeps/)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="trials at a time: local worker processes, or the CPUs of a local Ray instance "
+                        "(default: the number of CPUs)")
     p.add_argument("--ray", nargs="?", const="", default=None, metavar="ADDRESS",
                    help="run the trials as Ray Tune trials (on ADDRESS, or a local Ray instance)")
     p.add_argument("--out", default=None, help="sweep output directory (default runs/sweeps/<name>)")
+    p.add_argument("--restart", action="store_true",
+                   help="run every trial from scratch (default: keep finished trials, resume interrupted ones)")
     p.set_defaults(func=_sweep)
     args = parser.parse_args(argv)
+    if args.command == "sweep" and args.sweep is None:
+        if args.ray and args.ray.endswith((".yaml", ".yml")):     # `sweep --ray SWEEP.yaml`
+            args.sweep, args.ray = args.ray, ""
+        else:
+            parser.error("sweep: give a SWEEP.yaml")
     if args.command == "train" and args.config and "=" in args.config:
         args.overrides.insert(0, args.config)
         args.config = None

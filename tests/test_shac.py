@@ -172,6 +172,10 @@ def test_smoke_run_logs_finite_metrics_and_checkpoints(tmp_path):
     assert sum(int(r["episodes"]) for r in rows) == 4 * (320 // 4 // 30)   # 10 episodes of 30 steps
     # the critic fits its targets: the value loss falls from its first value
     assert float(rows[-1]["value_loss"]) < float(rows[0]["value_loss"])
+    # resuming with a different number of environments is refused with a clear message
+    bad = _load(tmp_path, "smoke", "total_env_steps=320", "env.num_envs=2")
+    with pytest.raises(ValueError, match="env.num_envs is 2"):
+        shac.train_shac(bad, Run(bad, bad.run_dir, resume=True))
 
 
 class _Killed(Exception):

@@ -45,7 +45,10 @@ class PPOConfig:
     max_grad_norm: float = 0.5
     net_arch: list = field(default_factory=lambda: [64, 64])
     log_std_init: float = 0.0
-    normalize_obs: bool = True
+    normalize_obs: bool = True          # VecNormalize: running mean/std of the observations
+    normalize_reward: bool = True       # VecNormalize: rewards scaled by the discounted-return std
+    lr_schedule: str = "constant"       # or "linear" (to 0 at total_env_steps)
+    target_kl: float | None = None      # stop an update's epochs early past this KL (SB3)
 
 
 @dataclass
@@ -85,13 +88,61 @@ class TrainConfig:
     shac: SHACConfig = field(default_factory=SHACConfig)
 
     def __post_init__(self):
-        if self.algo not in ("shac", "ppo"):
-            raise ConfigError(f"algo: must be 'shac' or 'ppo', got {self.algo!r}")
-        for key in ("total_env_steps", "log_every"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"{key}: must be >= 1, got {getattr(self, key)!r}")
-        if self.env.num_envs < 1:
-            raise ConfigError(f"env.num_envs: must be >= 1, got {self.env.num_envs!r}")
+        _validate(self)
+
+
+_POSITIVE = {"total_env_steps", "log_every", "env.num_envs", "ppo.n_steps", "ppo.batch_size", "ppo.n_epochs",
+             "shac.horizon", "shac.critic_minibatches"}
+_NONNEGATIVE = {"eval_episodes", "checkpoint_every", "ppo.learning_rate", "shac.actor_lr", "shac.critic_lr",
+                "ppo.ent_coef", "ppo.vf_coef", "ppo.max_grad_norm", "shac.grad_norm", "shac.bound_coef",
+                "shac.critic_iterations"}
+_UNIT = {"ppo.gamma", "ppo.gae_lambda", "shac.gamma", "shac.lam", "shac.target_alpha"}
+_CHOICES = {"algo": ("shac", "ppo"), "ppo.lr_schedule": ("constant", "linear"),
+            "shac.lr_schedule": ("constant", "linear")}
+
+
+def _get(cfg, dotted: str):
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
+def _validate(cfg: "TrainConfig") -> None:
+    """Value checks beyond types; each error names the dotted key."""
+    for key, choices in _CHOICES.items():
+        if _get(cfg, key) not in choices:
+            raise ConfigError(f"{key}: must be one of {list(choices)}, got {_get(cfg, key)!r}")
+    for key in _POSITIVE:
+        if _get(cfg, key) < 1:
+            raise ConfigError(f"{key}: must be >= 1, got {_get(cfg, key)!r}")
+    for key in _NONNEGATIVE:
+        if _get(cfg, key) < 0:
+            raise ConfigError(f"{key}: must be >= 0, got {_get(cfg, key)!r}")
+    for key in _UNIT:
+        if not 0.0 <= _get(cfg, key) <= 1.0:
+            raise ConfigError(f"{key}: must be in [0, 1], got {_get(cfg, key)!r}")
+    if not cfg.shac.reward_scale > 0:
+        raise ConfigError(f"shac.reward_scale: must be > 0, got {cfg.shac.reward_scale!r}")
+    if cfg.env.episode_steps is not None and cfg.env.episode_steps < 1:
+        raise ConfigError(f"env.episode_steps: must be >= 1 (or null for the environment's default), "
+                          f"got {cfg.env.episode_steps!r}")
+    for key in ("ppo.net_arch", "shac.actor_mlp", "shac.critic_mlp"):
+        v = _get(cfg, key)
+        if not all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in v):
+            raise ConfigError(f"{key}: expected a list of positive layer widths, got {v!r}")
+    if len(cfg.shac.betas) != 2 or not all(isinstance(b, (int, float)) and 0 <= b < 1 for b in cfg.shac.betas):
+        raise ConfigError(f"shac.betas: expected two Adam betas in [0, 1), got {cfg.shac.betas!r}")
+    if not (cfg.device == "cpu" or cfg.device.startswith("cuda")):
+        raise ConfigError(f"device: expected 'cpu' or 'cuda[:N]', got {cfg.device!r}")
+    if any(not isinstance(k, str) for k in cfg.env.kwargs):
+        raise ConfigError(f"env.kwargs: keys must be strings, got {list(cfg.env.kwargs)!r}")
+    if cfg.algo == "ppo":
+        samples = cfg.ppo.n_steps * cfg.env.num_envs
+        if cfg.ppo.batch_size > samples:
+            raise ConfigError(f"ppo.batch_size: {cfg.ppo.batch_size} exceeds the {samples} samples of an "
+                              f"iteration (ppo.n_steps={cfg.ppo.n_steps} x env.num_envs={cfg.env.num_envs})")
+        if cfg.ppo.target_kl is not None and cfg.ppo.target_kl <= 0:
+            raise ConfigError(f"ppo.target_kl: must be > 0 or null, got {cfg.ppo.target_kl!r}")
 
 
 def _check_type(value: Any, tp: Any, key: str, where: str) -> Any:
@@ -122,6 +173,11 @@ def _check_type(value: Any, tp: Any, key: str, where: str) -> Any:
             raise ConfigError(f"{where}{key}: expected a number, got {value!r}")
         return float(value)
     if tp is int:
+        if isinstance(value, str):           # 1e6 in YAML 1.1 is a string
+            try:
+                value = float(value.replace("_", ""))
+            except ValueError:
+                pass
         if isinstance(value, bool) or not (isinstance(value, int) or (isinstance(value, float) and value.is_integer())):
             raise ConfigError(f"{where}{key}: expected an integer, got {value!r}")
         return int(value)
@@ -149,7 +205,10 @@ def _build(cls, data: dict, prefix: str = "", where: str = ""):
     names = {f.name for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - names)
     if unknown:
-        raise ConfigError(f"{where}unknown key {prefix}{unknown[0]!s}; valid keys at this level: "
+        import difflib
+        close = difflib.get_close_matches(str(unknown[0]), sorted(names), n=1)
+        hint = f" (did you mean {prefix}{close[0]}?)" if close else ""
+        raise ConfigError(f"{where}unknown key {prefix}{unknown[0]!s}{hint}; valid keys at this level: "
                           f"{sorted(names)}")
     kwargs = {k: _check_type(v, hints[k], prefix + k, where) for k, v in data.items()}
     try:

@@ -1,21 +1,38 @@
 """PPO (stable-baselines3) on diffgym environments, logged and checkpointed through a Run.
 
-The environments are the unchanged Gymnasium ones (``gym.make(id)``) in SB3's DummyVecEnv with
-a Monitor per copy and VecNormalize (observations optionally, rewards always: SB3's usual
-setting for continuous control). ``cfg.ppo.n_steps`` is the horizon per environment, so an
-iteration is ``n_steps * num_envs`` environment steps; ``batch_size`` is the minibatch.
+The N environment copies are one :class:`diffgym.vector.DiffVectorEnv` (``diffgym.make_vec``)
+behind :class:`SB3VecEnv`, a small adapter to SB3's own ``VecEnv`` API: the vector env's
+same-step autoreset maps to SB3's convention (``info["final_obs"]`` of a finished row becomes
+``infos[i]["terminal_observation"]``, a time-limit end sets ``"TimeLimit.truncated"`` so PPO
+bootstraps it from the value function), and the adapter keeps Monitor-style episode statistics
+(``infos[i]["episode"] = {"r", "l", "t"}``). SB3's ``VecNormalize`` normalizes observations
+(``ppo.normalize_obs``) and rewards (``ppo.normalize_reward``), its usual continuous-control
+setting.
 
-Checkpoints hold the SB3 model (policy, optimizer, step counter) and the VecNormalize
-statistics. ``--resume`` reloads them and continues the step count; the episodes that were in
-progress when the run stopped start over (the policy, optimizer and normalization lose nothing).
+``ppo.n_steps`` is the horizon per environment, so an iteration is ``n_steps * env.num_envs``
+environment steps, cut into minibatches of ``ppo.batch_size`` for ``ppo.n_epochs`` epochs.
+
+Checkpoints (every ``checkpoint_every`` iterations, at an iteration boundary) hold the SB3 model
+(``model.save``: policy, optimizer, counters), the VecNormalize statistics and its running
+discounted return, the rollout state SB3 keeps between iterations (the current normalized
+observations and episode-start flags), every environment's simulator state, episode clock,
+reset RNG and running episode return, and the global torch / numpy / random RNG states.
+``--resume`` restores all of it, so the resumed run continues exactly as if it had never stopped
+(the same losses and returns; tested). Saving a checkpoint also clears the contact solver's warm
+start, in both the saved and the resumed run, because a warm start is not part of the state.
+
+At the end the run directory also gets ``ppo_model.zip`` and ``vecnormalize.pkl``, loadable with
+``PPO.load`` / ``VecNormalize.load`` for use outside diffgym.
 """
 from __future__ import annotations
 
 import io
 import os
 import pickle
+import random
 import tempfile
 import time
+from typing import Any
 
 import numpy as np
 
@@ -23,14 +40,112 @@ from .config import TrainConfig
 from .run import Run
 
 
-def _make_vec(cfg: TrainConfig, seed: int):
-    import gymnasium as gym
-    from stable_baselines3.common.env_util import make_vec_env
-    import diffgym  # noqa: F401
+def _sb3_vec_env_class():
+    from stable_baselines3.common.vec_env import VecEnv
+
+    class SB3VecEnv(VecEnv):
+        """SB3 ``VecEnv`` over a :class:`diffgym.vector.DiffVectorEnv` (same-step autoreset)."""
+
+        def __init__(self, venv):
+            self.venv = venv
+            n = venv.num_envs
+            self.ep_ret = np.zeros(n)
+            self.ep_len = np.zeros(n, dtype=np.int64)
+            self._t0 = time.perf_counter()
+            self._actions: np.ndarray | None = None
+            super().__init__(n, venv.single_observation_space, venv.single_action_space)
+
+        # -- the VecEnv API -------------------------------------------------------------------
+        def reset(self):
+            seeds = self._seeds if any(s is not None for s in self._seeds) else None
+            opts = self._options[0] if self._options and self._options[0] else None
+            obs, _ = self.venv.reset(seed=seeds, options=opts)
+            self._reset_seeds()
+            self._reset_options()
+            self.ep_ret[:] = 0.0
+            self.ep_len[:] = 0
+            return obs
+
+        def step_async(self, actions: np.ndarray) -> None:
+            self._actions = np.asarray(actions, dtype=np.float64).reshape(self.num_envs, -1)
+
+        def step_wait(self):
+            obs, rew, term, trunc, info = self.venv.step(self._actions)
+            self.ep_ret += rew
+            self.ep_len += 1
+            done = term | trunc
+            diverged = info.get("diverged")
+            infos: list[dict[str, Any]] = [{} for _ in range(self.num_envs)]
+            for i in np.flatnonzero(done):
+                d = infos[i]
+                d["terminal_observation"] = info["final_obs"][i]
+                d["TimeLimit.truncated"] = bool(trunc[i] and not term[i])
+                d["episode"] = {"r": float(self.ep_ret[i]), "l": int(self.ep_len[i]),
+                                "t": round(time.perf_counter() - self._t0, 6)}
+                if diverged is not None and bool(diverged[i]):
+                    d["diverged"] = True
+                self.ep_ret[i] = 0.0
+                self.ep_len[i] = 0
+            return obs, rew.astype(np.float32), done, infos
+
+        def close(self) -> None:
+            self.venv.close()
+
+        def _targets(self, indices):
+            return [self.venv.envs[i] for i in self._get_indices(indices)]
+
+        def get_attr(self, attr_name: str, indices=None) -> list:
+            return [getattr(e, attr_name) for e in self._targets(indices)]
+
+        def set_attr(self, attr_name: str, value, indices=None) -> None:
+            for e in self._targets(indices):
+                setattr(e, attr_name, value)
+
+        def env_method(self, method_name: str, *args, indices=None, **kwargs) -> list:
+            return [getattr(e, method_name)(*args, **kwargs) for e in self._targets(indices)]
+
+        def env_is_wrapped(self, wrapper_class, indices=None) -> list[bool]:
+            return [False for _ in self._targets(indices)]      # the bare environments
+
+        def get_images(self):
+            return [e.render() for e in self.venv.envs]
+
+        # -- the rollout state, for checkpoints -----------------------------------------------
+        def snapshot(self) -> dict:
+            envs = self.venv.envs
+            return {"state": self.venv.get_state(),
+                    "elapsed": np.array([e._elapsed for e in envs]),
+                    "np_random": [e.np_random.bit_generator.state for e in envs],
+                    "ep_ret": self.ep_ret.copy(), "ep_len": self.ep_len.copy()}
+
+        def restore(self, snap: dict) -> None:
+            if snap["state"].shape[0] != self.num_envs:
+                raise ValueError(f"the checkpoint holds {snap['state'].shape[0]} environments, the "
+                                 f"config asks for env.num_envs={self.num_envs}")
+            self.venv.set_state(snap["state"])
+            for e, el, rng in zip(self.venv.envs, snap["elapsed"], snap["np_random"]):
+                e._elapsed = int(el)
+                e.np_random.bit_generator.state = rng
+            self.ep_ret[:] = snap["ep_ret"]
+            self.ep_len[:] = snap["ep_len"]
+
+    return SB3VecEnv
+
+
+def make_sb3_vec_env(cfg: TrainConfig):
+    """``cfg.env.num_envs`` copies of ``cfg.env.id`` as an SB3 VecEnv (see the module doc)."""
+    import diffgym
     kwargs = dict(cfg.env.kwargs or {})
     if cfg.env.episode_steps is not None:
         kwargs["episode_steps"] = cfg.env.episode_steps
-    return make_vec_env(lambda: gym.make(cfg.env.id, **kwargs), n_envs=cfg.env.num_envs, seed=seed)
+    return _sb3_vec_env_class()(diffgym.make_vec(cfg.env.id, num_envs=cfg.env.num_envs, seed=cfg.seed,
+                                                 **kwargs))
+
+
+def _lr(pc):
+    if pc.lr_schedule == "linear":
+        return lambda progress_remaining: pc.learning_rate * progress_remaining
+    return pc.learning_rate
 
 
 def train_ppo(cfg: TrainConfig, run: Run) -> dict:
@@ -40,38 +155,62 @@ def train_ppo(cfg: TrainConfig, run: Run) -> dict:
     from stable_baselines3.common.vec_env import VecNormalize
 
     pc = cfg.ppo
-    N = cfg.env.num_envs
-    steps_per_iter = pc.n_steps * N
-    if pc.batch_size > steps_per_iter:
-        raise ValueError(f"ppo.batch_size={pc.batch_size} exceeds the {steps_per_iter} samples of an "
-                         f"iteration (ppo.n_steps * env.num_envs)")
     torch.set_num_threads(1)
-    venv = VecNormalize(_make_vec(cfg, cfg.seed), norm_obs=pc.normalize_obs, norm_reward=True,
-                        gamma=pc.gamma)
+    env = make_sb3_vec_env(cfg)
+    venv = VecNormalize(env, norm_obs=pc.normalize_obs, norm_reward=pc.normalize_reward, gamma=pc.gamma)
     ckpt = run.load_checkpoint()
+    policy_kwargs = dict(net_arch=list(pc.net_arch), log_std_init=pc.log_std_init)
     if ckpt is not None:
         if ckpt.get("algo") != "ppo":
-            raise ValueError(f"{run.dir}: the checkpoint is from algo {ckpt.get('algo')!r}, not ppo")
-        stats = pickle.loads(ckpt["vecnormalize"])
-        venv.obs_rms, venv.ret_rms = stats["obs_rms"], stats["ret_rms"]
-        model = PPO.load(io.BytesIO(ckpt["model"]), env=venv, device="cpu")
+            raise ValueError(f"--resume {run.dir}: the checkpoint is from algo {ckpt.get('algo')!r}, not ppo")
+        env.restore(ckpt["env"])
+        vn = pickle.loads(ckpt["vecnormalize"])
+        venv.obs_rms, venv.ret_rms, venv.returns = vn["obs_rms"], vn["ret_rms"], vn["returns"]
+        model = PPO.load(io.BytesIO(ckpt["model"]), env=venv, device="cpu", force_reset=False,
+                         learning_rate=_lr(pc), target_kl=pc.target_kl)
+        model._last_obs = ckpt["last_obs"]
+        model._last_episode_starts = ckpt["last_episode_starts"]
+        # PPO.load re-seeds the global RNGs from the saved seed: put the run's streams back
+        torch.set_rng_state(ckpt["rng"]["torch"])
+        np.random.set_state(ckpt["rng"]["numpy"])
+        random.setstate(ckpt["rng"]["python"])
     else:
         model = PPO("MlpPolicy", venv, n_steps=pc.n_steps, batch_size=pc.batch_size, n_epochs=pc.n_epochs,
-                    learning_rate=pc.learning_rate, gamma=pc.gamma, gae_lambda=pc.gae_lambda,
+                    learning_rate=_lr(pc), gamma=pc.gamma, gae_lambda=pc.gae_lambda,
                     clip_range=pc.clip_range, ent_coef=pc.ent_coef, vf_coef=pc.vf_coef,
-                    max_grad_norm=pc.max_grad_norm, seed=cfg.seed, device="cpu", verbose=0,
-                    policy_kwargs=dict(net_arch=list(pc.net_arch), log_std_init=pc.log_std_init))
+                    max_grad_norm=pc.max_grad_norm, target_kl=pc.target_kl, seed=cfg.seed,
+                    device="cpu", verbose=0, policy_kwargs=policy_kwargs)
+
+    def save(iteration: int) -> None:
+        env.venv.set_state(env.venv.get_state())     # a warm start is not state (module doc)
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "model.zip")
+            model.save(path)
+            with open(path, "rb") as f:
+                blob = f.read()
+        run.save_checkpoint({
+            "algo": "ppo", "env_steps": int(model.num_timesteps), "model": blob,
+            "vecnormalize": pickle.dumps({"obs_rms": venv.obs_rms, "ret_rms": venv.ret_rms,
+                                          "returns": venv.returns.copy()}),
+            "env": env.snapshot(), "last_obs": np.array(model._last_obs, copy=True),
+            "last_episode_starts": np.array(model._last_episode_starts, copy=True),
+            "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
+                    "python": random.getstate()}}, iteration)
 
     class Logger(BaseCallback):
+        """Logs one row per PPO iteration (at the start of the next rollout, after the update)."""
+
         def __init__(self):
             super().__init__()
-            self.returns, self.lengths = [], []
+            self.returns: list[float] = []
+            self.lengths: list[int] = []
+            self.diverged = 0
             self.iteration = int(ckpt["iteration"]) if ckpt else 0
-            self.t_last, self.steps_last = time.perf_counter(), None
+            self.bar = None
 
         def _on_training_start(self):
             self.bar = run.progress(cfg.total_env_steps)
-            self.steps_last = self.model.num_timesteps
+            self.t_last, self.steps_last = time.perf_counter(), self.model.num_timesteps
 
         def _on_step(self) -> bool:
             for info in self.locals["infos"]:
@@ -79,55 +218,57 @@ def train_ppo(cfg: TrainConfig, run: Run) -> dict:
                 if ep is not None:
                     self.returns.append(ep["r"])
                     self.lengths.append(ep["l"])
+                    self.diverged += bool(info.get("diverged"))
             return True
 
-        def _on_rollout_end(self):
-            pass
-
         def _on_rollout_start(self):
-            if self.model.num_timesteps == self.steps_last:
+            n = self.model.num_timesteps
+            if n == self.steps_last:            # the first rollout: nothing to report yet
                 return
             self.iteration += 1
             now = time.perf_counter()
-            n = self.model.num_timesteps
+            sps = (n - self.steps_last) / max(now - self.t_last, 1e-9)
             metrics = dict(iteration=self.iteration, episodes=len(self.returns),
                            episode_return=float(np.mean(self.returns)) if self.returns else float("nan"),
                            episode_length=float(np.mean(self.lengths)) if self.lengths else float("nan"),
-                           steps_per_s=(n - self.steps_last) / max(now - self.t_last, 1e-9))
-            for key in ("train/value_loss", "train/policy_gradient_loss", "train/approx_kl", "train/std"):
-                val = self.model.logger.name_to_value.get(key)
-                if val is not None:
-                    metrics[key.split("/")[1]] = float(val)
-            if self.iteration % max(1, cfg.log_every) == 0:
+                           diverged=self.diverged, steps_per_s=sps)
+            vals = self.model.logger.name_to_value
+            for key in ("value_loss", "policy_gradient_loss", "entropy_loss", "approx_kl", "clip_fraction",
+                        "explained_variance", "std", "learning_rate"):
+                if f"train/{key}" in vals:
+                    metrics[key] = float(vals[f"train/{key}"])
+            if self.iteration % cfg.log_every == 0:
                 run.log(n, **metrics)
             self.bar.update(n - self.steps_last)
+            post = {"sps": f"{sps:.0f}"}
             if self.returns:
-                self.bar.set_postfix(ret=f"{metrics['episode_return']:.1f}", sps=f"{metrics['steps_per_s']:.0f}")
-            self.returns, self.lengths = [], []
+                post = {"return": f"{metrics['episode_return']:.1f}", **post}
+            self.bar.set_postfix(post, refresh=False)
+            self.returns, self.lengths, self.diverged = [], [], 0
             self.t_last, self.steps_last = now, n
             if cfg.checkpoint_every and self.iteration % cfg.checkpoint_every == 0:
                 save(self.iteration)
 
         def _on_training_end(self):
-            self._on_rollout_start()
+            self._on_rollout_start()            # the last iteration's row
             self.bar.close()
 
-    def save(iteration: int) -> None:
-        with tempfile.TemporaryDirectory() as d:
-            path = os.path.join(d, "model.zip")
-            model.save(path)
-            with open(path, "rb") as f:
-                blob = f.read()
-        run.save_checkpoint({"algo": "ppo", "env_steps": int(model.num_timesteps), "model": blob,
-                             "vecnormalize": pickle.dumps({"obs_rms": venv.obs_rms, "ret_rms": venv.ret_rms})},
-                            iteration)
-
+    # a logger that only keeps the values (SB3's default makes an empty /tmp/SB3-<time> per learn())
+    from stable_baselines3.common.logger import Logger as SB3Logger
+    model.set_logger(SB3Logger(folder=None, output_formats=[]))
     logger = Logger()
     remaining = cfg.total_env_steps - model.num_timesteps
     if remaining > 0:
-        model.learn(total_timesteps=remaining, callback=logger, reset_num_timesteps=ckpt is None,
-                    progress_bar=False)
-    save(logger.iteration)
+        try:
+            model.learn(total_timesteps=remaining, callback=logger, reset_num_timesteps=ckpt is None,
+                        progress_bar=False)
+        finally:
+            if logger.bar is not None:
+                logger.bar.close()
+    if not (cfg.checkpoint_every and logger.iteration % cfg.checkpoint_every == 0) or remaining <= 0:
+        save(logger.iteration)
+    model.save(os.path.join(run.dir, "ppo_model.zip"))
+    venv.save(os.path.join(run.dir, "vecnormalize.pkl"))
     venv.training = False
 
     def policy_fn(obs: np.ndarray) -> np.ndarray:

@@ -5,13 +5,16 @@
         metrics.csv          one row per logged iteration (env_steps, wall_time, iteration, ...)
         tb/                  the same scalars for TensorBoard
         checkpoint_last.pt   written atomically every ``checkpoint_every`` iterations
+        checkpoint_best.pt   a copy of the checkpoint with the best training return so far
+        checkpoint_best.json (its iteration, env_steps and episode_return)
         learning_curve.png   episode return against environment steps and wall-clock
         eval.json            the final deterministic evaluation
         policy.gif           a rollout of the trained policy
 
 ``Run(cfg, run_dir, resume=True)`` reopens a directory: ``load_checkpoint()`` returns the last
-checkpoint and the CSV is cut back to it, so a run killed half-way loses only the unfinished
-iteration and its curve stays continuous.
+checkpoint and the CSV (and TensorBoard, through ``purge_step``) is cut back to it, so a run
+killed half-way loses only the unfinished iteration and its curve stays continuous. Without
+``resume`` an existing directory's metrics, checkpoints and TensorBoard events are replaced.
 """
 from __future__ import annotations
 
@@ -19,6 +22,8 @@ import csv
 import json
 import math
 import os
+import shutil
+import sys
 import time
 from typing import Callable
 
@@ -36,22 +41,36 @@ class Run:
         os.makedirs(self.dir, exist_ok=True)
         self.csv_path = os.path.join(self.dir, "metrics.csv")
         self.ckpt_path = os.path.join(self.dir, "checkpoint_last.pt")
+        self.best_path = os.path.join(self.dir, "checkpoint_best.pt")
+        self.best_json = os.path.join(self.dir, "checkpoint_best.json")
         if not resume:
-            for name in ("metrics.csv", "checkpoint_last.pt", "eval.json"):
+            for name in ("metrics.csv", "checkpoint_last.pt", "checkpoint_best.pt", "checkpoint_best.json",
+                         "eval.json", "learning_curve.png", "policy.gif", "ppo_model.zip", "vecnormalize.pkl"):
                 p = os.path.join(self.dir, name)
                 if os.path.exists(p):
                     os.remove(p)
+            shutil.rmtree(os.path.join(self.dir, "tb"), ignore_errors=True)
         with open(os.path.join(self.dir, "config.yaml"), "w") as f:
             yaml.safe_dump(config_to_dict(cfg), f, sort_keys=False)
         self._rows = self._read_csv()
         self._wall0 = time.perf_counter() - (float(self._rows[-1]["wall_time"]) if self._rows else 0.0)
-        self._tb = None
-        if tensorboard:
+        self._best = None
+        if resume and os.path.isfile(self.best_json):
+            with open(self.best_json) as f:
+                self._best = json.load(f)
+        self._ckpt_steps = 0                 # env_steps of the last checkpoint (for "best")
+        self._use_tb, self._tb, self._purge_step = tensorboard, None, None
+
+    def _writer(self):
+        """The TensorBoard writer, opened at the first row (after a resume has cut the CSV)."""
+        if self._tb is None and self._use_tb:
             try:
                 from torch.utils.tensorboard import SummaryWriter
-                self._tb = SummaryWriter(os.path.join(self.dir, "tb"))
             except Exception:        # tensorboard missing: the CSV is the record
-                self._tb = None
+                self._use_tb = False
+                return None
+            self._tb = SummaryWriter(os.path.join(self.dir, "tb"), purge_step=self._purge_step)
+        return self._tb
 
     # -- metrics ---------------------------------------------------------------------------------
     def _read_csv(self) -> list[dict]:
@@ -81,39 +100,68 @@ class Run:
         else:
             with open(self.csv_path, "a", newline="") as f:
                 csv.DictWriter(f, fieldnames=list(self._rows[0])).writerow(row)
-        if self._tb is not None:
+        tb = self._writer()
+        if tb is not None:
             for k, v in row.items():
                 if k != "env_steps" and isinstance(v, (int, float)) and not (isinstance(v, float) and math.isnan(v)):
-                    self._tb.add_scalar(k, v, int(env_steps))
-            self._tb.flush()
+                    tb.add_scalar(k, v, int(env_steps))
+            tb.flush()
 
     def progress(self, total_env_steps: int):
         from tqdm.auto import tqdm
-        done = int(float(self._rows[-1]["env_steps"])) if (self.resume and self._rows) else 0
-        return tqdm(total=int(total_env_steps), initial=done, unit="step", dynamic_ncols=True,
-                    desc=f"{self.cfg.algo} {self.cfg.env.id}", mininterval=1.0)
+        done = self._ckpt_steps if self.resume else 0
+        tty = hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
+        return tqdm(total=int(total_env_steps), initial=done, unit="step", unit_scale=True, dynamic_ncols=True,
+                    desc=f"{self.cfg.algo} {self.cfg.env.id}", mininterval=1.0 if tty else 30.0,
+                    smoothing=0.1)
 
     # -- checkpoints -----------------------------------------------------------------------------
     def save_checkpoint(self, payload: dict, iteration: int) -> None:
+        """Write checkpoint_last.pt atomically; copy it to checkpoint_best.pt when the mean training
+        return logged since the previous checkpoint is the best so far."""
         import torch
         payload = dict(payload, iteration=int(iteration))
         tmp = self.ckpt_path + ".tmp"
         torch.save(payload, tmp)
         os.replace(tmp, self.ckpt_path)        # atomic: a kill leaves the previous checkpoint
+        steps = int(payload.get("env_steps", self._rows[-1]["env_steps"] if self._rows else 0))
+        recent = [float(r["episode_return"]) for r in self._rows
+                  if self._ckpt_steps < int(float(r["env_steps"])) <= steps
+                  and r.get("episode_return") not in (None, "") and not math.isnan(float(r["episode_return"]))]
+        self._ckpt_steps = steps
+        if recent:
+            ret = float(np.mean(recent))
+            if self._best is None or ret > self._best["episode_return"]:
+                shutil.copyfile(self.ckpt_path, self.best_path + ".tmp")
+                os.replace(self.best_path + ".tmp", self.best_path)
+                self._best = {"iteration": int(iteration), "env_steps": steps, "episode_return": ret}
+                with open(self.best_json + ".tmp", "w") as f:
+                    json.dump(self._best, f, indent=2)
+                os.replace(self.best_json + ".tmp", self.best_json)
 
     def load_checkpoint(self) -> dict | None:
-        """The last checkpoint (resume only); metrics logged after it are dropped."""
-        if not self.resume or not os.path.isfile(self.ckpt_path):
+        """The last checkpoint (resume only); metrics logged after it are dropped (CSV and TensorBoard).
+
+        Resuming a directory without a checkpoint starts the run over (its metrics are dropped)."""
+        if not self.resume:
             return None
-        import torch
-        ckpt = torch.load(self.ckpt_path, weights_only=False)
-        steps = int(ckpt.get("env_steps", 0))
+        ckpt, steps = None, 0
+        if os.path.isfile(self.ckpt_path):
+            import torch
+            ckpt = torch.load(self.ckpt_path, weights_only=False)
+            steps = int(ckpt.get("env_steps", 0))
+        else:
+            print(f"--resume {self.dir}: no checkpoint yet; starting the run over", file=sys.stderr)
         kept = [r for r in self._rows if int(float(r["env_steps"])) <= steps]
         if len(kept) != len(self._rows):
             self._rows = kept
-            self._write_csv()
-        if self._rows:
-            self._wall0 = time.perf_counter() - float(self._rows[-1]["wall_time"])
+            if kept:
+                self._write_csv()
+            elif os.path.exists(self.csv_path):
+                os.remove(self.csv_path)
+        self._wall0 = time.perf_counter() - (float(self._rows[-1]["wall_time"]) if self._rows else 0.0)
+        self._ckpt_steps = steps
+        self._purge_step = steps + 1
         return ckpt
 
     # -- the end of a run ------------------------------------------------------------------------
@@ -122,12 +170,16 @@ class Run:
         with open(os.path.join(self.dir, "eval.json"), "w") as f:
             json.dump(result, f, indent=2)
         plot_learning_curve(self.csv_path, os.path.join(self.dir, "learning_curve.png"),
-                            title=f"{self.cfg.algo.upper()} on {self.cfg.env.id}")
+                            title=f"{self.cfg.algo.upper()} on {self.cfg.env.id}", eval_result=result)
         if self.cfg.gif:
             write_policy_gif(self.cfg, policy_fn, os.path.join(self.dir, "policy.gif"))
+        self.close()
+        return result
+
+    def close(self) -> None:
         if self._tb is not None:
             self._tb.close()
-        return result
+            self._tb = None
 
 
 def _make_env(cfg: TrainConfig, **extra):
@@ -170,7 +222,9 @@ def evaluate(cfg: TrainConfig, policy_fn, episodes: int, seed: int = 10_000) -> 
     return out
 
 
-def plot_learning_curve(csv_path: str, png_path: str, title: str = "") -> None:
+def plot_learning_curve(csv_path: str, png_path: str, title: str = "", eval_result: dict | None = None) -> None:
+    """Training return (episodes finished in each logged iteration) against environment steps and
+    wall-clock; the final deterministic evaluation as a marker at the end."""
     if not os.path.isfile(csv_path):
         return
     import matplotlib
@@ -181,8 +235,14 @@ def plot_learning_curve(csv_path: str, png_path: str, title: str = "") -> None:
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     if rows:
         ret = np.array([float(r["episode_return"]) for r in rows])
-        axes[0].plot([float(r["env_steps"]) for r in rows], ret)
-        axes[1].plot([float(r["wall_time"]) for r in rows], ret)
+        xs = (np.array([float(r["env_steps"]) for r in rows]), np.array([float(r["wall_time"]) for r in rows]))
+        for ax, x in zip(axes, xs):
+            ax.plot(x, ret, lw=1.2, label="training (with exploration)")
+            if eval_result and "return_mean" in eval_result:
+                ax.errorbar([x[-1]], [eval_result["return_mean"]], yerr=[eval_result.get("return_std", 0.0)],
+                            fmt="o", color="C3", capsize=3,
+                            label=f"final evaluation ({eval_result.get('episodes')} episodes)")
+        axes[0].legend(fontsize=8, loc="lower right")
     axes[0].set_xlabel("environment steps")
     axes[1].set_xlabel("wall-clock (s)")
     for ax in axes:

@@ -63,7 +63,7 @@ import math
 import random
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -261,6 +261,8 @@ def train_shac(cfg: "TrainConfig", run: "Run") -> dict:
     if sc.critic_minibatches < 1 or sc.critic_iterations < 0:
         raise ValueError("shac.critic_minibatches must be >= 1 and shac.critic_iterations >= 0, got "
                          f"{sc.critic_minibatches} and {sc.critic_iterations}")
+    if not sc.reward_scale > 0.0:
+        raise ValueError(f"shac.reward_scale must be > 0, got {sc.reward_scale}")
     if cfg.device != "cpu":
         raise ValueError(f"device must be 'cpu' for SHAC (the simulator runs on the CPU), got {cfg.device!r}")
     torch.set_num_threads(1)            # tiny networks: threads cost more than they give
@@ -295,12 +297,18 @@ def train_shac(cfg: "TrainConfig", run: "Run") -> dict:
     iteration, env_steps, wall_offset = 0, 0, 0.0
     ep_ret = np.zeros(N)
     ep_len = np.zeros(N, dtype=np.int64)
-    ckpt = run.load_checkpoint() if getattr(run, "resume", False) else None
+    ckpt = run.load_checkpoint()                     # None unless run.resume and one exists
     if ckpt is None:
         obs = tenv.reset(seed=cfg.seed)
         if obs_rms is not None:
             obs_rms.update(obs)
     else:
+        if ckpt.get("algo") != "shac":
+            raise ValueError(f"--resume: the checkpoint in {run.dir} is not a SHAC checkpoint "
+                             f"(algo {ckpt.get('algo')!r})")
+        if ckpt["env"]["state"].shape != (N, venv.state_size):
+            raise ValueError(f"--resume: the checkpoint holds {ckpt['env']['state'].shape[0]} "
+                             f"environments, env.num_envs is {N}")
         tenv.reset(seed=cfg.seed)
         _env_restore(venv, ckpt["env"])
         obs = ckpt["obs"].clone()
