@@ -217,6 +217,25 @@ def test_shape_on_plane_closed_form(geom, euler, v, monkeypatch):
     assert_jacobian_matches(sim, q, np.array(v, float), np.zeros(6), expect_modes={"sliding"})
 
 
+def test_convex_mesh_on_plane_closed_form(tmp_path, monkeypatch):
+    """A convex mesh (a tilted cube given as vertices and faces) sliding and spinning on one
+    corner: the closed-form vertex route, checked against central differences of the step."""
+    from diffgym import derivatives
+    monkeypatch.setattr(derivatives, "_collision_fd", lambda *a: pytest.fail("fallback used"))
+    (tmp_path / "cube.obj").write_text(
+        "".join(f"v {x} {y} {z}\n" for x in (-0.1, 0.1) for y in (-0.15, 0.15) for z in (-0.2, 0.2))
+        + "f 1 2 4\nf 1 4 3\nf 5 7 8\nf 5 8 6\nf 1 5 6\nf 1 6 2\nf 3 4 8\nf 3 8 7\nf 1 3 7\n"
+          "f 1 7 5\nf 2 6 8\nf 2 8 4\n")
+    (tmp_path / "scene.xml").write_text(SHAPE.format(
+        ground='<geom type="plane" size="5 5 .1" friction="0.5"/>', euler="30 20 0",
+        geom='<geom type="mesh" mesh="cube" mass="2" friction="0.5"/>').replace(
+        "<worldbody>", '<asset><mesh name="cube" file="cube.obj"/></asset><worldbody>'))
+    sim = diffgym.Simulator.from_file(str(tmp_path / "scene.xml"))
+    q = place_at_distance(sim, sim.q0)
+    assert_jacobian_matches(sim, q, np.array([0.3, 0.1, 0, 1.0, 0.5, 2.0]), np.zeros(6),
+                            expect_modes={"sliding"})
+
+
 @pytest.mark.parametrize("ground, geom, euler, v, modes, points", [
     # a tilted box sliding on a corner and on an edge over a static box (box-box)
     ('<geom type="box" pos="0 0 -0.1" size="1 1 0.1" friction="0.5"/>',
