@@ -236,6 +236,18 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
+def read_yaml_mapping(path: str) -> dict:
+    """A YAML file whose top level is a mapping (an empty file is {}); errors name the file."""
+    try:
+        with open(path) as f:
+            data = yaml.safe_load(f) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
+    return data
+
+
 def config_from_dict(data: dict, overrides: list[str] | None = None, where: str = "") -> TrainConfig:
     data = apply_overrides(dict(data or {}), overrides or [])
     return _build(TrainConfig, data, "", where)
@@ -251,14 +263,7 @@ def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> 
             path = alt
         else:
             raise ConfigError(f"config file not found: {path}")
-    try:
-        with open(path) as f:
-            data = yaml.safe_load(f) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
-    return config_from_dict(data, overrides, where=f"{path}: ")
+    return config_from_dict(read_yaml_mapping(path), overrides, where=f"{path}: ")
 
 
 def config_to_dict(cfg) -> dict:

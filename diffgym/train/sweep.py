@@ -50,7 +50,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 import yaml
 
-from .config import ConfigError, config_to_dict, load_config
+from .config import ConfigError, config_to_dict, load_config, read_yaml_mapping
 
 _KEYS = {"name", "base", "trials", "grid", "random", "num_samples", "search_seed", "seeds", "overrides", "out",
          "target_return"}
@@ -154,13 +154,7 @@ def expand(sweep_path: str, out: str | None = None) -> tuple[str, list[Trial]]:
     """The trials of a sweep file; every trial's config is validated here, before anything runs."""
     sweep_path = find_sweep(sweep_path)
     where = f"{sweep_path}: "
-    try:
-        with open(sweep_path) as f:
-            spec = yaml.safe_load(f) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{where}not valid YAML: {exc}") from None
-    if not isinstance(spec, dict):
-        raise ConfigError(f"{where}the top level must be a mapping")
+    spec = read_yaml_mapping(sweep_path)
     unknown = sorted(set(spec) - _KEYS)
     if unknown:
         raise ConfigError(f"{where}unknown key {unknown[0]}; valid keys: {sorted(_KEYS)}")
