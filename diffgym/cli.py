@@ -15,6 +15,20 @@ def _bench(args: argparse.Namespace) -> int:
     return bench_main(args)
 
 
+def _record(args: argparse.Namespace) -> int:
+    from .record import main as record_main
+    try:
+        return record_main(args)
+    except (ValueError, gym_errors()) as exc:
+        print(f"diffgym record: {exc}", file=sys.stderr)
+        return 2
+
+
+def gym_errors() -> type:
+    from gymnasium.error import Error
+    return Error
+
+
 def _train(args: argparse.Namespace) -> int:
     import os
     from .train import train
@@ -80,6 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     from .bench import add_arguments
     add_arguments(p)
     p.set_defaults(func=_bench)
+    from .record import add_arguments as record_arguments
+    p = record_arguments(sub.add_parser("record", help="render a rollout of an environment to a GIF or MP4"))
+    p.set_defaults(func=_record)
     p = sub.add_parser("train", help="train SHAC or PPO from a YAML config")
     p.add_argument("config", nargs="?", help="CONFIG.yaml (a path, or a name in diffgym's configs/)")
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. shac.actor_lr=1e-3 seed=2")

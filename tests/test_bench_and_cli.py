@@ -42,3 +42,22 @@ def test_shipped_assets_load_and_billiards_rack_is_stable():
     assert np.all(q[2::7] > 0.0286 - 1e-3)     # every ball still on the table
     cart = diffgym.Simulator.from_file(asset_path("cartpole.xml"))
     assert len(cart.sm.limits) == 2 and len(cart.sm.pairs) == 0
+
+
+def test_record_writes_a_gif_and_an_mp4_of_a_rollout(tmp_path, capsys):
+    from PIL import Image
+
+    from diffgym.cli import main
+    gif = tmp_path / "push.gif"
+    assert main(["record", "DiffPush-v0", str(gif), "--steps", "12", "--seed", "3"]) == 0
+    assert "12 steps" in capsys.readouterr().out
+    with Image.open(gif) as im:
+        assert im.size == (320, 240) and im.n_frames == 13          # the reset frame + 12 (25 fps)
+        im.seek(12)
+        assert np.asarray(im.convert("RGB")).std() > 1.0            # a picture, not a blank frame
+    mp4 = tmp_path / "hopper.mp4"
+    assert main(["record", "DiffHopper-v0", str(mp4), "--steps", "10", "--actions", "zero",
+                 "--width", "160", "--height", "120"]) == 0
+    assert mp4.stat().st_size > 1000
+    assert main(["record", "DiffHopper-v0", str(tmp_path / "x.txt")]) == 2
+    assert "write a .gif or a video" in capsys.readouterr().err
