@@ -28,8 +28,9 @@ import coal
 import numpy as np
 import pinocchio as pin
 
+from .frames import tangent_frames
 from .model import SimModel
-from .plane_contacts import ANALYTIC_KINDS, shape_points
+from .plane_contacts import _BOX_SIGNS, ANALYTIC_KINDS, shape_points
 
 # The broad phase computes geom placements in numpy (round-off differs from pinocchio's); a
 # pair is dropped only when its lower bound on the distance exceeds the margin by this much.
@@ -48,6 +49,7 @@ class Contacts:
     normal: np.ndarray    # (k, 3) unit normal, from geom1 to geom2
     dist: np.ndarray      # (k,) signed distance along the normal
     mu: np.ndarray        # (k,) friction coefficient
+    frames: np.ndarray | None = None   # (k, 3, 3) contact frames when known in advance, or None
 
     def __len__(self) -> int:
         return int(self.pair.shape[0])
@@ -81,14 +83,37 @@ def _reduce_patch(points: np.ndarray, max_points: int) -> np.ndarray:
     return np.unique(np.array(chosen[:max_points]))
 
 
+def _mesh_points(shape) -> np.ndarray | None:
+    """Vertices (k, 3) of a coal mesh (its convex hull's, when qhull can build it) in the geom
+    frame, or None for other shapes."""
+    if isinstance(shape, coal.BVHModelBase):
+        pts = np.asarray(shape.vertices(), dtype=float).reshape(-1, 3)
+    elif isinstance(shape, coal.ConvexBase):
+        pts = np.asarray(shape.points(), dtype=float).reshape(-1, 3)
+    else:
+        return None
+    if not len(pts):
+        return None
+    try:
+        from scipy.spatial import ConvexHull
+        pts = pts[ConvexHull(pts).vertices]
+    except Exception:      # noqa: BLE001 - flat or degenerate meshes: keep every vertex
+        pass
+    return np.ascontiguousarray(pts)
+
+
 def _norms(x: np.ndarray) -> np.ndarray:
     """Row norms of (k, 3), equal bit for bit to ``np.linalg.norm`` of each row (a BLAS dot)."""
     return np.sqrt(np.matmul(x[:, None, :], x[:, :, None])[:, 0, 0])
 
 
 class CollisionDriver:
-    def __init__(self, sm: SimModel, base_margin: float = 1e-3, max_points: int = 4):
+    def __init__(self, sm: SimModel, base_margin: float = 1e-3, max_points: int = 4,
+                 batch_plane_pairs: bool = True):
         self.sm = sm
+        # capsule and box on static plane pairs in one numpy pass (False: pair by pair through
+        # the broad phase, the reference the tests compare the batched pass with)
+        self.batch_plane_pairs = bool(batch_plane_pairs)
         self.base_margin = float(base_margin)
         self.max_points = int(max_points)
         gm = sm.geom_model
@@ -131,8 +156,48 @@ class CollisionDriver:
         # placements of the moving ones: W[moving] = oMi[joint] @ L each step
         self._W0 = np.array([g.placement.homogeneous for g in gm.geometryObjects]).reshape(-1, 4, 4)
         self._L_moving = self._W0[self._moving_geoms].copy()
-        # broad phase, plane pairs and sphere pairs
-        hp = self.pair_plane >= 0
+        # shape-on-static-plane pairs of capsules and boxes: closed-form points for all of them
+        # in one numpy pass (no broad phase: the closed form is as cheap as a bound)
+        kinds = [g.kind for g in self.sm.geoms]
+        batch = np.zeros(len(p), dtype=bool)
+        self._batch = {}
+        for kind in ("capsule", "box") if self.batch_plane_pairs else ():
+            if kind == "capsule" and self.max_points < 2:
+                continue                   # (the per-pair path keeps the deepest point)
+            ks = [k for k in range(len(p)) if self.analytic[k]
+                  and kinds[int(self.pair_other[k])] == kind and self.static[int(self.pair_plane[k])]]
+            if not ks:
+                continue
+            ks = np.array(ks, dtype=np.int64)
+            batch[ks] = True
+            pl, ot = self.pair_plane[ks], self.pair_other[ks]
+            n_plane, offset = [], []
+            for g in pl:
+                M = gm.geometryObjects[int(g)].placement
+                n_plane.append(M.rotation[:, 2].copy())
+                offset.append(float(n_plane[-1] @ M.translation))
+            n_plane = np.array(n_plane).reshape(-1, 3)
+            flip = pl != p[ks, 0]
+            size = np.zeros((len(ks), 3))
+            for i, g in enumerate(ot):
+                sz = np.asarray(self.sm.geoms[int(g)].size, float).reshape(-1)[:3]
+                size[i, :len(sz)] = sz
+            self._batch[kind] = dict(
+                pairs=ks, geom=ot, n=n_plane, offset=np.array(offset),
+                N=np.where(flip[:, None], -n_plane, n_plane),       # from geom 1 to geom 2
+                frames=tangent_frames(np.where(flip[:, None], -n_plane, n_plane)),
+                r=size[:, 0].copy(), h=size[:, 1].copy(),
+                corners=_BOX_SIGNS[None, :, :] * size[:, None, :],  # body-fixed box corners
+                g1=p[ks, 0], g2=p[ks, 1])
+            tab = self._batch[kind]
+            tab.update(pairs2=ks[:, None].copy(), geom_list=[int(g) for g in ot],
+                       h2=tab["h"][:, None].copy(), rn=tab["r"][:, None] * n_plane,
+                       xshape=(len(ks), 2, 3), n3=n_plane[:, :, None].copy(),
+                       offset2=tab["offset"][:, None].copy())
+        self._batched = batch
+        self._rest_analytic = self.analytic & ~batch
+        # broad phase (pairs not batched above), plane pairs and sphere pairs
+        hp = (self.pair_plane >= 0) & ~batch
         self._hp = np.flatnonzero(hp)
         self._hp_pl = self.pair_plane[hp]
         self._hp_ot = self.pair_other[hp]
@@ -151,8 +216,20 @@ class CollisionDriver:
                 ext_vec[i, 2], ext_const[i] = float(g.size[1]), float(g.size[0]) + sw
         self._hp_ext_vec, self._hp_ext_const = ext_vec, ext_const
         self._hp_use_rot = bool(np.any(ext_vec))
-        self._np = np.flatnonzero(~hp)
-        self._np_a, self._np_b = p[~hp, 0], p[~hp, 1]
+        # meshes against a plane: the bounding sphere is a loose bound (an arm link resting just
+        # above the ground would run coal's mesh test every step); the lowest vertex of the
+        # mesh's convex hull gives the exact signed height of the mesh above the plane
+        self._hp_mesh = []
+        for i, ot in enumerate(self._hp_ot):
+            shape = gm.geometryObjects[int(ot)].geometry
+            pts = _mesh_points(shape)
+            if pts is not None:
+                sw = shape.getSweptSphereRadius() if hasattr(shape, "getSweptSphereRadius") else 0.0
+                self._hp_mesh.append((int(self._hp[i]), int(self._hp_pl[i]), int(ot), pts, float(sw)))
+        nonplane = (self.pair_plane < 0)
+        self._np = np.flatnonzero(nonplane)
+        self._np_a, self._np_b = p[nonplane, 0], p[nonplane, 1]
+        self._rest = np.flatnonzero(~batch)
         self._np_rad = self.radius[self._np_a] + self.radius[self._np_b]
         # oriented-box refinement of pairs (without a plane) that involve a box
         ent_pair, ent_box, ent_other, half = [], [], [], []
@@ -264,7 +341,15 @@ class CollisionDriver:
             speed = np.zeros(self.ngeom)
             W = self._W0
         margin = self.base_margin + dt * (speed[p[:, 0]] + speed[p[:, 1]])
-        # broad phase: lower bounds on the distance of each pair
+        blocks = []
+        for kind, tab in self._batch.items():
+            blk = self._batched_points(kind, tab, W, margin, gdata)
+            if blk is not None:
+                blocks.append(blk)
+        rest = self._rest
+        if not len(rest):
+            return self._assemble(blocks)
+        # broad phase: lower bounds on the distance of each remaining pair
         gap = np.empty(self._npairs)
         if len(self._hp):
             Wp, Wo = W[self._hp_pl], W[self._hp_ot]
@@ -275,18 +360,24 @@ class CollisionDriver:
             else:
                 ext = self._hp_rad
             gap[self._hp] = np.einsum("ij,ij->i", zax, Wo[:, :3, 3] - Wp[:, :3, 3]) - ext
+            for k, pl, ot, pts, sw in self._hp_mesh:
+                if gap[k] < margin[k] + _BROAD_SLACK:
+                    n = W[pl, :3, 2]
+                    low = float(np.min(pts @ (W[ot, :3, :3].T @ n)))
+                    gap[k] = max(gap[k], float(n @ (W[ot, :3, 3] - W[pl, :3, 3])) + low - sw)
         if len(self._np):
             pos = W[:, :3, 3]
-            gap[self._np] = np.linalg.norm(pos[self._np_a] - pos[self._np_b], axis=1) - self._np_rad
+            dpos = pos[self._np_a] - pos[self._np_b]
+            gap[self._np] = np.sqrt(np.einsum("ij,ij->i", dpos, dpos)) - self._np_rad
             if len(self._box_pair):
                 Wb = W[self._box_geom]
                 d = np.einsum("kji,kj->ki", Wb[:, :3, :3], pos[self._box_other] - Wb[:, :3, 3])
                 out = np.maximum(np.abs(d) - self._box_half, 0.0)
                 lb = np.sqrt(np.einsum("ij,ij->i", out, out)) - self._box_orad
                 np.maximum.at(gap, self._box_pair, lb)
-        cand = np.flatnonzero(gap < margin + _BROAD_SLACK)
+        cand = rest[gap[rest] < margin[rest] + _BROAD_SLACK]
         if not len(cand):
-            return Contacts.empty()
+            return self._assemble(blocks)
         # narrow phase
         gm = self.sm.geom_model
         rows_pair: list = []
@@ -327,9 +418,85 @@ class CollisionDriver:
                 rows_pair.append(k); rows_pt.append(j)
                 rows_pos.append(0.5 * (P1[i] + P2[i])); rows_n.append(n)
                 rows_d.append(float(n @ (P2[i] - P1[i])))
-        if not rows_pair:
+        if rows_pair:
+            pair = np.array(rows_pair, dtype=np.int64)
+            blocks.append((pair, np.array(rows_pt, dtype=np.int64), np.array(rows_pos).reshape(-1, 3),
+                           np.array(rows_n).reshape(-1, 3), np.array(rows_d, dtype=float), None))
+        return self._assemble(blocks)
+
+    @staticmethod
+    def _batch_heights(kind: str, tab: dict, Wg: np.ndarray, rows=None):
+        """Witness points (P, k, 3) and heights (P, k) of batched pairs from geom placements
+        ``Wg`` (P, 4, 4), with the arithmetic of ``plane_contacts.shape_points``."""
+        if rows is None:
+            h2, rn, n3, off2 = tab["h2"], tab["rn"], tab["n3"], tab["offset2"]
+            corners = tab["corners"]
+        else:
+            h2, rn, n3, off2 = tab["h2"][rows], tab["rn"][rows], tab["n3"][rows], tab["offset2"][rows]
+            corners = tab["corners"][rows]
+        if kind == "capsule":
+            T = Wg[:, :3, 3]
+            hA = h2 * Wg[:, :3, 2]
+            x = np.empty((len(Wg), 2, 3))
+            x0, x1 = x[:, 0], x[:, 1]
+            np.subtract(T, hA, out=x0)
+            x0 -= rn
+            np.add(T, hA, out=x1)
+            x1 -= rn
+        else:
+            x = Wg[:, None, :3, 3] + np.matmul(corners, Wg[:, :3, :3].transpose(0, 2, 1))
+        return x, np.matmul(x, n3)[:, :, 0] - off2
+
+    def _batched_points(self, kind: str, tab: dict, W: np.ndarray, margin: np.ndarray, gdata):
+        """Closed-form points of all capsule (or box) on static plane pairs, exactly as
+        ``plane_contacts.shape_points`` computes them pair by pair from pinocchio's geom
+        placements; rows (pair, point, pos, normal, dist, frames) or None."""
+        Wg = W[tab["geom"]]
+        x, height = self._batch_heights(kind, tab, Wg)
+        mk = margin[tab["pairs2"]]
+        # candidates from the numpy placements (which may differ from pinocchio's by an ulp):
+        # their points again from pinocchio's placements where those differ
+        near = np.flatnonzero((height < mk + _BROAD_SLACK).any(axis=1))
+        if not len(near):
+            return None
+        oMg, gl = gdata.oMg, tab["geom_list"]
+        rows = near.tolist()
+        Wc = np.array([oMg[gl[i]].homogeneous for i in rows])
+        if Wc.tobytes() != Wg[near].tobytes():
+            x[near], height[near] = self._batch_heights(kind, tab, Wc, near)
+        sel = height < mk
+        if not sel.any():
+            return None
+        if kind == "box" and int(sel.sum(axis=1).max()) > self.max_points:
+            # the deepest max_points corners of a pair, in order of depth
+            ii, jj = [], []
+            for i in np.flatnonzero(sel.any(axis=1)).tolist():
+                js = np.flatnonzero(sel[i])
+                if len(js) > self.max_points:
+                    js = js[np.argsort(height[i, js], kind="stable")[:self.max_points]]
+                ii += [i] * len(js)
+                jj += js.tolist()
+            ii = np.array(ii, dtype=np.int64)
+            jj = np.array(jj, dtype=np.int64)
+        else:
+            ii, jj = np.nonzero(sel)
+        d = height[ii, jj]
+        pos = x[ii, jj] - (0.5 * d)[:, None] * tab["n"][ii]
+        return tab["pairs"][ii], jj, pos, tab["N"][ii], d, tab["frames"][ii]
+
+    def _assemble(self, blocks: list) -> Contacts:
+        """Contacts from row blocks (pair, point, pos, normal, dist, frames or None), ordered by
+        pair."""
+        if not blocks:
             return Contacts.empty()
-        pair = np.array(rows_pair, dtype=np.int64)
-        return Contacts(pair, p[pair, 0], p[pair, 1], np.array(rows_pt, dtype=np.int64),
-                        np.array(rows_pos), np.array(rows_n), np.array(rows_d),
-                        self.sm.pair_friction[pair])
+        if len(blocks) == 1:
+            pair, pt, pos, nrm, dist, frames = blocks[0]
+        else:
+            blocks = [b if b[5] is not None else b[:5] + (tangent_frames(b[3]),) for b in blocks]
+            pair, pt, pos, nrm, dist, frames = (np.concatenate(x) for x in zip(*blocks))
+            order = np.argsort(pair, kind="stable")
+            pair, pt, pos, nrm, dist, frames = (pair[order], pt[order], pos[order], nrm[order],
+                                                dist[order], frames[order])
+        p = self.pairs
+        return Contacts(pair, p[pair, 0], p[pair, 1], pt.astype(np.int64, copy=False), pos, nrm,
+                        dist, self.sm.pair_friction[pair], frames)

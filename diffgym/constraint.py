@@ -46,30 +46,7 @@ class Constraints:
         return int(self.J.shape[0])
 
 
-_I1 = np.array([1, 2, 0])
-_I2 = np.array([2, 0, 1])
-# helper x n for helper = e_x and e_y as matrices acting on n: (0, -n_z, n_y) and (n_z, 0, -n_x)
-_HELPER_CROSS = np.array([[[0.0, 0.0, 1.0], [0.0, 0.0, 0.0], [-1.0, 0.0, 0.0]],     # e_y x n
-                          [[0.0, 0.0, 0.0], [0.0, 0.0, -1.0], [0.0, 1.0, 0.0]]])    # e_x x n
-
-
-def _row_norms(x: np.ndarray) -> np.ndarray:
-    """``np.linalg.norm(x, axis=1, keepdims=True)`` without its Python overhead (same numbers)."""
-    return np.sqrt(np.add.reduce(x * x, axis=1, keepdims=True))
-
-
-def tangent_frames(normals: np.ndarray) -> np.ndarray:
-    """Orthonormal frames (k, 3, 3) whose third column is the normal."""
-    n = normals / _row_norms(normals)
-    # t1 = helper x n, helper = e_x where |n_x| < 0.9, else e_y (the matrices pick and negate
-    # components of n, so this is exact)
-    t1 = np.einsum("kij,kj->ki", _HELPER_CROSS[(np.abs(n[:, 0]) < 0.9).view(np.int8)], n)
-    t1 /= _row_norms(t1)
-    out = np.empty((len(n), 3, 3))
-    out[:, :, 0] = t1
-    out[:, :, 1] = n[:, _I1] * t1[:, _I2] - n[:, _I2] * t1[:, _I1]      # n x t1, as np.cross
-    out[:, :, 2] = n
-    return out
+from .frames import _I1, _I2, _row_norms, tangent_frames  # noqa: E402,F401  (re-exported)
 
 
 def baumgarte(dist: np.ndarray, dt: float, erp: float, skin: float) -> np.ndarray:
@@ -106,28 +83,46 @@ class ConstraintBuilder:
     def point_jacobians(self, model: pin.Model, data: pin.Data, joints: np.ndarray,
                         points: np.ndarray) -> np.ndarray:
         """Linear velocity Jacobians (k, 3, nv) of world points rigidly attached to joints."""
-        jl = np.asarray(joints).tolist()
-        k = len(jl)
+        joints = np.asarray(joints)
+        k = len(joints)
         if not k:
             return np.zeros((0, 3, self.nv))
-        slot_of: dict[int, int] = {0: 0}
-        for j in jl:
-            if j not in slot_of:
-                slot_of[j] = len(slot_of)
+        # distinct joints and each point's slot (0: the world, zero), cached per joint list
+        key = joints.tobytes()
+        cache = self.__dict__.setdefault("_pj_cache", {})
+        ent = cache.get(key)
+        if ent is None:
+            jl = joints.tolist()
+            slot_of: dict[int, int] = {0: 0}
+            for j in jl:
+                if j not in slot_of:
+                    slot_of[j] = len(slot_of)
+            if len(cache) > 256:
+                cache.clear()
+            ent = cache[key] = ([(j, s) for j, s in slot_of.items() if j],
+                                np.array([slot_of[j] for j in jl], dtype=np.int64),
+                                0 in jl, len(slot_of))
+        js, slot, world, ns = ent
+        if ns == 2 and not world:
+            # every point on one joint (a foot, a box): no table (the same numbers)
+            j = js[0][0]
+            J6 = pin.getJointJacobian(model, data, j, pin.LOCAL_WORLD_ALIGNED)
+            r = points - data.oMi[j].translation
+            W = J6[3:]
+            return J6[:3] - (r[:, _I1, None] * W[_I2] - r[:, _I2, None] * W[_I1])
         # one pinocchio Jacobian per distinct joint (slot 0: the world, zero)
-        table = np.zeros((len(slot_of), 6, self.nv))
-        origin = np.zeros((len(slot_of), 3))
-        for j, s in slot_of.items():
-            if j:
-                table[s] = pin.getJointJacobian(model, data, j, pin.LOCAL_WORLD_ALIGNED)
-                origin[s] = data.oMi[j].translation
-        slot = np.array([slot_of[j] for j in jl], dtype=np.int64)
+        table = np.zeros((ns, 6, self.nv))
+        origin = np.zeros((ns, 3))
+        oMi = data.oMi
+        for j, s in js:
+            table[s] = pin.getJointJacobian(model, data, j, pin.LOCAL_WORLD_ALIGNED)
+            origin[s] = oMi[j].translation
         Jj = table[slot]
         r = points - origin[slot]
         W = Jj[:, 3:]
         # v_p = v_o + w x r = v_o - r x w  (r x w component by component, as np.cross does)
         out = Jj[:, :3] - (r[:, _I1, None] * W[:, _I2] - r[:, _I2, None] * W[:, _I1])
-        if 0 in jl:
+        if world:
             out[slot == 0] = 0.0
         return out
 
@@ -145,7 +140,9 @@ class ConstraintBuilder:
         J = np.zeros((3 * nc + nl, nv))
         b = np.zeros(3 * nc + nl)
         if nc:
-            frames = tangent_frames(contacts.normal)
+            frames = contacts.frames
+            if frames is None:
+                frames = tangent_frames(contacts.normal)
             j1 = self.geom_joint[contacts.geom1]
             j2 = self.geom_joint[contacts.geom2]
             if j1.any():
@@ -157,7 +154,17 @@ class ConstraintBuilder:
             np.einsum("kai,kab->kib", frames, Jrel, out=J[:3 * nc].reshape(nc, 3, nv))
         else:
             frames = np.zeros((0, 3, 3))
-        if nc and nl:
+        if nc + nl <= 16:
+            # the Baumgarte offsets on Python floats (the arithmetic of baumgarte())
+            erp, skin = self.erp, self.skin
+            c1 = erp * skin / dt
+            off = [(d - skin) / dt + c1 if d > skin else erp * d / dt
+                   for d in contacts.dist.tolist() + lim_dist.tolist()]
+            if nc:
+                b[2:3 * nc:3] = off[:nc]
+            if nl:
+                b[3 * nc:] = off[nc:]
+        elif nc and nl:
             off = baumgarte(np.concatenate([contacts.dist, lim_dist]), dt, self.erp, self.skin)
             b[2:3 * nc:3] = off[:nc]
             b[3 * nc:] = off[nc:]

@@ -69,14 +69,14 @@ def _skew(x: np.ndarray) -> np.ndarray:
     return np.array([[0.0, -x[2], x[1]], [x[2], 0.0, -x[0]], [-x[1], x[0], 0.0]])
 
 
+_I1 = np.array([1, 2, 0])
+_I2 = np.array([2, 0, 1])
+
+
 def _cross(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Row-wise cross products a x b: a (k, 3), b (k, 3, n) -> (k, 3, n)."""
-    a0, a1, a2 = a[:, 0, None], a[:, 1, None], a[:, 2, None]
-    out = np.empty(b.shape)
-    out[:, 0] = a1 * b[:, 2] - a2 * b[:, 1]
-    out[:, 1] = a2 * b[:, 0] - a0 * b[:, 2]
-    out[:, 2] = a0 * b[:, 1] - a1 * b[:, 0]
-    return out
+    # component i: a[i+1] b[i+2] - a[i+2] b[i+1]
+    return a[:, _I1, None] * b[:, _I2] - a[:, _I2, None] * b[:, _I1]
 
 
 def _frame_derivatives(n: np.ndarray, dn: np.ndarray) -> np.ndarray:
@@ -127,6 +127,7 @@ class _Kin:
             self.o[j] = data.oMi[j].translation.copy()
             self.R[j] = data.oMi[j].rotation.copy()
         self.nv = model.nv
+        self._stacked = {}
 
     def point_jacobian(self, j: int, p: np.ndarray) -> np.ndarray:
         if j == 0:
@@ -137,6 +138,10 @@ class _Kin:
     def stacked(self, js: np.ndarray):
         """Per-row arrays for the joints js (k,): Jacobian (k, 6, nv), origin (k, 3), angular
         velocity (k, 3) and velocity derivative (k, 6, nv); zero rows where js == 0 (world)."""
+        key = np.asarray(js).tobytes()
+        hit = self._stacked.get(key)
+        if hit is not None:
+            return hit
         k, nv = len(js), self.nv
         J = np.zeros((k, 6, nv))
         dV = np.zeros((k, 6, nv))
@@ -146,6 +151,7 @@ class _Kin:
             j = int(j)
             if j:
                 J[i], dV[i], o[i], w[i] = self.J[j], self.dV[j], self.o[j], self.omega[j]
+        self._stacked[key] = (J, o, w, dV)
         return J, o, w, dV
 
     def point_jacobians(self, js: np.ndarray, p: np.ndarray) -> np.ndarray:
@@ -248,8 +254,7 @@ def geometry_derivatives(sim, kin: _Kin, cons) -> tuple[np.ndarray, np.ndarray, 
     dn = np.zeros((nc, 3, nv))
     dd = np.zeros((nc, nv))
     plane, fallback = [], []
-    for k in range(nc):
-        g1, g2 = int(c.geom1[k]), int(c.geom2[k])
+    for k, (g1, g2) in enumerate(zip(c.geom1.tolist(), c.geom2.tolist())):
         k1, k2 = geoms[g1].kind, geoms[g2].kind
         j1, j2 = int(gjoint[g1]), int(gjoint[g2])
         if not closed_form_pair(k1, j1 == 0, k2, j2 == 0):
@@ -354,9 +359,27 @@ def _mode_system(res, G, nc, mu):
     return A, W
 
 
+try:      # numpy's LAPACK gufuncs without np.linalg's Python wrappers (the same numbers)
+    from numpy.linalg import _umath_linalg as _ul
+    _ul.svd, _ul.solve, _ul.lstsq   # noqa: B018
+except (ImportError, AttributeError):   # pragma: no cover - another numpy
+    _ul = None
+
+
 def _solve_min_norm(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     """A X = B by LU where A is well conditioned, else the minimum-norm least-squares solution
     (redundant contacts make A rank deficient; d v1 is unique even where d lam is not)."""
+    if _ul is not None and A.size and A.ndim == 2 and B.ndim == 2 and B.shape[1] \
+            and A.dtype == np.float64 and B.dtype == np.float64:
+        with np.errstate(all="ignore"):
+            sv = _ul.svd(A, signature="d->d")
+            if np.isfinite(sv).all():
+                if sv[-1] > 1e-8 * sv[0]:
+                    X = _ul.solve(A, B, signature="dd->d")
+                else:
+                    X = _ul.lstsq(A, B, 1e-12, signature="ddd->ddid")[0]
+                if np.isfinite(X).all():
+                    return X
     if A.size:
         sv = np.linalg.svd(A, compute_uv=False)
         if sv[-1] > 1e-8 * sv[0]:
@@ -401,7 +424,7 @@ def step_jacobian(sim) -> StepJacobian:
             _, o, _, _ = kin.stacked(js)
             f = (sgn / dt) * f_world
             tq = _cross(c.pos - o, f[:, :, None])[:, :, 0]
-            for j in np.unique(js[js != 0]):
+            for j in sorted(set(js.tolist()) - {0}):     # (as np.unique of the nonzero ones)
                 sel = js == j
                 Rj = kin.R[int(j)]
                 fext[j] = fext[j] + pin.Force(Rj.T @ f[sel].sum(axis=0), Rj.T @ tq[sel].sum(axis=0))
@@ -419,8 +442,11 @@ def step_jacobian(sim) -> StepJacobian:
         if nc:
             dp, dn, dd = geometry_derivatives(sim, kin, cons)
             R = cons.frames                                   # (nc, 3, 3)
-            dR = _frame_derivatives(c.normal, dn)             # (nc, 3, 3, nv)
-            df = np.einsum("kijn,kj->kin", dR, lam_c)         # d f_world at fixed lam
+            if dn.any():
+                dR = _frame_derivatives(c.normal, dn)         # (nc, 3, 3, nv)
+                df = np.einsum("kijn,kj->kin", dR, lam_c)     # d f_world at fixed lam
+            else:                                             # static planes: constant frames
+                dR = df = None
             p = c.pos
             vrel = np.zeros((nc, 3))
             dvrel = np.zeros((nc, 3, nv))
@@ -431,17 +457,20 @@ def step_jacobian(sim) -> StepJacobian:
                 Jw = Jj[:, 3:]
                 Jp = Jj[:, :3] - _cross(p - o, Jw)            # zero rows for the world
                 fs = sgn * f_world
-                X = sgn * df + _cross(fs, Jw)
+                X = _cross(fs, Jw) if df is None else sgn * df + _cross(fs, Jw)
                 Y = _cross(fs, dp - Jp)
                 corr += Jp.reshape(-1, nv).T @ X.reshape(-1, nv) - Jw.reshape(-1, nv).T @ Y.reshape(-1, nv)
                 vrel += sgn * (Jp @ v1)
                 dvrel += sgn * (dV[:, :3] - _cross(p, dV[:, 3:]) + _cross(w, dp))     # 0 for the world
-            Dq_extra[:3 * nc] = (np.einsum("kain,ka->kin", dR, vrel)
-                                 + np.einsum("kai,kan->kin", R, dvrel)).reshape(3 * nc, nv)
+            RdV = np.einsum("kai,kan->kin", R, dvrel)
+            if dR is not None:
+                RdV = np.einsum("kain,ka->kin", dR, vrel) + RdV
+            Dq_extra[:3 * nc] = RdV.reshape(3 * nc, nv)
             Dq_extra[2:3 * nc:3] += baumgarte_gain(cons.dist, dt, erp, skin)[:, None] * dd
-        for jl, li in enumerate(cons.limits):
+        for jl, (li, ld) in enumerate(zip(cons.limits.tolist(), cons.limit_dist.tolist())):
             lim = sim.sm.limits[li]
-            Dq_extra[3 * nc + jl, lim.idx_v] += baumgarte_gain(cons.limit_dist[jl], dt, erp, skin) * lim.sign
+            gain = 1.0 / dt if ld > skin else erp / dt        # baumgarte_gain on a float
+            Dq_extra[3 * nc + jl, lim.idx_v] += gain * lim.sign
         Vq = Vq + Minv @ corr
         D = np.hstack([J @ Vq + Dq_extra, J @ Vv, J @ Vt])
         A, W = _mode_system(res, G, nc, cons.mu)

@@ -21,6 +21,9 @@ from .model import ModelError, SimModel
 from .solver import MODE_NAMES, NCPSolver, SolverResult, SolverSettings
 
 
+_add = np.add.reduce          # (ndarray.sum without its Python wrapper: the same sums)
+
+
 class SimulationError(RuntimeError):
     """The simulation produced a non-finite state (it diverged)."""
 
@@ -43,9 +46,17 @@ class Contact:
     mode: str
 
 
+_LAZY_FIELDS = frozenset(("contact_points", "contact_normals", "contact_distances",
+                          "contact_impulses", "contact_impulses_world", "contact_modes",
+                          "contact_geoms", "limit_joints", "limit_impulses", "limit_active"))
+
+
 @dataclass
 class StepInfo:
-    """What the last step found. Arrays have one row per contact point."""
+    """What the last step found. Arrays have one row per contact point.
+
+    The simulator fills it lazily: the per-contact arrays and lists are built from the step's
+    constraints and solver result the first time one of them is read (they are then stored)."""
 
     contact_points: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
     contact_normals: np.ndarray = field(default_factory=lambda: np.zeros((0, 3)))
@@ -62,8 +73,60 @@ class StepInfo:
     converged: bool = True
     method: str = "none"
 
+    @classmethod
+    def _lazy(cls, cons: Constraints, res: SolverResult, sm: SimModel) -> "StepInfo":
+        """A StepInfo whose per-contact fields are computed on first access."""
+        info = object.__new__(cls)
+        d = info.__dict__
+        d["_src"] = (cons, res, sm)
+        d["iterations"] = res.iterations
+        d["residual"] = res.residual
+        d["converged"] = res.converged
+        d["method"] = res.method
+        return info
+
+    def __getattr__(self, name: str):
+        # only called for attributes not set yet: the lazy fields of a simulator's StepInfo
+        if name in _LAZY_FIELDS:
+            src = self.__dict__.get("_src")
+            if src is not None:
+                if name == "contact_modes":          # (read every step by some loops: alone)
+                    val = self.__dict__[name] = [MODE_NAMES[m] for m in src[1].modes.tolist()]
+                    return val
+                self._fill(*src)
+                return self.__dict__[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def __getstate__(self):
+        # (pickling and copying fill the lazy fields: the copy holds no simulator objects)
+        src = self.__dict__.get("_src")
+        if src is not None:
+            self._fill(*src)
+        return dict(self.__dict__)
+
+    def _fill(self, cons: Constraints, res: SolverResult, sm: SimModel) -> None:
+        nc = cons.nc
+        c = cons.contacts
+        lam_c = res.lam[:3 * nc].reshape(nc, 3)
+        names = [g.name for g in sm.geoms]
+        d = self.__dict__
+        vals = dict(
+            contact_points=c.pos.copy(), contact_normals=c.normal.copy(),
+            contact_distances=c.dist.copy(), contact_impulses=lam_c.copy(),
+            contact_impulses_world=np.einsum("kij,kj->ki", cons.frames, lam_c) if nc else np.zeros((0, 3)),
+            contact_modes=[MODE_NAMES[m] for m in res.modes],
+            contact_geoms=[(names[a], names[b]) for a, b in zip(c.geom1, c.geom2)],
+            limit_joints=[sm.limits[li].joint for li in cons.limits],
+            limit_impulses=res.lam[3 * nc:].copy(), limit_active=res.limit_active.copy())
+        for k, val in vals.items():
+            d.setdefault(k, val)           # (a field assigned by the user stays)
+        d.pop("_src", None)
+
     @property
     def num_contacts(self) -> int:
+        src = self.__dict__.get("_src")
+        if src is not None and "contact_modes" not in self.__dict__:
+            return int(src[0].nc)
         return len(self.contact_modes)
 
     @property
@@ -112,7 +175,9 @@ class Simulator:
         self.constraints = ConstraintBuilder(sm, erp=erp, limit_margin=margin)
         self.solver = NCPSolver(SolverSettings(tol=tol, max_iter=max_iter))
         self.last = StepInfo()
-        self._warm: dict[tuple, tuple[np.ndarray, int]] = {}
+        # warm start: (pair, point, impulses, modes, limits, limit impulses, limit modes) of the
+        # last step's contacts, or None
+        self._warm: tuple | None = None
         self._warned = False
         self._stiff_idx = np.array(list(getattr(sm, "stiffness", {}).keys()), dtype=np.int64)
         self._stiff_k = np.array([v[0] for v in getattr(sm, "stiffness", {}).values()])
@@ -202,7 +267,7 @@ class Simulator:
         return tau
 
     def reset_warmstart(self) -> None:
-        self._warm.clear()
+        self._warm = None
 
     # -- input checking ------------------------------------------------------------------
     @staticmethod
@@ -264,7 +329,7 @@ class Simulator:
         if (type(q) is np.ndarray and type(v) is np.ndarray and type(tau) is np.ndarray
                 and q.dtype == np.float64 and v.dtype == np.float64 and tau.dtype == np.float64
                 and q.shape == (nq,) and v.shape == (nv,) and tau.shape == (nv,)):
-            total = float(q.sum()) + float(v.sum()) + float(tau.sum())
+            total = float(_add(q)) + float(_add(v)) + float(_add(tau))
             if total - total == 0.0:               # finite
                 if len(qrows):
                     Q = q[qrows].reshape(-1, 4)
@@ -286,7 +351,10 @@ class Simulator:
         pin.updateGeometryPlacements(model, data, self.geom_model, self.geom_data)
         contacts = self.collision.detect(data, self.geom_data, dt)
 
-        tau_total = tau + self.passive_forces(q, v)
+        if len(self._stiff_idx):
+            tau_total = tau + self.passive_forces(q, v)
+        else:
+            tau_total = tau - self.sm.damping * v       # (= tau + (-damping * v), exactly)
         a_free = pin.aba(model, data, q, v, tau_total)
         v_free = v + dt * a_free
 
@@ -314,7 +382,7 @@ class Simulator:
             cons, res, Minv, G, g = None, None, None, None, None
             v1 = v_free
         q1 = pin.integrate(model, q, v1 * dt)
-        total = float(v1.sum()) + float(q1.sum())
+        total = float(_add(v1)) + float(_add(q1))
         if total - total != 0.0 and not (np.isfinite(v1).all() and np.isfinite(q1).all()):
             raise SimulationError("the step produced a non-finite state (the simulation diverged); "
                                   f"|v| = {np.linalg.norm(v):.3g}, |tau| = {np.linalg.norm(tau):.3g}")
@@ -327,59 +395,79 @@ class Simulator:
         return q1, v1
 
     def _warm_start(self, cons: Constraints):
+        """Impulses and modes of the previous step for the contacts (same pair and point) and
+        limits found again; (None, None) when none is."""
+        w = self._warm
+        if w is None:
+            return None, None
+        pw, ptw, lamw, modew, liw, llw, law = w
         nc = cons.nc
-        lam0 = np.zeros(cons.m)
-        modes = np.empty(nc + len(cons.limits), dtype=np.int64)
-        found = False
         c = cons.contacts
-        for i in range(nc):
-            w = self._warm.get((int(c.pair[i]), int(c.point[i])))
-            if w is None:
-                modes[i] = -1
-            else:
-                lam0[3 * i:3 * i + 3], modes[i] = w
+        lims = cons.limits
+        nl = len(lims)
+        lam0 = np.zeros(cons.m)
+        modes = np.empty(nc + nl, dtype=np.int64)
+        found = False
+        unknown = False
+        if nc:
+            if pw.tobytes() == c.pair.tobytes() and ptw.tobytes() == c.point.tobytes():
+                # the same contacts as in the last step (the common case)
+                lam0[:3 * nc] = lamw.reshape(-1)
+                modes[:nc] = modew
                 found = True
-        for j, li in enumerate(cons.limits):
-            w = self._warm.get(("limit", int(li)))
-            if w is None:
-                modes[nc + j] = -1
             else:
-                lam0[3 * nc + j], modes[nc + j] = w
+                index = {(a, b): i for i, (a, b) in enumerate(zip(pw.tolist(), ptw.tolist()))}
+                lam_c = lam0[:3 * nc].reshape(nc, 3)
+                for i, key in enumerate(zip(c.pair.tolist(), c.point.tolist())):
+                    j = index.get(key)
+                    if j is None:
+                        modes[i] = -1
+                        unknown = True
+                    else:
+                        lam_c[i] = lamw[j]
+                        modes[i] = modew[j]
+                        found = True
+        if nl:
+            if liw.tobytes() == lims.tobytes():
+                lam0[3 * nc:] = llw
+                modes[nc:] = law
                 found = True
+            else:
+                index = {li: j for j, li in enumerate(liw.tolist())}
+                for j, li in enumerate(lims.tolist()):
+                    k = index.get(li)
+                    if k is None:
+                        modes[nc + j] = -1
+                        unknown = True
+                    else:
+                        lam0[3 * nc + j] = llw[k]
+                        modes[nc + j] = law[k]
+                        found = True
         if not found:
             return None, None
         # unknown rows: a breaking guess for contacts that are apart, sticking otherwise
-        for i in range(nc):
-            if modes[i] < 0:
-                modes[i] = 0 if cons.dist[i] > 0 else 1
-        for j in range(len(cons.limits)):
-            if modes[nc + j] < 0:
-                modes[nc + j] = 1 if cons.limit_dist[j] <= 0 else 0
+        if unknown:
+            for i in range(nc):
+                if modes[i] < 0:
+                    modes[i] = 0 if cons.dist[i] > 0 else 1
+            for j in range(nl):
+                if modes[nc + j] < 0:
+                    modes[nc + j] = 1 if cons.limit_dist[j] <= 0 else 0
         return lam0, modes
 
     def _record(self, cons: Constraints | None, res: SolverResult | None) -> None:
-        self._warm = {}
         if cons is None:
+            self._warm = None
             self.last = StepInfo()
             return
         nc = cons.nc
         c = cons.contacts
-        lam_c = res.lam[:3 * nc].reshape(nc, 3)
-        for i in range(nc):
-            self._warm[(int(c.pair[i]), int(c.point[i]))] = (lam_c[i].copy(), int(res.modes[i]))
-        for j, li in enumerate(cons.limits):
-            self._warm[("limit", int(li))] = (res.lam[3 * nc + j], int(res.limit_active[j]))
-        names = [g.name for g in self.sm.geoms]
-        self.last = StepInfo(
-            contact_points=c.pos.copy(), contact_normals=c.normal.copy(),
-            contact_distances=c.dist.copy(), contact_impulses=lam_c.copy(),
-            contact_impulses_world=np.einsum("kij,kj->ki", cons.frames, lam_c) if nc else np.zeros((0, 3)),
-            contact_modes=[MODE_NAMES[m] for m in res.modes],
-            contact_geoms=[(names[a], names[b]) for a, b in zip(c.geom1, c.geom2)],
-            limit_joints=[self.sm.limits[li].joint for li in cons.limits],
-            limit_impulses=res.lam[3 * nc:].copy(), limit_active=res.limit_active.copy(),
-            iterations=res.iterations, residual=res.residual, converged=res.converged,
-            method=res.method)
+        # the warm start of the next step: impulses and modes per (pair, point) and per limit
+        lam = res.lam
+        self._warm = (c.pair, c.point, lam[:3 * nc].reshape(nc, 3).copy(),
+                      res.modes.astype(np.int64), cons.limits, lam[3 * nc:].copy(),
+                      res.limit_active.astype(np.int64))
+        self.last = StepInfo._lazy(cons, res, self.sm)
         if not res.converged and not self._warned:
             self._warned = True
             warnings.warn(f"contact solver did not converge: residual {res.residual:.3e} m/s after "

@@ -57,6 +57,27 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+from math import sqrt as _sqrt
+
+from scipy.linalg.lapack import dpotrf as _dpotrf
+
+try:      # numpy's own LAPACK solve without np.linalg.solve's Python wrapper (same numbers)
+    from numpy.linalg import _umath_linalg as _ul
+    _solve1 = _ul.solve1
+except (ImportError, AttributeError):   # pragma: no cover - another numpy
+    _solve1 = None
+
+
+
+def _lstsq(A: np.ndarray, F: np.ndarray, rcond: float) -> np.ndarray:
+    """``np.linalg.lstsq(A, F, rcond)[0]`` for a vector F (the same LAPACK call, less wrapper)."""
+    if _solve1 is not None:
+        with np.errstate(all="ignore"):
+            x = _ul.lstsq(A, F[:, None], rcond, signature="ddd->ddid")[0][:, 0]
+        if np.isfinite(x).all():
+            return x
+    return np.linalg.lstsq(A, F, rcond=rcond)[0]
+
 
 BREAKING, STICKING, SLIDING = 0, 1, 2
 MODE_NAMES = ("breaking", "sticking", "sliding")
@@ -121,13 +142,85 @@ def natural_residual(lam: np.ndarray, sigma: np.ndarray, nc: int, mu: np.ndarray
     return _natres(lam, sigma, nc, np.asarray(mu, dtype=float), dc, dG[k:])
 
 
+_INF = float("inf")
+_SMALL = 8            # up to this many contacts, per-contact tests run on Python floats
+
+
+def _natres_small(lam, sigma, nc, mu, dc, dl) -> float:
+    """``_natres`` on Python floats (the same elementwise arithmetic; small problems)."""
+    L = lam.tolist()
+    S = sigma.tolist()
+    M = mu.tolist()
+    D = dc.tolist()
+    r2max = None
+    for i in range(nc):
+        j = 3 * i
+        m, d = M[i], D[i]
+        l0, l1, ln = L[j], L[j + 1], L[j + 2]
+        s0, s1 = S[j], S[j + 1]
+        sn = S[j + 2] + m * _sqrt(s0 * s0 + s1 * s1)          # De Saxce
+        y0, y1, yn = l0 - s0 / d, l1 - s1 / d, ln - sn / d
+        nt = _sqrt(y0 * y0 + y1 * y1)
+        if not nt <= m * yn:                                    # outside: project on the cone
+            alpha = (m * nt + yn) / (m * m + 1.0)
+            alpha = alpha if alpha > 0.0 or alpha != alpha else 0.0
+            f = m * alpha / (nt if nt > 0.0 else 1.0)
+            y0, y1, yn = y0 * f, y1 * f, alpha
+        r0, r1, rn = l0 - y0, l1 - y1, ln - yn
+        r2 = (r0 * r0 + r1 * r1 + rn * rn) * (d * d)
+        if r2max is None or r2 > r2max or r2 != r2:
+            r2max = r2
+    res = _sqrt(r2max) if nc else 0.0
+    k = 3 * nc
+    if len(L) > k:
+        for ll, sg, d in zip(L[k:], S[k:], dl.tolist()):
+            t = ll - sg / d
+            t = abs(d * (ll - (t if t > 0.0 or t != t else 0.0)))
+            if t > res or t != t:
+                res = t
+    return float(res)
+
+
+def _bad_small(lam, sigma, nc, mu, modes, lim_act, tol_v, tol_l) -> bool:
+    """Whether any mode condition fails (``_violations``' quick test on Python floats)."""
+    L = lam.tolist()
+    S = sigma.tolist()
+    M = mu.tolist()
+    for i, md in enumerate(modes.tolist()):
+        j = 3 * i
+        if md == BREAKING:
+            if S[j + 2] < -tol_v:
+                return True
+            continue
+        l0, l1, ln = L[j], L[j + 1], L[j + 2]
+        if ln < -tol_l:
+            return True
+        nlt = _sqrt(l0 * l0 + l1 * l1)
+        if md == STICKING:
+            if nlt - M[i] * ln > tol_l:
+                return True
+        elif nlt > tol_l and (l0 * S[j] + l1 * S[j + 1]) / (nlt if nlt > 0.0 else _INF) > tol_v:
+            return True
+    k = 3 * nc
+    for act, ll, sg in zip(lim_act.tolist(), L[k:], S[k:]):
+        if (ll < -tol_l) if act else (sg < -tol_v):
+            return True
+    return False
+
+
 def _natres(lam, sigma, nc, mu, dc, dl) -> float:
+    if nc <= _SMALL:
+        return _natres_small(lam, sigma, nc, mu, dc, dl)
     res = 0.0
     k = 3 * nc
     if nc:
         lc = lam[:k].reshape(nc, 3)
         y = lc - desaxce(sigma[:k].reshape(nc, 3), mu) / dc[:, None]
-        r = lc - project_cone(y, mu)
+        y0, y1, yn = y[:, 0], y[:, 1], y[:, 2]
+        if (np.sqrt(y0 * y0 + y1 * y1) <= mu * yn).all():
+            r = lc - y                     # every y inside its cone: P(y) = y
+        else:
+            r = lc - project_cone(y, mu)
         r2 = np.einsum("ij,ij->i", r, r) * (dc * dc)
         res = float(np.sqrt(r2.max()))
     if lam.size > k:
@@ -148,9 +241,8 @@ class NCPSolver:
     @staticmethod
     def _rank_deficient(Gaa: np.ndarray) -> bool:
         """Whether the (PSD) Delassus block of the active rows is (numerically) singular."""
-        try:
-            L = np.linalg.cholesky(Gaa)
-        except _LinAlgError:
+        L, info = _dpotrf(Gaa, lower=1, clean=0)
+        if info:
             return True
         dl = np.diagonal(L)
         lo, hi = float(dl.min()), float(dl.max())
@@ -158,12 +250,17 @@ class NCPSolver:
 
     @staticmethod
     def _lin_solve(A: np.ndarray, F: np.ndarray, x: np.ndarray, deficient: bool,
-                   anchored: bool = False) -> np.ndarray:
+                   anchored: bool = False, spd: bool = False) -> np.ndarray:
         """The Newton step ``delta`` with ``A delta = F`` (then ``x - delta`` is the new iterate).
         When the system is rank deficient, the new iterate is the minimum-norm solution of the
         linearized equations ``A x_new = A x - F``: the impulses of redundant contacts (four
         coplanar points) are shared as evenly as possible and do not depend on the warm start;
-        ``anchored``: the minimum-norm step instead (the iterate stays next to ``x``)."""
+        ``anchored``: the minimum-norm step instead (the iterate stays next to ``x``).
+        ``spd``: A is a Delassus block that passed the rank test (LU cannot break down)."""
+        if not deficient and spd and _solve1 is not None:
+            d = _solve1(A, F, signature="dd->d")
+            if np.isfinite(d).all():
+                return d
         if not deficient:
             try:
                 d = np.linalg.solve(A, F)
@@ -172,8 +269,8 @@ class NCPSolver:
             except _LinAlgError:
                 pass
         if anchored:
-            return np.linalg.lstsq(A, F, rcond=1e-11)[0]
-        return x - np.linalg.lstsq(A, A @ x - F, rcond=1e-11)[0]
+            return _lstsq(A, F, 1e-11)
+        return x - _lstsq(A, A @ x - F, 1e-11)
 
     # -- stage 1: active-set Newton ----------------------------------------------------------
     def _newton(self, G, g, nc, mu, modes, lim_act, lam, dc, vscale, max_its=None,
@@ -183,12 +280,13 @@ class NCPSolver:
         Returns ``(lam, sigma, ok, steps)``; lam is zero on eliminated rows, ``steps`` counts the
         Newton steps (linear solves) taken."""
         m = G.shape[0]
-        brk = modes == BREAKING
-        linear = not (modes == SLIDING).any()
+        ml = modes.tolist()
+        anybrk = BREAKING in ml
+        linear = SLIDING not in ml
         # rows with a zero Delassus diagonal (directions a constraint cannot act in, e.g. out of
         # the plane of a planar model) carry no impulse: eliminated from the linear systems
         zero = self.__dict__.get("_zero_rows") if linear else None
-        if zero is None and not brk.any() and lim_act.all():
+        if zero is None and not anybrk and all(lim_act.tolist()):
             act_c = np.arange(nc)
             act = None                     # every row is active
             Gaa, ga, x = G, g, lam.copy()
@@ -198,6 +296,7 @@ class NCPSolver:
             cache = self.__dict__.setdefault("_act_cache", {})
             hit = cache.get(key)
             if hit is None:
+                brk = modes == BREAKING
                 rows = np.concatenate((np.repeat(~brk, 3), lim_act))
                 if zero is not None:
                     rows &= ~zero
@@ -232,7 +331,7 @@ class NCPSolver:
                 if deficient is None:
                     deficient = self._rank_deficient(Gaa)
                 its += 1
-                x -= self._lin_solve(Gaa, F, x, deficient, anchored)
+                x -= self._lin_solve(Gaa, F, x, deficient, anchored, True)
                 F = Gaa @ x + ga
                 fn_new = float(np.abs(F).max())
                 if fn_new > 0.5 * fn and its > min_steps:
@@ -349,17 +448,26 @@ class NCPSolver:
         k = 3 * nc
         # quick test first (the common case: the modes are right)
         bad = False
-        if nc:
+        if nc <= _SMALL:
+            bad = _bad_small(lam, sigma, nc, mu, modes, lim_act, tol_v, tol_l)
+        elif nc:
             lc = lam[:k].reshape(nc, 3)
             sc = sigma[:k].reshape(nc, 3)
             l0, l1, ln = lc[:, 0], lc[:, 1], lc[:, 2]
             nlt = np.sqrt(l0 * l0 + l1 * l1)
-            wdot = (l0 * sc[:, 0] + l1 * sc[:, 1]) / np.where(nlt > 0.0, nlt, np.inf)
-            brk = modes == BREAKING
-            bad = bool(np.where(brk, sc[:, 2] < -tol_v,
-                                (ln < -tol_l) | np.where(modes == STICKING, nlt - mu * ln > tol_l,
-                                                         (wdot > tol_v) & (nlt > tol_l))).any())
-        if not bad and lim_act.size:
+            mx = int(modes.max())
+            if mx == STICKING and modes.min() == STICKING:       # every contact sticking
+                bad = bool(((ln < -tol_l) | (nlt - mu * ln > tol_l)).any())
+            elif mx <= STICKING:                                  # no sliding contact
+                bad = bool(np.where(modes == BREAKING, sc[:, 2] < -tol_v,
+                                    (ln < -tol_l) | (nlt - mu * ln > tol_l)).any())
+            else:
+                wdot = (l0 * sc[:, 0] + l1 * sc[:, 1]) / np.where(nlt > 0.0, nlt, np.inf)
+                brk = modes == BREAKING
+                bad = bool(np.where(brk, sc[:, 2] < -tol_v,
+                                    (ln < -tol_l) | np.where(modes == STICKING, nlt - mu * ln > tol_l,
+                                                             (wdot > tol_v) & (nlt > tol_l))).any())
+        if not bad and lim_act.size and nc > _SMALL:
             ll, sg = lam[k:], sigma[k:]
             bad = bool(np.where(lim_act, ll < -tol_l, sg < -tol_v).any())
         if not bad:
@@ -372,6 +480,7 @@ class NCPSolver:
             sc = sigma[:k].reshape(nc, 3)
             ln, sn = lc[:, 2], sc[:, 2]
             nlt = np.sqrt(lc[:, 0] ** 2 + lc[:, 1] ** 2)
+            wdot = (lc[:, 0] * sc[:, 0] + lc[:, 1] * sc[:, 1]) / np.where(nlt > 0.0, nlt, np.inf)
             brk = modes == BREAKING
             stk = modes == STICKING
             sld = modes == SLIDING
@@ -412,6 +521,8 @@ class NCPSolver:
 
     def _tols(self, lam, vscale):
         mt = self.settings.mode_tol
+        if lam.size <= 3 * _SMALL:
+            return mt * vscale, mt * max(max(map(abs, lam.tolist()), default=0.0), 1e-300)
         return mt * vscale, mt * max(float(np.abs(lam).max()), 1e-300)
 
     def _active_set(self, G, g, nc, mu, modes, lim_act, lam, dG, dc, vscale, budget=None):
@@ -474,7 +585,8 @@ class NCPSolver:
         """Starting impulses for a set of modes: eliminated rows cleared, sliding contacts on
         their cone boundary with a nonnegative normal impulse."""
         k = 3 * nc
-        if nc:
+        ml = modes.tolist()
+        if nc and (BREAKING in ml or SLIDING in ml):
             lc = lam[:k].reshape(nc, 3)
             brk = modes == BREAKING
             if brk.any():
@@ -489,7 +601,7 @@ class NCPSolver:
                 f = np.where(nlt > 0.0, mu[sld] * ln / np.where(nlt > 0.0, nlt, 1.0), 0.0)
                 radial = np.column_stack((ls[:, 0] * f, ls[:, 1] * f, ln))
                 lc[sld] = np.where((ln > 0.0)[:, None], radial, project_cone(ls, mu[sld]))
-        if lam.size > k and not lim_act.all():
+        if lam.size > k and not all(lim_act.tolist()):
             lam[k:][~lim_act] = 0.0
         return lam
 
@@ -512,45 +624,56 @@ class NCPSolver:
             tol_v, tol_l = self._tols(lam, vscale)
             lc = lam[:k].reshape(nc, 3)
             sc = sigma[:k].reshape(nc, 3)
-            tiny = (modes != BREAKING) & (np.abs(lc).max(axis=1) <= tol_l) & (sc[:, 2] >= -tol_v)
-            if tiny.any():
+            if nc <= _SMALL:
+                L, S = lam.tolist(), sigma.tolist()
+                any_tiny = any(md != BREAKING and max(abs(L[3 * i]), abs(L[3 * i + 1]),
+                                                       abs(L[3 * i + 2])) <= tol_l
+                               and S[3 * i + 2] >= -tol_v for i, md in enumerate(modes.tolist()))
+            else:
+                any_tiny = True
+            if any_tiny:
+                tiny = (modes != BREAKING) & (np.abs(lc).max(axis=1) <= tol_l) & (sc[:, 2] >= -tol_v)
+            if any_tiny and tiny.any():
                 modes = modes.copy()
                 modes[tiny] = BREAKING
                 lam = lam.copy()
                 lam[:k].reshape(nc, 3)[tiny] = 0.0
                 sigma = G @ lam + g
                 sc = sigma[:k].reshape(nc, 3)
-            slip = np.sqrt(sc[:, 0] ** 2 + sc[:, 1] ** 2)
-            brk = modes == BREAKING
-            touch = brk & (np.abs(sc[:, 2]) <= 10.0 * tol_v) if brk.any() else brk
-            if touch.any() and not brk.all():
-                modes2 = modes.copy()
-                modes2[touch] = np.where(slip[touch] > tol_v, SLIDING, STICKING)
-                lam2 = self._prepare(lam.copy(), nc, mu, modes2, lim_act)
-                # (at least one minimum-norm step: the current impulses may already solve the
-                # equations with the re-activated contacts unloaded)
-                lam2, sigma2, ok, n2 = self._newton(G, g, nc, mu, modes2, lim_act, lam2, dc,
-                                                    vscale, min_steps=1)
-                its += n2
-                tv, tl = self._tols(lam2, vscale)
-                carried = np.abs(lam2[:k].reshape(nc, 3)[touch]).max(axis=1) > tl
-                if ok and carried.all() and self._violations(lam2, sigma2, nc, mu, modes2,
-                                                             lim_act, dc, dl, tv, tl) is None:
-                    lam, sigma, modes = lam2, sigma2, modes2
-                    sc = sigma[:k].reshape(nc, 3)
+            ml = modes.tolist()
+            if BREAKING in ml:
+                brk = modes == BREAKING
+                touch = brk & (np.abs(sc[:, 2]) <= 10.0 * tol_v)
+                if touch.any() and not brk.all():
                     slip = np.sqrt(sc[:, 0] ** 2 + sc[:, 1] ** 2)
-                    tol_v, tol_l = tv, tl
-            slow = (modes == SLIDING) & (slip <= tol_v)
-            if slow.any():
-                modes2 = modes.copy()
-                modes2[slow] = STICKING
-                lam2, sigma2, ok, n2 = self._newton(G, g, nc, mu, modes2, lim_act, lam, dc,
-                                                    vscale, anchored=True)
-                its += n2
-                tv, tl = self._tols(lam2, vscale)
-                if ok and self._violations(lam2, sigma2, nc, mu, modes2, lim_act, dc, dl,
-                                           tv, tl) is None:
-                    lam, sigma, modes = lam2, sigma2, modes2
+                    modes2 = modes.copy()
+                    modes2[touch] = np.where(slip[touch] > tol_v, SLIDING, STICKING)
+                    lam2 = self._prepare(lam.copy(), nc, mu, modes2, lim_act)
+                    # (at least one minimum-norm step: the current impulses may already solve
+                    # the equations with the re-activated contacts unloaded)
+                    lam2, sigma2, ok, n2 = self._newton(G, g, nc, mu, modes2, lim_act, lam2, dc,
+                                                        vscale, min_steps=1)
+                    its += n2
+                    tv, tl = self._tols(lam2, vscale)
+                    carried = np.abs(lam2[:k].reshape(nc, 3)[touch]).max(axis=1) > tl
+                    if ok and carried.all() and self._violations(lam2, sigma2, nc, mu, modes2,
+                                                                 lim_act, dc, dl, tv, tl) is None:
+                        lam, sigma, modes = lam2, sigma2, modes2
+                        sc = sigma[:k].reshape(nc, 3)
+                        tol_v, tol_l = tv, tl
+            if SLIDING in modes.tolist():
+                slip = np.sqrt(sc[:, 0] ** 2 + sc[:, 1] ** 2)
+                slow = (modes == SLIDING) & (slip <= tol_v)
+                if slow.any():
+                    modes2 = modes.copy()
+                    modes2[slow] = STICKING
+                    lam2, sigma2, ok, n2 = self._newton(G, g, nc, mu, modes2, lim_act, lam, dc,
+                                                        vscale, anchored=True)
+                    its += n2
+                    tv, tl = self._tols(lam2, vscale)
+                    if ok and self._violations(lam2, sigma2, nc, mu, modes2, lim_act, dc, dl,
+                                               tv, tl) is None:
+                        lam, sigma, modes = lam2, sigma2, modes2
         res = _natres(lam, sigma, nc, mu, dc, dG[3 * nc:])
         if res <= self.settings.tol:
             return lam, sigma, modes, lim_act, its, res
@@ -866,7 +989,7 @@ class NCPSolver:
         self._zero_rows = zero if zero.any() else None
         k = 3 * nc
         dc = (dG[0:k:3] + dG[1:k:3] + dG[2:k:3]) / 3.0
-        vscale = max(float(np.abs(g).max()), 1e-3 * s.tol)
+        vscale = max(max(map(abs, g.tolist())), 1e-3 * s.tol)
         lam = np.zeros(m) if lam0 is None else np.array(lam0, dtype=float).reshape(m)
         t = float(lam.sum())
         if t - t != 0.0:                   # not finite
@@ -878,7 +1001,8 @@ class NCPSolver:
         else:
             given = np.asarray(modes0, dtype=np.int64)
             modes = given[:nc].copy()
-            if nc and (modes.min() < BREAKING or modes.max() > SLIDING):
+            ml = modes.tolist()
+            if nc and (min(ml) < BREAKING or max(ml) > SLIDING):
                 modes = np.where(modes == BREAKING, BREAKING, STICKING)
             lim0 = given[nc:].astype(bool) if len(given) > nc else g[k:] < 0.0
         lim0 = np.asarray(lim0, dtype=bool).reshape(nl)

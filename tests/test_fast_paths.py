@@ -1,0 +1,147 @@
+"""The shortcuts of the forward step give the results of the general code they stand in for:
+batched shape-on-plane contacts, the mesh-on-plane broad phase, the lazy ``sim.last`` and the
+array warm start."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pinocchio as pin
+import pytest
+
+import diffgym
+from diffgym.collision_driver import CollisionDriver
+from diffgym.frames import tangent_frames
+from diffgym.resources import asset_path
+
+SHAPES = """<mujoco><option timestep="0.002"/><worldbody>
+<geom name="floor" type="plane" size="5 5 .1"/>
+<body name="thin" pos="0 0 0.3"><freejoint/><geom type="box" size="0.1 0.07 0.0004" mass="1"/></body>
+<body name="box" pos="1 0 0.3"><freejoint/><geom type="box" size="0.05 0.08 0.1" mass="1"/></body>
+<body name="cap" pos="0 1 0.3"><freejoint/><geom type="capsule" size="0.03 0.1" mass="1"/></body>
+<body name="cyl" pos="1 1 0.3"><freejoint/><geom type="cylinder" size="0.05 0.1" mass="1"/></body>
+</worldbody></mujoco>"""
+
+
+def _random_state(sim, rng, height):
+    q = pin.randomConfiguration(sim.model, -np.ones(sim.nq), np.ones(sim.nq))
+    for j in range(1, sim.model.njoints):
+        jm = sim.model.joints[j]
+        if jm.shortname() == "JointModelTranslation":
+            q[jm.idx_q + 2] = rng.uniform(*height)
+        if jm.shortname() == "JointModelSpherical" and rng.random() < 0.3:
+            q[jm.idx_q:jm.idx_q + 4] = [0, 0, 0, 1]     # flat: several points at one depth
+    return q, rng.normal(0.0, 3.0, sim.nv)
+
+
+@pytest.mark.parametrize("max_points,perturb", [(1, False), (2, False), (4, False), (8, False),
+                                                (4, True), (1, True)])
+def test_batched_plane_contacts_equal_the_pair_by_pair_ones(max_points, perturb):
+    sim = diffgym.Simulator.from_string(SHAPES)
+    fast = CollisionDriver(sim.sm, max_points=max_points)
+    ref = CollisionDriver(sim.sm, max_points=max_points, batch_plane_pairs=False)
+    assert fast._batch and not ref._batch
+    if perturb:
+        # numpy's geom placements an ulp or so away from pinocchio's: the candidates are then
+        # recomputed from pinocchio's, as the pair-by-pair path reads them
+        batched = fast._batched_points
+        fast._batched_points = lambda kind, tab, W, margin, gdata: batched(
+            kind, tab, W * (1.0 + 1e-15), margin, gdata)
+    # (each its own GeometryData: coal warm-starts GJK from a pair's previous call)
+    gdata = pin.GeometryData(sim.geom_model)
+    for req in gdata.collisionRequests:
+        req.enable_contact = True
+    rng = np.random.default_rng(0)
+    found = 0
+    for _ in range(300):
+        q, v = _random_state(sim, rng, (-0.05, 0.15))
+        pin.forwardKinematics(sim.model, sim.data, q, v)
+        pin.updateGeometryPlacements(sim.model, sim.data, sim.geom_model, sim.geom_data)
+        pin.updateGeometryPlacements(sim.model, sim.data, sim.geom_model, gdata)
+        a = fast.detect(sim.data, sim.geom_data, sim.dt)
+        b = ref.detect(sim.data, gdata, sim.dt)
+        found += len(b)
+        for f in ("pair", "geom1", "geom2", "point", "pos", "normal", "dist", "mu"):
+            np.testing.assert_array_equal(getattr(a, f), getattr(b, f), err_msg=f)
+        if a.frames is not None:           # (None: computed from the normals later)
+            np.testing.assert_array_equal(a.frames, tangent_frames(a.normal))
+    assert found > 100
+
+
+def test_mesh_broad_phase_keeps_every_colliding_pair():
+    """The convex-hull bound prunes a mesh-plane pair only when coal finds no collision."""
+    sim = diffgym.Simulator.from_file(asset_path("ur5.urdf"), floating_base=False)
+    cd = sim.collision
+    assert cd._hp_mesh
+    rng = np.random.default_rng(1)
+    hits = 0
+    for _ in range(200):
+        q = rng.uniform(-np.pi, np.pi, sim.nq)
+        v = rng.normal(0.0, 2.0, sim.nv)
+        pin.forwardKinematics(sim.model, sim.data, q, v)
+        pin.updateGeometryPlacements(sim.model, sim.data, sim.geom_model, sim.geom_data)
+        c = cd.detect(sim.data, sim.geom_data, sim.dt)
+        found = set(c.pair.tolist())
+        margin = cd.base_margin + sim.dt * cd.speed_bounds(sim.data)[cd.pairs].sum(axis=1)
+        for k, _, _, _, _ in cd._hp_mesh:
+            req = sim.geom_data.collisionRequests[k]
+            req.security_margin = float(margin[k])
+            if pin.computeCollision(sim.geom_model, sim.geom_data, k):
+                hits += 1
+                assert k in found, k
+    assert hits > 10
+
+
+def test_lazy_step_info_fields_and_repr():
+    sim = diffgym.Simulator.from_file(asset_path("hopper_gymnasium.xml"))
+    q, v = sim.q0, np.zeros(sim.nv)
+    for _ in range(150):
+        q, v = sim.step(q, v, np.zeros(sim.nv))
+    info = sim.last
+    cons, res = sim.cache["cons"], sim.cache["res"]
+    assert info.num_contacts == cons.nc > 0
+    assert info.contact_modes == [diffgym.forward.MODE_NAMES[m] for m in res.modes]
+    np.testing.assert_array_equal(info.contact_points, cons.contacts.pos)
+    np.testing.assert_array_equal(info.contact_impulses, res.lam[:3 * cons.nc].reshape(-1, 3))
+    np.testing.assert_array_equal(info.contact_impulses_world,
+                                  np.einsum("kij,kj->ki", cons.frames, info.contact_impulses))
+    assert info.limit_joints == [sim.sm.limits[i].joint for i in cons.limits]
+    assert len(info.contacts) == info.num_contacts
+    assert "StepInfo(contacts=" in repr(info)
+    import pickle
+    back = pickle.loads(pickle.dumps(sim.last))
+    assert "_src" not in back.__dict__ and back.contact_modes == info.contact_modes
+    d = dataclasses.asdict(info)
+    assert set(d) == {f.name for f in dataclasses.fields(diffgym.StepInfo)}
+    # the arrays are copies: the next step does not change them
+    pts = info.contact_points.copy()
+    sim.step(q, v, np.zeros(sim.nv))
+    np.testing.assert_array_equal(info.contact_points, pts)
+    # a field set by the user stays
+    q2, v2 = sim.step(q, v, np.zeros(sim.nv))
+    info2 = sim.last
+    info2.contact_geoms = ["mine"]
+    assert info2.contact_geoms == ["mine"] and len(info2.contact_points) == cons.nc
+    with pytest.raises(AttributeError):
+        info2.no_such_field
+
+
+def test_warm_start_follows_contacts_by_identity():
+    """Contacts found in another order (or a new one) get their own previous impulses."""
+    sim = diffgym.Simulator.from_string(SHAPES)
+    q, v = sim.q0, np.zeros(sim.nv)
+    for _ in range(200):
+        q, v = sim.step(q, v, np.zeros(sim.nv))
+    cons = sim.cache["cons"]
+    prev = {(int(p), int(k)): lam for p, k, lam in zip(cons.contacts.pair, cons.contacts.point,
+                                                        sim.last.contact_impulses)}
+    c = cons.contacts
+    order = np.arange(cons.nc)[::-1]
+    shuffled = dataclasses.replace(
+        cons, contacts=dataclasses.replace(c, pair=c.pair[order], point=c.point[order],
+                                           geom1=c.geom1[order], geom2=c.geom2[order]))
+    lam0, modes0 = sim._warm_start(shuffled)
+    for i, j in enumerate(order):
+        np.testing.assert_array_equal(lam0[3 * i:3 * i + 3], prev[(int(c.pair[j]), int(c.point[j]))])
+    sim.reset_warmstart()
+    assert sim._warm_start(cons) == (None, None)
