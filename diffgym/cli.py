@@ -16,17 +16,14 @@ def _bench(args: argparse.Namespace) -> int:
 
 
 def _record(args: argparse.Namespace) -> int:
+    from gymnasium.error import Error as GymError
+
     from .record import main as record_main
     try:
         return record_main(args)
-    except (ValueError, gym_errors()) as exc:
+    except (ValueError, GymError) as exc:
         print(f"diffgym record: {exc}", file=sys.stderr)
         return 2
-
-
-def gym_errors() -> type:
-    from gymnasium.error import Error
-    return Error
 
 
 def _train(args: argparse.Namespace) -> int:
