@@ -30,11 +30,9 @@ import pinocchio as pin
 
 from .frames import tangent_frames
 from .model import SimModel
-from .plane_contacts import _BOX_SIGNS, ANALYTIC_KINDS, shape_points
+from .collision_kernels import BROAD_SLACK as _BROAD_SLACK, KIND_CODES, joint_speeds, placements_and_bounds, plane_points
+from .plane_contacts import ANALYTIC_KINDS, shape_points
 
-# The broad phase computes geom placements in numpy (round-off differs from pinocchio's); a
-# pair is dropped only when its lower bound on the distance exceeds the margin by this much.
-_BROAD_SLACK = 1e-9
 
 
 @dataclass
@@ -156,46 +154,40 @@ class CollisionDriver:
         # placements of the moving ones: W[moving] = oMi[joint] @ L each step
         self._W0 = np.array([g.placement.homogeneous for g in gm.geometryObjects]).reshape(-1, 4, 4)
         self._L_moving = self._W0[self._moving_geoms].copy()
-        # shape-on-static-plane pairs of capsules and boxes: closed-form points for all of them
-        # in one numpy pass (no broad phase: the closed form is as cheap as a bound)
+        # shape-on-static-plane pairs of spheres, capsules and boxes: closed-form points for all
+        # of them in one compiled pass (no broad phase: the closed form is as cheap as a bound)
         kinds = [g.kind for g in self.sm.geoms]
         batch = np.zeros(len(p), dtype=bool)
-        self._batch = {}
-        for kind in ("capsule", "box") if self.batch_plane_pairs else ():
-            if kind == "capsule" and self.max_points < 2:
-                continue                   # (the per-pair path keeps the deepest point)
-            ks = [k for k in range(len(p)) if self.analytic[k]
-                  and kinds[int(self.pair_other[k])] == kind and self.static[int(self.pair_plane[k])]]
-            if not ks:
-                continue
-            ks = np.array(ks, dtype=np.int64)
-            batch[ks] = True
-            pl, ot = self.pair_plane[ks], self.pair_other[ks]
-            n_plane, offset = [], []
-            for g in pl:
-                M = gm.geometryObjects[int(g)].placement
-                n_plane.append(M.rotation[:, 2].copy())
-                offset.append(float(n_plane[-1] @ M.translation))
-            n_plane = np.array(n_plane).reshape(-1, 3)
-            flip = pl != p[ks, 0]
-            size = np.zeros((len(ks), 3))
-            for i, g in enumerate(ot):
-                sz = np.asarray(self.sm.geoms[int(g)].size, float).reshape(-1)[:3]
-                size[i, :len(sz)] = sz
-            self._batch[kind] = dict(
-                pairs=ks, geom=ot, n=n_plane, offset=np.array(offset),
-                N=np.where(flip[:, None], -n_plane, n_plane),       # from geom 1 to geom 2
-                frames=tangent_frames(np.where(flip[:, None], -n_plane, n_plane)),
-                r=size[:, 0].copy(), h=size[:, 1].copy(),
-                corners=_BOX_SIGNS[None, :, :] * size[:, None, :],  # body-fixed box corners
-                g1=p[ks, 0], g2=p[ks, 1])
-            tab = self._batch[kind]
-            tab.update(pairs2=ks[:, None].copy(), geom_list=[int(g) for g in ot],
-                       h2=tab["h"][:, None].copy(), rn=tab["r"][:, None] * n_plane,
-                       xshape=(len(ks), 2, 3), n3=n_plane[:, :, None].copy(),
-                       offset2=tab["offset"][:, None].copy())
+        if self.batch_plane_pairs:
+            for k in range(len(p)):
+                batch[k] = bool(self.analytic[k] and kinds[int(self.pair_other[k])] in KIND_CODES
+                                and self.static[int(self.pair_plane[k])])
+        ks = np.flatnonzero(batch)
+        pl, ot = self.pair_plane[ks], self.pair_other[ks]
+        n_plane, offset = np.zeros((len(ks), 3)), np.zeros(len(ks))
+        size = np.zeros((len(ks), 3))
+        for i, (g_pl, g_ot) in enumerate(zip(pl.tolist(), ot.tolist())):
+            M = gm.geometryObjects[g_pl].placement
+            n_plane[i] = M.rotation[:, 2]
+            offset[i] = float(n_plane[i] @ M.translation)
+            sz = np.asarray(self.sm.geoms[g_ot].size, float).reshape(-1)[:3]
+            size[i, :len(sz)] = sz
+        N = np.where((pl != p[ks, 0])[:, None], -n_plane, n_plane)      # from geom 1 to geom 2
+        self._bp = (ks.astype(np.int64), np.array([KIND_CODES[kinds[g]] for g in ot.tolist()], dtype=np.int64),
+                    ot.astype(np.int64), n_plane, offset, N, tangent_frames(N), size)
+        self._friction = np.ascontiguousarray(self.sm.pair_friction, dtype=float) if len(p) else np.zeros(0)
+        # per moving joint: which velocity components move it (the support of its Jacobian)
+        model = self.sm.model
+        self._support = np.zeros((len(self._mj), model.nv), dtype=np.bool_)
+        for s, j in enumerate(self._mj):
+            jj = j
+            while jj > 0:
+                jm = model.joints[jj]
+                self._support[s, jm.idx_v:jm.idx_v + jm.nv] = True
+                jj = model.parents[jj]
+        self._H0 = np.zeros((0, 4, 4))
+        self._no_speed = np.zeros(0)
         self._batched = batch
-        self._rest_analytic = self.analytic & ~batch
         # broad phase (pairs not batched above), plane pairs and sphere pairs
         hp = (self.pair_plane >= 0) & ~batch
         self._hp = np.flatnonzero(hp)
@@ -215,6 +207,8 @@ class CollisionDriver:
             elif g.kind in ("capsule", "cylinder"):
                 ext_vec[i, 2], ext_const[i] = float(g.size[1]), float(g.size[0]) + sw
         self._hp_ext_vec, self._hp_ext_const = ext_vec, ext_const
+        self._hp = self._hp.astype(np.int64)
+        self._hp_pl, self._hp_ot = self._hp_pl.astype(np.int64), self._hp_ot.astype(np.int64)
         self._hp_use_rot = bool(np.any(ext_vec))
         # meshes against a plane: the bounding sphere is a loose bound (an arm link resting just
         # above the ground would run coal's mesh test every step); the lowest vertex of the
@@ -245,6 +239,9 @@ class CollisionDriver:
         self._box_other = np.array(ent_other, dtype=np.int64)
         self._box_half = np.array(half, dtype=float).reshape(-1, 3)
         self._box_orad = self.radius[self._box_other] if len(ent_pair) else np.zeros(0)
+        self._np, self._np_a, self._np_b = (x.astype(np.int64) for x in (self._np, self._np_a, self._np_b))
+        self._rest = self._rest.astype(np.int64)
+        self._mesh_pairs = {k: (pl, ot, pts, sw) for k, pl, ot, pts, sw in self._hp_mesh}
         # narrow phase tables
         self._analytic_list = self.analytic.tolist()
         self._pl_list = [int(x) for x in self.pair_plane]
@@ -328,54 +325,53 @@ class CollisionDriver:
         return self._reqs, self._cres, self._pres
 
     # -- the detection pass ----------------------------------------------------------------
-    def detect(self, data: pin.Data, gdata: pin.GeometryData, dt: float) -> Contacts:
+    def detect(self, data: pin.Data, gdata: pin.GeometryData, dt: float,
+               v: np.ndarray | None = None) -> Contacts:
+        """Contacts at the placements of ``data`` (forwardKinematics) and ``gdata``
+        (updateGeometryPlacements). With ``v``, the speed bounds come from ``data.J``, which
+        must hold the joint Jacobians at those placements (computeJointJacobians); without,
+        from the joint velocities in ``data.v``."""
         if not self._npairs:
             return Contacts.empty()
-        p = self.pairs
         if self._mj:
-            H, V = self._joint_state(data)
-            speed = self._speeds(V)
-            W = self._W0.copy()
-            W[self._moving_geoms] = np.matmul(H[self._mg_slot], self._L_moving)
-        else:
-            speed = np.zeros(self.ngeom)
-            W = self._W0
-        margin = self.base_margin + dt * (speed[p[:, 0]] + speed[p[:, 1]])
-        blocks = []
-        for kind, tab in self._batch.items():
-            blk = self._batched_points(kind, tab, W, margin, gdata)
-            if blk is not None:
-                blocks.append(blk)
-        rest = self._rest
-        if not len(rest):
-            return self._assemble(blocks)
-        # broad phase: lower bounds on the distance of each remaining pair
-        gap = np.empty(self._npairs)
-        if len(self._hp):
-            Wp, Wo = W[self._hp_pl], W[self._hp_ot]
-            zax = Wp[:, :3, 2]
-            if self._hp_use_rot:
-                w = np.abs(np.einsum("kji,kj->ki", Wo[:, :3, :3], zax))
-                ext = np.einsum("ki,ki->k", w, self._hp_ext_vec) + self._hp_ext_const
+            oMi = data.oMi
+            H = np.array([oMi[j].homogeneous for j in self._mj])
+            if v is None:
+                vel = data.v
+                V = np.array([vel[j].vector for j in self._mj])
+                lin, ang = _norms(V[:, :3]), _norms(V[:, 3:])
             else:
-                ext = self._hp_rad
-            gap[self._hp] = np.einsum("ij,ij->i", zax, Wo[:, :3, 3] - Wp[:, :3, 3]) - ext
-            for k, pl, ot, pts, sw in self._hp_mesh:
-                if gap[k] < margin[k] + _BROAD_SLACK:
+                lin, ang = joint_speeds(data.J, v, self._support, H[:, :3, 3])
+        else:
+            H, lin, ang = self._H0, self._no_speed, self._no_speed
+        W, margin, gap, cand = placements_and_bounds(
+            H, lin, ang, self._gslot, self._W0, self._reach, self.pairs, self.base_margin, dt,
+            self._rest, self._hp, self._hp_pl, self._hp_ot, self._hp_ext_vec,
+            self._hp_ext_const, self._hp_use_rot, self._np, self._np_a, self._np_b,
+            self._np_rad, self._box_pair, self._box_geom, self._box_other, self._box_half,
+            self._box_orad)
+        blocks = []
+        bp_pair, bp_kind, bp_geom, bp_n, bp_off, bp_N, bp_frames, bp_size = self._bp
+        if len(bp_pair):
+            rows = plane_points(W, margin, self.pairs, self._friction, self.max_points, bp_pair,
+                                bp_kind, bp_geom, bp_n, bp_off, bp_N, bp_frames, bp_size)
+            if not len(cand):
+                return Contacts(*rows) if len(rows[0]) else Contacts.empty()
+            if len(rows[0]):
+                blocks.append((rows[0], rows[3], rows[4], rows[5], rows[6], rows[8]))
+        if self._mesh_pairs and len(cand):
+            # meshes against a plane: the lowest vertex of the convex hull bounds the height
+            keep = []
+            for k, mk in zip(cand.tolist(), margin[cand].tolist()):
+                ent = self._mesh_pairs.get(k)
+                if ent is not None:
+                    pl, ot, pts, sw = ent
                     n = W[pl, :3, 2]
                     low = float(np.min(pts @ (W[ot, :3, :3].T @ n)))
-                    gap[k] = max(gap[k], float(n @ (W[ot, :3, 3] - W[pl, :3, 3])) + low - sw)
-        if len(self._np):
-            pos = W[:, :3, 3]
-            dpos = pos[self._np_a] - pos[self._np_b]
-            gap[self._np] = np.sqrt(np.einsum("ij,ij->i", dpos, dpos)) - self._np_rad
-            if len(self._box_pair):
-                Wb = W[self._box_geom]
-                d = np.einsum("kji,kj->ki", Wb[:, :3, :3], pos[self._box_other] - Wb[:, :3, 3])
-                out = np.maximum(np.abs(d) - self._box_half, 0.0)
-                lb = np.sqrt(np.einsum("ij,ij->i", out, out)) - self._box_orad
-                np.maximum.at(gap, self._box_pair, lb)
-        cand = rest[gap[rest] < margin[rest] + _BROAD_SLACK]
+                    if float(n @ (W[ot, :3, 3] - W[pl, :3, 3])) + low - sw >= mk + _BROAD_SLACK:
+                        continue
+                keep.append(k)
+            cand = np.array(keep, dtype=np.int64)
         if not len(cand):
             return self._assemble(blocks)
         # narrow phase
@@ -423,66 +419,6 @@ class CollisionDriver:
             blocks.append((pair, np.array(rows_pt, dtype=np.int64), np.array(rows_pos).reshape(-1, 3),
                            np.array(rows_n).reshape(-1, 3), np.array(rows_d, dtype=float), None))
         return self._assemble(blocks)
-
-    @staticmethod
-    def _batch_heights(kind: str, tab: dict, Wg: np.ndarray, rows=None):
-        """Witness points (P, k, 3) and heights (P, k) of batched pairs from geom placements
-        ``Wg`` (P, 4, 4), with the arithmetic of ``plane_contacts.shape_points``."""
-        if rows is None:
-            h2, rn, n3, off2 = tab["h2"], tab["rn"], tab["n3"], tab["offset2"]
-            corners = tab["corners"]
-        else:
-            h2, rn, n3, off2 = tab["h2"][rows], tab["rn"][rows], tab["n3"][rows], tab["offset2"][rows]
-            corners = tab["corners"][rows]
-        if kind == "capsule":
-            T = Wg[:, :3, 3]
-            hA = h2 * Wg[:, :3, 2]
-            x = np.empty((len(Wg), 2, 3))
-            x0, x1 = x[:, 0], x[:, 1]
-            np.subtract(T, hA, out=x0)
-            x0 -= rn
-            np.add(T, hA, out=x1)
-            x1 -= rn
-        else:
-            x = Wg[:, None, :3, 3] + np.matmul(corners, Wg[:, :3, :3].transpose(0, 2, 1))
-        return x, np.matmul(x, n3)[:, :, 0] - off2
-
-    def _batched_points(self, kind: str, tab: dict, W: np.ndarray, margin: np.ndarray, gdata):
-        """Closed-form points of all capsule (or box) on static plane pairs, exactly as
-        ``plane_contacts.shape_points`` computes them pair by pair from pinocchio's geom
-        placements; rows (pair, point, pos, normal, dist, frames) or None."""
-        Wg = W[tab["geom"]]
-        x, height = self._batch_heights(kind, tab, Wg)
-        mk = margin[tab["pairs2"]]
-        # candidates from the numpy placements (which may differ from pinocchio's by an ulp):
-        # their points again from pinocchio's placements where those differ
-        near = np.flatnonzero((height < mk + _BROAD_SLACK).any(axis=1))
-        if not len(near):
-            return None
-        oMg, gl = gdata.oMg, tab["geom_list"]
-        rows = near.tolist()
-        Wc = np.array([oMg[gl[i]].homogeneous for i in rows])
-        if Wc.tobytes() != Wg[near].tobytes():
-            x[near], height[near] = self._batch_heights(kind, tab, Wc, near)
-        sel = height < mk
-        if not sel.any():
-            return None
-        if kind == "box" and int(sel.sum(axis=1).max()) > self.max_points:
-            # the deepest max_points corners of a pair, in order of depth
-            ii, jj = [], []
-            for i in np.flatnonzero(sel.any(axis=1)).tolist():
-                js = np.flatnonzero(sel[i])
-                if len(js) > self.max_points:
-                    js = js[np.argsort(height[i, js], kind="stable")[:self.max_points]]
-                ii += [i] * len(js)
-                jj += js.tolist()
-            ii = np.array(ii, dtype=np.int64)
-            jj = np.array(jj, dtype=np.int64)
-        else:
-            ii, jj = np.nonzero(sel)
-        d = height[ii, jj]
-        pos = x[ii, jj] - (0.5 * d)[:, None] * tab["n"][ii]
-        return tab["pairs"][ii], jj, pos, tab["N"][ii], d, tab["frames"][ii]
 
     def _assemble(self, blocks: list) -> Contacts:
         """Contacts from row blocks (pair, point, pos, normal, dist, frames or None), ordered by

@@ -26,6 +26,7 @@ import numpy as np
 import pinocchio as pin
 
 from .collision_driver import Contacts
+from .jit import njit
 from .model import SimModel
 
 
@@ -47,6 +48,100 @@ class Constraints:
 
 
 from .frames import _I1, _I2, _row_norms, tangent_frames  # noqa: E402,F401  (re-exported)
+
+
+@njit
+def _active_limits(q, v, lim_q, lim_v, lim_bound, lim_sign, limit_margin, dt):
+    """Indices and signed distances of the limits within reach this step (as active_limits)."""
+    n = 0
+    L = lim_q.shape[0]
+    dist = np.empty(L)
+    for i in range(L):
+        dist[i] = lim_sign[i] * (q[lim_q[i]] - lim_bound[i])
+        if dist[i] < limit_margin + dt * abs(v[lim_v[i]]):
+            n += 1
+    idx = np.empty(n, dtype=np.int64)
+    dd = np.empty(n)
+    n = 0
+    for i in range(L):
+        if dist[i] < limit_margin + dt * abs(v[lim_v[i]]):
+            idx[n] = i
+            dd[n] = dist[i]
+            n += 1
+    return idx, dd
+
+
+@njit
+def _offset(d, dt, erp, skin):
+    return (d - skin) / dt + erp * skin / dt if d > skin else erp * d / dt
+
+
+@njit
+def assemble_problem(pos, frames, j1, j2, dist, Jw, support, lim_idx, lim_dist, lim_v, lim_sign,
+                     dt, erp, skin, Minv, v_free):
+    """The rows J (m, nv) and offsets b of the contacts (3 each) and active limits, and the
+    velocity-level problem ``G = J M^-1 J^T``, ``g = J v_free + b`` with ``M^-1 J^T`` and the
+    symmetric ``M^-1``.
+
+    A contact point p on the bodies of joints j1 and j2 moves with ``sum_d (Jlin_d - p x
+    Jang_d) v_d`` over the columns d of pinocchio's world-frame joint Jacobian ``Jw`` that
+    support each joint (``support``, (njoints, nv); a column supporting both cancels).
+    ``Minv``: pinocchio's computeMinverse (its upper triangle is filled)."""
+    nc = pos.shape[0]
+    nl = lim_idx.shape[0]
+    nv = Jw.shape[1]
+    m = 3 * nc + nl
+    J = np.zeros((m, nv))
+    b = np.zeros(m)
+    nz = np.zeros((m, nv), dtype=np.int64)      # the nonzero columns of each row
+    nnz = np.zeros(m, dtype=np.int64)
+    for k in range(nc):
+        p0, p1, p2 = pos[k, 0], pos[k, 1], pos[k, 2]
+        for d in range(nv):
+            s2 = support[j2[k], d]
+            if s2 == support[j1[k], d]:
+                continue
+            sg = 1.0 if s2 else -1.0
+            wx, wy, wz = Jw[3, d], Jw[4, d], Jw[5, d]
+            r0 = sg * (Jw[0, d] - (p1 * wz - p2 * wy))
+            r1 = sg * (Jw[1, d] - (p2 * wx - p0 * wz))
+            r2 = sg * (Jw[2, d] - (p0 * wy - p1 * wx))
+            for a in range(3):
+                row = 3 * k + a
+                J[row, d] = frames[k, 0, a] * r0 + frames[k, 1, a] * r1 + frames[k, 2, a] * r2
+                nz[row, nnz[row]] = d
+                nnz[row] += 1
+        b[3 * k + 2] = _offset(dist[k], dt, erp, skin)
+    for i in range(nl):
+        row = 3 * nc + i
+        d = lim_v[lim_idx[i]]
+        J[row, d] = lim_sign[lim_idx[i]]
+        nz[row, 0] = d
+        nnz[row] = 1
+        b[row] = _offset(lim_dist[i], dt, erp, skin)
+    Ms = np.empty((nv, nv))                     # M^-1, both triangles
+    for i in range(nv):
+        for d in range(i, nv):
+            Ms[i, d] = Ms[d, i] = Minv[i, d]
+    MJt = np.zeros((nv, m))
+    for r in range(m):
+        for t in range(nnz[r]):
+            d = nz[r, t]
+            x = J[r, d]
+            for i in range(nv):
+                MJt[i, r] += Ms[i, d] * x
+    G = np.zeros((m, m))
+    g = b.copy()
+    for r in range(m):
+        for t in range(nnz[r]):
+            d = nz[r, t]
+            x = J[r, d]
+            g[r] += x * v_free[d]
+            for c in range(r, m):
+                G[r, c] += x * MJt[d, c]
+        for c in range(r + 1, m):
+            G[c, r] = G[r, c]
+    return J, b, G, g, MJt, Ms
 
 
 def baumgarte(dist: np.ndarray, dt: float, erp: float, skin: float) -> np.ndarray:
@@ -72,6 +167,37 @@ class ConstraintBuilder:
         self.lim_v = np.array([l.idx_v for l in L], dtype=np.int64)
         self.lim_bound = np.array([l.bound for l in L], dtype=float)
         self.lim_sign = np.array([l.sign for l in L], dtype=float)
+        # per joint: the velocity components that move it (row 0, the world: none)
+        model = sm.model
+        self.support = np.zeros((model.njoints, self.nv), dtype=np.bool_)
+        for j in range(1, model.njoints):
+            jm = model.joints[j]
+            self.support[j] = self.support[model.parents[j]]
+            self.support[j, jm.idx_v:jm.idx_v + jm.nv] = True
+        self._no_limits = (np.zeros(0, dtype=np.int64), np.zeros(0))
+
+    def active_limits_fast(self, q: np.ndarray, v: np.ndarray, dt: float):
+        """``active_limits`` compiled (the same rows and distances)."""
+        if not len(self.lim_q):
+            return self._no_limits
+        return _active_limits(q, v, self.lim_q, self.lim_v, self.lim_bound, self.lim_sign,
+                              self.limit_margin, dt)
+
+    def assemble(self, Jw: np.ndarray, contacts: Contacts, limits, dt: float, Minv: np.ndarray,
+                 v_free: np.ndarray):
+        """Constraints and the problem (G, g, M^-1 J^T) from the world-frame joint Jacobians
+        ``Jw`` (pinocchio's data.J after computeJointJacobians) in one compiled pass."""
+        lim_idx, lim_dist = limits
+        nc = len(contacts)
+        frames = contacts.frames
+        if frames is None:
+            frames = tangent_frames(contacts.normal) if nc else np.zeros((0, 3, 3))
+        J, b, G, g, MJt, Ms = assemble_problem(
+            contacts.pos, frames, self.geom_joint[contacts.geom1], self.geom_joint[contacts.geom2],
+            contacts.dist, Jw, self.support, lim_idx, lim_dist, self.lim_v, self.lim_sign, dt,
+            self.erp, self.skin, Minv, v_free)
+        cons = Constraints(J, b, nc, contacts.mu, frames, contacts, lim_idx, lim_dist, contacts.dist)
+        return cons, G, g, MJt, Ms
 
     def active_limits(self, q: np.ndarray, v: np.ndarray, dt: float) -> tuple[np.ndarray, np.ndarray]:
         if not len(self.lim_q):

@@ -349,7 +349,11 @@ class Simulator:
 
         pin.forwardKinematics(model, data, q, v)
         pin.updateGeometryPlacements(model, data, self.geom_model, self.geom_data)
-        contacts = self.collision.detect(data, self.geom_data, dt)
+        # world-frame joint Jacobians at these placements (a copy: later calls reuse data.J)
+        pin.computeJointJacobians(model, data)
+        Jw = data.J.reshape(6, nv)          # (eigenpy gives a (6,) vector when nv = 1)
+        Jw = Jw.copy()
+        contacts = self.collision.detect(data, self.geom_data, dt, v)
 
         if len(self._stiff_idx):
             tau_total = tau + self.passive_forces(q, v)
@@ -358,19 +362,12 @@ class Simulator:
         a_free = pin.aba(model, data, q, v, tau_total)
         v_free = v + dt * a_free
 
-        limits = self.constraints.active_limits(q, v, dt)
+        limits = self.constraints.active_limits_fast(q, v, dt)
         if len(contacts) or len(limits[0]):
-            # joint Jacobians from the placements forwardKinematics computed (no second pass)
-            pin.computeJointJacobians(model, data)
-            cons = self.constraints.build(model, data, q, v, contacts, dt, limits=limits)
             Minv = pin.computeMinverse(model, data, q)     # only its upper triangle is filled
-            upper = self.__dict__.get("_step_upper")
-            if upper is None or upper.shape != (nv, nv):
-                upper = self._step_upper = np.triu(np.ones((nv, nv), dtype=bool))
-            Minv = np.where(upper, Minv, Minv.T)            # symmetric, a new array
-            MJt = Minv @ cons.J.T
-            G = cons.J @ MJt
-            g = cons.J @ v_free + cons.b
+            if nv == 1:
+                Minv = Minv.reshape(1, 1)
+            cons, G, g, MJt, Minv = self.constraints.assemble(Jw, contacts, limits, dt, Minv, v_free)
             lam0, modes0 = self._warm_start(cons)
             try:
                 res = self.solver.solve(G, g, cons.nc, cons.mu, lam0, modes0)

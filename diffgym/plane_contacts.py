@@ -1,4 +1,4 @@
-"""Closed-form contacts of a box, capsule or cylinder against a plane.
+"""Closed-form contacts of a sphere, box, capsule or cylinder against a plane.
 
 coal's contact patches project every patch point onto the deepest point's plane, so the
 corners of a slightly tilted box all report the same depth (errors up to the patch tolerance,
@@ -6,11 +6,14 @@ corners of a slightly tilted box all report the same depth (errors up to the pat
 identities (corner index, capsule end, cylinder rim point) are stable from step to step, which
 the warm start and the step derivatives rely on:
 
+* sphere: its centre minus r n;
 * box: the 8 corners (body-fixed);
 * capsule: the two segment ends, offset by the radius along the plane normal;
 * cylinder: for each cap, the lowest rim point, or 4 rim points when the cap lies flat.
 
-Each returns witness points ``x`` on the shape, their signed heights above the plane and ids.
+(``collision_kernels.plane_points`` computes the sphere, capsule and box points of a whole
+model in one compiled pass; this function is the pair-by-pair reference.) Each returns
+witness points ``x`` on the shape, their signed heights above the plane and ids.
 """
 from __future__ import annotations
 
@@ -22,7 +25,10 @@ _BOX_SIGNS = np.array([[sx, sy, sz] for sx in (-1, 1) for sy in (-1, 1) for sz i
 def shape_points(kind: str, size: np.ndarray, R: np.ndarray, t: np.ndarray,
                  n: np.ndarray, offset: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Candidate witness points (k, 3), signed heights above the plane n.x = offset, ids."""
-    if kind == "box":
+    if kind == "sphere":
+        x = (t - size[0] * n)[None]
+        ids = np.arange(1)
+    elif kind == "box":
         x = t + (_BOX_SIGNS * size[:3]) @ R.T
         ids = np.arange(8)
     elif kind == "capsule":
@@ -48,4 +54,4 @@ def shape_points(kind: str, size: np.ndarray, R: np.ndarray, t: np.ndarray,
     return x, x @ n - offset, ids
 
 
-ANALYTIC_KINDS = ("box", "capsule", "cylinder")
+ANALYTIC_KINDS = ("sphere", "box", "capsule", "cylinder")

@@ -20,6 +20,7 @@ SHAPES = """<mujoco><option timestep="0.002"/><worldbody>
 <body name="box" pos="1 0 0.3"><freejoint/><geom type="box" size="0.05 0.08 0.1" mass="1"/></body>
 <body name="cap" pos="0 1 0.3"><freejoint/><geom type="capsule" size="0.03 0.1" mass="1"/></body>
 <body name="cyl" pos="1 1 0.3"><freejoint/><geom type="cylinder" size="0.05 0.1" mass="1"/></body>
+<body name="ball" pos="2 1 0.3"><freejoint/><geom type="sphere" size="0.05" mass="1"/></body>
 </worldbody></mujoco>"""
 
 
@@ -34,38 +35,37 @@ def _random_state(sim, rng, height):
     return q, rng.normal(0.0, 3.0, sim.nv)
 
 
-@pytest.mark.parametrize("max_points,perturb", [(1, False), (2, False), (4, False), (8, False),
-                                                (4, True), (1, True)])
-def test_batched_plane_contacts_equal_the_pair_by_pair_ones(max_points, perturb):
+@pytest.mark.parametrize("max_points,speeds_from_jacobians", [(1, False), (2, False), (4, False),
+                                                               (8, False), (4, True), (1, True)])
+def test_compiled_plane_contacts_equal_the_pair_by_pair_ones(max_points, speeds_from_jacobians):
+    """The compiled pass (collision_kernels.plane_points) against plane_contacts.shape_points
+    pair by pair through the broad phase: the same points, in the same order."""
     sim = diffgym.Simulator.from_string(SHAPES)
     fast = CollisionDriver(sim.sm, max_points=max_points)
     ref = CollisionDriver(sim.sm, max_points=max_points, batch_plane_pairs=False)
-    assert fast._batch and not ref._batch
-    if perturb:
-        # numpy's geom placements an ulp or so away from pinocchio's: the candidates are then
-        # recomputed from pinocchio's, as the pair-by-pair path reads them
-        batched = fast._batched_points
-        fast._batched_points = lambda kind, tab, W, margin, gdata: batched(
-            kind, tab, W * (1.0 + 1e-15), margin, gdata)
+    assert len(fast._bp[0]) == 4 and not len(ref._bp[0])     # 2 boxes, capsule, sphere
     # (each its own GeometryData: coal warm-starts GJK from a pair's previous call)
     gdata = pin.GeometryData(sim.geom_model)
     for req in gdata.collisionRequests:
         req.enable_contact = True
     rng = np.random.default_rng(0)
-    found = 0
+    found = set()
     for _ in range(300):
         q, v = _random_state(sim, rng, (-0.05, 0.15))
         pin.forwardKinematics(sim.model, sim.data, q, v)
+        pin.computeJointJacobians(sim.model, sim.data)
         pin.updateGeometryPlacements(sim.model, sim.data, sim.geom_model, sim.geom_data)
         pin.updateGeometryPlacements(sim.model, sim.data, sim.geom_model, gdata)
-        a = fast.detect(sim.data, sim.geom_data, sim.dt)
+        a = fast.detect(sim.data, sim.geom_data, sim.dt, v if speeds_from_jacobians else None)
         b = ref.detect(sim.data, gdata, sim.dt)
-        found += len(b)
-        for f in ("pair", "geom1", "geom2", "point", "pos", "normal", "dist", "mu"):
+        found.update(sim.sm.geoms[int(g)].kind for g in b.geom2)
+        for f in ("pair", "geom1", "geom2", "point", "normal", "mu"):
             np.testing.assert_array_equal(getattr(a, f), getattr(b, f), err_msg=f)
+        np.testing.assert_allclose(a.pos, b.pos, rtol=0, atol=1e-14)
+        np.testing.assert_allclose(a.dist, b.dist, rtol=0, atol=1e-14)
         if a.frames is not None:           # (None: computed from the normals later)
             np.testing.assert_array_equal(a.frames, tangent_frames(a.normal))
-    assert found > 100
+    assert {"sphere", "capsule", "box", "cylinder"} <= found
 
 
 def test_mesh_broad_phase_keeps_every_colliding_pair():

@@ -1,0 +1,231 @@
+"""Compiled per-step collision work (see ``collision_driver.py`` for the algorithm).
+
+Three kernels, called once per step with the driver's constant tables:
+
+* ``joint_speeds``: the speed of each moving joint's origin and its angular speed, from
+  pinocchio's world-frame joint Jacobians ``data.J`` and ``v`` (no per-joint Python reads);
+* ``placements_and_bounds``: every geom's world placement, the pair margins
+  ``base_margin + dt (speed bound 1 + speed bound 2)`` and the broad phase of the pairs that
+  are not closed form (lower bounds on their distance; the candidates are returned);
+* ``plane_points``: the closed-form contacts of every sphere, capsule and box resting on a
+  static plane (``plane_contacts.py`` describes the points), with their normals and frames.
+
+They are plain loops over floats, compiled with numba (``jit.py``).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .jit import njit
+
+SPHERE, CAPSULE, BOX = 0, 1, 2
+KIND_CODES = {"sphere": SPHERE, "capsule": CAPSULE, "box": BOX}
+
+# The broad phase is conservative by this much (its bounds use their own round-off).
+BROAD_SLACK = 1e-9
+
+
+@njit
+def joint_speeds(Jw, v, support, origins):
+    """Linear speed of each joint origin and angular speed (m,) of the joints whose support
+    masks (m, nv) are given; ``Jw`` is pinocchio's data.J (6, nv, world frame: the linear rows
+    are the velocity of the point at the world origin), ``origins`` (m, 3)."""
+    m = support.shape[0]
+    nv = v.shape[0]
+    lin = np.empty(m)
+    ang = np.empty(m)
+    for s in range(m):
+        v0 = v1 = v2 = w0 = w1 = w2 = 0.0
+        for d in range(nv):
+            if support[s, d]:
+                x = v[d]
+                v0 += Jw[0, d] * x
+                v1 += Jw[1, d] * x
+                v2 += Jw[2, d] * x
+                w0 += Jw[3, d] * x
+                w1 += Jw[4, d] * x
+                w2 += Jw[5, d] * x
+        o0, o1, o2 = origins[s, 0], origins[s, 1], origins[s, 2]
+        # velocity of the origin: v_O + w x o
+        a0 = v0 + w1 * o2 - w2 * o1
+        a1 = v1 + w2 * o0 - w0 * o2
+        a2 = v2 + w0 * o1 - w1 * o0
+        lin[s] = np.sqrt(a0 * a0 + a1 * a1 + a2 * a2)
+        ang[s] = np.sqrt(w0 * w0 + w1 * w1 + w2 * w2)
+    return lin, ang
+
+
+@njit
+def placements_and_bounds(H, lin, ang, gslot, W0, reach, pairs, base_margin, dt,
+                          rest, hp_k, hp_pl, hp_ot, ext_vec, ext_const, use_rot,
+                          np_k, np_a, np_b, np_rad, box_pair, box_geom, box_other, box_half,
+                          box_orad):
+    """World placements W (ngeom, 4, 4), pair margins (npairs,) and the candidate pairs among
+    ``rest`` (the pairs without a closed form) whose distance lower bound is below their
+    margin (+ BROAD_SLACK). ``H`` (m, 4, 4): placements of the moving joints; ``gslot``: each
+    geom's moving-joint slot (-1: static, W0 is then its world placement, else its placement
+    in the joint frame)."""
+    ng = gslot.shape[0]
+    W = np.empty((ng, 4, 4))
+    speed = np.zeros(ng)
+    for gi in range(ng):
+        s = gslot[gi]
+        if s < 0:
+            W[gi] = W0[gi]
+            continue
+        for r in range(4):
+            for c in range(4):
+                W[gi, r, c] = (H[s, r, 0] * W0[gi, 0, c] + H[s, r, 1] * W0[gi, 1, c]
+                               + H[s, r, 2] * W0[gi, 2, c] + H[s, r, 3] * W0[gi, 3, c])
+        speed[gi] = lin[s] + ang[s] * reach[gi]
+    npairs = pairs.shape[0]
+    margin = np.empty(npairs)
+    for k in range(npairs):
+        margin[k] = base_margin + dt * (speed[pairs[k, 0]] + speed[pairs[k, 1]])
+    gap = np.full(npairs, np.inf)
+    # a shape against a plane: the height of its centre minus its support along the normal
+    for i in range(hp_k.shape[0]):
+        pl, ot = hp_pl[i], hp_ot[i]
+        z0, z1, z2 = W[pl, 0, 2], W[pl, 1, 2], W[pl, 2, 2]
+        if use_rot:
+            ext = ext_const[i]
+            for a in range(3):
+                ext += abs(W[ot, 0, a] * z0 + W[ot, 1, a] * z1 + W[ot, 2, a] * z2) * ext_vec[i, a]
+        else:
+            ext = ext_const[i]
+        gap[hp_k[i]] = (z0 * (W[ot, 0, 3] - W[pl, 0, 3]) + z1 * (W[ot, 1, 3] - W[pl, 1, 3])
+                        + z2 * (W[ot, 2, 3] - W[pl, 2, 3])) - ext
+    # two shapes: their bounding spheres
+    for i in range(np_k.shape[0]):
+        a, b = np_a[i], np_b[i]
+        d0 = W[a, 0, 3] - W[b, 0, 3]
+        d1 = W[a, 1, 3] - W[b, 1, 3]
+        d2 = W[a, 2, 3] - W[b, 2, 3]
+        gap[np_k[i]] = np.sqrt(d0 * d0 + d1 * d1 + d2 * d2) - np_rad[i]
+    # a box and a shape: the box's oriented bounds against the shape's bounding sphere
+    for i in range(box_pair.shape[0]):
+        bx, ot = box_geom[i], box_other[i]
+        o2 = 0.0
+        for a in range(3):
+            loc = (W[bx, 0, a] * (W[ot, 0, 3] - W[bx, 0, 3]) + W[bx, 1, a] * (W[ot, 1, 3] - W[bx, 1, 3])
+                   + W[bx, 2, a] * (W[ot, 2, 3] - W[bx, 2, 3]))
+            out = abs(loc) - box_half[i, a]
+            if out > 0.0:
+                o2 += out * out
+        lb = np.sqrt(o2) - box_orad[i]
+        if lb > gap[box_pair[i]]:
+            gap[box_pair[i]] = lb
+    n = 0
+    for i in range(rest.shape[0]):
+        k = rest[i]
+        if gap[k] < margin[k] + BROAD_SLACK:
+            n += 1
+    cand = np.empty(n, dtype=np.int64)
+    n = 0
+    for i in range(rest.shape[0]):
+        k = rest[i]
+        if gap[k] < margin[k] + BROAD_SLACK:
+            cand[n] = k
+            n += 1
+    return W, margin, gap, cand
+
+
+@njit
+def _witness(kind, size, W, gi, n, j, x):
+    """Witness point j of shape ``gi`` (placement W[gi]) against a plane of normal n into x."""
+    if kind == SPHERE:
+        for a in range(3):
+            x[a] = W[gi, a, 3] - size[0] * n[a]
+    elif kind == CAPSULE:
+        sgn = -1.0 if j == 0 else 1.0
+        for a in range(3):
+            x[a] = (W[gi, a, 3] + sgn * size[1] * W[gi, a, 2]) - size[0] * n[a]
+    else:
+        sx = -1.0 if j < 4 else 1.0
+        sy = -1.0 if (j // 2) % 2 == 0 else 1.0
+        sz = -1.0 if j % 2 == 0 else 1.0
+        for a in range(3):
+            x[a] = W[gi, a, 3] + (W[gi, a, 0] * (sx * size[0]) + W[gi, a, 1] * (sy * size[1])
+                                  + W[gi, a, 2] * (sz * size[2]))
+
+
+@njit
+def plane_points(W, margin, pairs, friction, max_points, bp_pair, bp_kind, bp_geom, bp_n,
+                 bp_off, bp_N, bp_frames, bp_size):
+    """Closed-form contacts of the shape-on-static-plane pairs ``bp_*`` (in pair order).
+
+    Points of a pair whose height above the plane is below the pair's margin; when more than
+    ``max_points`` are, the deepest (ties: the lower index) in order of depth, else in index
+    order. Returns (pair, geom1, geom2, point, pos, normal, dist, mu, frames) arrays."""
+    nb = bp_pair.shape[0]
+    npt = np.empty(nb, dtype=np.int64)
+    ids = np.empty((nb, 8), dtype=np.int64)
+    hts = np.empty((nb, 8))
+    xs = np.empty((nb, 8, 3))
+    x = np.empty(3)
+    total = 0
+    for i in range(nb):
+        kind = bp_kind[i]
+        cnt = 1 if kind == SPHERE else (2 if kind == CAPSULE else 8)
+        mk = margin[bp_pair[i]]
+        n = bp_n[i]
+        sel = 0
+        for j in range(cnt):
+            _witness(kind, bp_size[i], W, bp_geom[i], n, j, x)
+            h = (x[0] * n[0] + x[1] * n[1] + x[2] * n[2]) - bp_off[i]
+            if h < mk:
+                ids[i, sel] = j
+                hts[i, sel] = h
+                xs[i, sel, 0] = x[0]
+                xs[i, sel, 1] = x[1]
+                xs[i, sel, 2] = x[2]
+                sel += 1
+        if sel > max_points:
+            # stable insertion sort by height, then keep the deepest max_points
+            for a in range(1, sel):
+                hj, ij = hts[i, a], ids[i, a]
+                x0, x1, x2 = xs[i, a, 0], xs[i, a, 1], xs[i, a, 2]
+                b = a - 1
+                while b >= 0 and hts[i, b] > hj:
+                    hts[i, b + 1] = hts[i, b]
+                    ids[i, b + 1] = ids[i, b]
+                    xs[i, b + 1, 0] = xs[i, b, 0]
+                    xs[i, b + 1, 1] = xs[i, b, 1]
+                    xs[i, b + 1, 2] = xs[i, b, 2]
+                    b -= 1
+                hts[i, b + 1] = hj
+                ids[i, b + 1] = ij
+                xs[i, b + 1, 0] = x0
+                xs[i, b + 1, 1] = x1
+                xs[i, b + 1, 2] = x2
+            sel = max_points
+        npt[i] = sel
+        total += sel
+    pair = np.empty(total, dtype=np.int64)
+    g1 = np.empty(total, dtype=np.int64)
+    g2 = np.empty(total, dtype=np.int64)
+    point = np.empty(total, dtype=np.int64)
+    pos = np.empty((total, 3))
+    normal = np.empty((total, 3))
+    dist = np.empty(total)
+    mu = np.empty(total)
+    frames = np.empty((total, 3, 3))
+    r = 0
+    for i in range(nb):
+        k = bp_pair[i]
+        n = bp_n[i]
+        for s in range(npt[i]):
+            d = hts[i, s]
+            pair[r] = k
+            g1[r] = pairs[k, 0]
+            g2[r] = pairs[k, 1]
+            point[r] = ids[i, s]
+            for a in range(3):
+                # midpoint of the witness point and its projection on the plane
+                pos[r, a] = xs[i, s, a] - (0.5 * d) * n[a]
+                normal[r, a] = bp_N[i, a]
+            dist[r] = d
+            mu[r] = friction[k]
+            frames[r] = bp_frames[i]
+            r += 1
+    return pair, g1, g2, point, pos, normal, dist, mu, frames
