@@ -30,7 +30,7 @@ import pinocchio as pin
 
 from .frames import tangent_frames
 from .model import SimModel
-from .collision_kernels import BROAD_SLACK as _BROAD_SLACK, KIND_CODES, joint_speeds, placements_and_bounds, plane_points
+from .collision_kernels import BROAD_SLACK as _BROAD_SLACK, KIND_CODES, detect_closed_form
 from .plane_contacts import ANALYTIC_KINDS, shape_points
 
 
@@ -187,6 +187,7 @@ class CollisionDriver:
                 jj = model.parents[jj]
         self._H0 = np.zeros((0, 4, 4))
         self._no_speed = np.zeros(0)
+        self._no_J = np.zeros((6, 0), order="F")      # (the layout of pinocchio's data.J)
         self._batched = batch
         # broad phase (pairs not batched above), plane pairs and sphere pairs
         hp = (self.pair_plane >= 0) & ~batch
@@ -333,32 +334,30 @@ class CollisionDriver:
         from the joint velocities in ``data.v``."""
         if not self._npairs:
             return Contacts.empty()
+        from_jacobian = v is not None
         if self._mj:
             oMi = data.oMi
             H = np.array([oMi[j].homogeneous for j in self._mj])
-            if v is None:
+            if from_jacobian:
+                lin = ang = self._no_speed
+                Jw = data.J.reshape(6, -1)
+            else:
                 vel = data.v
                 V = np.array([vel[j].vector for j in self._mj])
                 lin, ang = _norms(V[:, :3]), _norms(V[:, 3:])
-            else:
-                lin, ang = joint_speeds(data.J, v, self._support, H[:, :3, 3])
+                Jw, v = self._no_J, self._no_speed
         else:
-            H, lin, ang = self._H0, self._no_speed, self._no_speed
-        W, margin, gap, cand = placements_and_bounds(
-            H, lin, ang, self._gslot, self._W0, self._reach, self.pairs, self.base_margin, dt,
-            self._rest, self._hp, self._hp_pl, self._hp_ot, self._hp_ext_vec,
-            self._hp_ext_const, self._hp_use_rot, self._np, self._np_a, self._np_b,
-            self._np_rad, self._box_pair, self._box_geom, self._box_other, self._box_half,
-            self._box_orad)
-        blocks = []
-        bp_pair, bp_kind, bp_geom, bp_n, bp_off, bp_N, bp_frames, bp_size = self._bp
-        if len(bp_pair):
-            rows = plane_points(W, margin, self.pairs, self._friction, self.max_points, bp_pair,
-                                bp_kind, bp_geom, bp_n, bp_off, bp_N, bp_frames, bp_size)
-            if not len(cand):
-                return Contacts(*rows) if len(rows[0]) else Contacts.empty()
-            if len(rows[0]):
-                blocks.append((rows[0], rows[3], rows[4], rows[5], rows[6], rows[8]))
+            H, lin, ang, Jw, v, from_jacobian = (self._H0, self._no_speed, self._no_speed,
+                                                 self._no_J, self._no_speed, False)
+        W, margin, cand, rows = detect_closed_form(
+            H, Jw, v, self._support, lin, ang, from_jacobian, self._gslot, self._W0, self._reach,
+            self.pairs, self.base_margin, dt, self._rest, self._hp, self._hp_pl, self._hp_ot,
+            self._hp_ext_vec, self._hp_ext_const, self._hp_use_rot, self._np, self._np_a,
+            self._np_b, self._np_rad, self._box_pair, self._box_geom, self._box_other,
+            self._box_half, self._box_orad, self._friction, self.max_points, *self._bp)
+        if not len(cand):
+            return Contacts(*rows) if len(rows[0]) else Contacts.empty()
+        blocks = [(rows[0], rows[3], rows[4], rows[5], rows[6], rows[8])] if len(rows[0]) else []
         if self._mesh_pairs and len(cand):
             # meshes against a plane: the lowest vertex of the convex hull bounds the height
             keep = []

@@ -229,3 +229,23 @@ def plane_points(W, margin, pairs, friction, max_points, bp_pair, bp_kind, bp_ge
             frames[r] = bp_frames[i]
             r += 1
     return pair, g1, g2, point, pos, normal, dist, mu, frames
+
+
+@njit
+def detect_closed_form(H, Jw, v, support, lin, ang, from_jacobian, gslot, W0, reach, pairs,
+                       base_margin, dt, rest, hp_k, hp_pl, hp_ot, ext_vec, ext_const, use_rot,
+                       np_k, np_a, np_b, np_rad, box_pair, box_geom, box_other, box_half,
+                       box_orad, friction, max_points, bp_pair, bp_kind, bp_geom, bp_n, bp_off,
+                       bp_N, bp_frames, bp_size):
+    """The three kernels above in one call (one dispatch from Python): speeds (from ``Jw`` and
+    ``v`` when ``from_jacobian``, else the given ``lin``, ``ang``), placements, margins and
+    broad-phase candidates, then the closed-form points. Returns (W, margin, cand, rows)."""
+    if from_jacobian:
+        lin, ang = joint_speeds(Jw, v, support, H[:, :3, 3])
+    W, margin, gap, cand = placements_and_bounds(
+        H, lin, ang, gslot, W0, reach, pairs, base_margin, dt, rest, hp_k, hp_pl, hp_ot, ext_vec,
+        ext_const, use_rot, np_k, np_a, np_b, np_rad, box_pair, box_geom, box_other, box_half,
+        box_orad)
+    rows = plane_points(W, margin, pairs, friction, max_points, bp_pair, bp_kind, bp_geom, bp_n,
+                        bp_off, bp_N, bp_frames, bp_size)
+    return W, margin, cand, rows

@@ -17,11 +17,76 @@ import pinocchio as pin
 
 from .collision_driver import CollisionDriver, Contacts
 from .constraint import ConstraintBuilder, Constraints
+from .jit import njit
 from .model import ModelError, SimModel
 from .solver import MODE_NAMES, NCPSolver, SolverResult, SolverSettings
 
 
 _add = np.add.reduce          # (ndarray.sum without its Python wrapper: the same sums)
+
+
+@njit
+def _checked_state(q, v, tau, qrows):
+    """(a copy of q with its quaternions normalized, True) when every entry of q, v and tau is
+    finite and every quaternion (rows ``qrows``, 4 each) has a norm within 1e-3 of one; else
+    (q, False) and the caller runs the detailed checks, which name what is wrong."""
+    for x in (q, v, tau):
+        for i in range(x.shape[0]):
+            if not np.isfinite(x[i]):
+                return q, False
+    out = q.copy()
+    for s in range(0, qrows.shape[0], 4):
+        n2 = 0.0
+        for a in range(4):
+            n2 += q[qrows[s + a]] * q[qrows[s + a]]
+        nrm = np.sqrt(n2)
+        if not abs(nrm - 1.0) <= 1e-3:
+            return q, False
+        for a in range(4):
+            out[qrows[s + a]] = q[qrows[s + a]] / nrm
+    return out, True
+
+
+@njit
+def _match_warm_start(pair_w, point_w, lam_w, modes_w, limits_w, lim_act_w, pair, point, dist,
+                      limits, limit_dist):
+    """The warm start of a step from the last one's contacts and limits, matched by identity
+    (pair and point index; limit index). Rows seen last step get their impulses and modes;
+    new ones start at zero impulse, breaking if apart and sticking if touching (limits: active
+    if violated). Returns (lam0, modes (nc contact modes then nl limit 0/1), any found)."""
+    nc, nl = pair.shape[0], limits.shape[0]
+    ncw = pair_w.shape[0]
+    lam0 = np.zeros(3 * nc + nl)
+    modes = np.empty(nc + nl, dtype=np.int64)
+    found = False
+    for i in range(nc):
+        # the same index first (the common case: the same contacts as the last step)
+        j = i if i < ncw and pair_w[i] == pair[i] and point_w[i] == point[i] else -1
+        if j < 0:
+            for t in range(ncw):
+                if pair_w[t] == pair[i] and point_w[t] == point[i]:
+                    j = t
+                    break
+        if j < 0:
+            modes[i] = 0 if dist[i] > 0 else 1
+        else:
+            for a in range(3):
+                lam0[3 * i + a] = lam_w[3 * j + a]
+            modes[i] = modes_w[j]
+            found = True
+    for i in range(nl):
+        j = -1
+        for t in range(limits_w.shape[0]):
+            if limits_w[t] == limits[i]:
+                j = t
+                break
+        if j < 0:
+            modes[nc + i] = 1 if limit_dist[i] <= 0 else 0
+        else:
+            lam0[3 * nc + i] = lam_w[3 * ncw + j]
+            modes[nc + i] = 1 if lim_act_w[j] else 0
+            found = True
+    return lam0, modes, found
 
 
 class SimulationError(RuntimeError):
@@ -329,19 +394,7 @@ class Simulator:
         if (type(q) is np.ndarray and type(v) is np.ndarray and type(tau) is np.ndarray
                 and q.dtype == np.float64 and v.dtype == np.float64 and tau.dtype == np.float64
                 and q.shape == (nq,) and v.shape == (nv,) and tau.shape == (nv,)):
-            total = float(_add(q)) + float(_add(v)) + float(_add(tau))
-            if total - total == 0.0:               # finite
-                if len(qrows):
-                    Q = q[qrows].reshape(-1, 4)
-                    # norms as np.linalg.norm computes them (a BLAS dot), one matmul for all
-                    nrm = np.sqrt(np.matmul(Q[:, None, :], Q[:, :, None])[:, 0, 0])
-                    if float(np.max(np.abs(nrm - 1.0))) <= 1e-3:
-                        q = q.copy()
-                        q[qrows] = (Q / nrm[:, None]).reshape(-1)
-                        fast = True
-                else:
-                    q = q.copy()
-                    fast = True
+            q, fast = _checked_state(q, v, tau, qrows)
         if not fast:
             q = self._check_q(q)
             v = self._vector(v, nv, "v")
@@ -397,73 +450,21 @@ class Simulator:
         w = self._warm
         if w is None:
             return None, None
-        pw, ptw, lamw, modew, liw, llw, law = w
-        nc = cons.nc
         c = cons.contacts
-        lims = cons.limits
-        nl = len(lims)
-        lam0 = np.zeros(cons.m)
-        modes = np.empty(nc + nl, dtype=np.int64)
-        found = False
-        unknown = False
-        if nc:
-            if pw.tobytes() == c.pair.tobytes() and ptw.tobytes() == c.point.tobytes():
-                # the same contacts as in the last step (the common case)
-                lam0[:3 * nc] = lamw.reshape(-1)
-                modes[:nc] = modew
-                found = True
-            else:
-                index = {(a, b): i for i, (a, b) in enumerate(zip(pw.tolist(), ptw.tolist()))}
-                lam_c = lam0[:3 * nc].reshape(nc, 3)
-                for i, key in enumerate(zip(c.pair.tolist(), c.point.tolist())):
-                    j = index.get(key)
-                    if j is None:
-                        modes[i] = -1
-                        unknown = True
-                    else:
-                        lam_c[i] = lamw[j]
-                        modes[i] = modew[j]
-                        found = True
-        if nl:
-            if liw.tobytes() == lims.tobytes():
-                lam0[3 * nc:] = llw
-                modes[nc:] = law
-                found = True
-            else:
-                index = {li: j for j, li in enumerate(liw.tolist())}
-                for j, li in enumerate(lims.tolist()):
-                    k = index.get(li)
-                    if k is None:
-                        modes[nc + j] = -1
-                        unknown = True
-                    else:
-                        lam0[3 * nc + j] = llw[k]
-                        modes[nc + j] = law[k]
-                        found = True
-        if not found:
-            return None, None
-        # unknown rows: a breaking guess for contacts that are apart, sticking otherwise
-        if unknown:
-            for i in range(nc):
-                if modes[i] < 0:
-                    modes[i] = 0 if cons.dist[i] > 0 else 1
-            for j in range(nl):
-                if modes[nc + j] < 0:
-                    modes[nc + j] = 1 if cons.limit_dist[j] <= 0 else 0
-        return lam0, modes
+        lam0, modes, found = _match_warm_start(*w, c.pair, c.point, cons.dist, cons.limits,
+                                               cons.limit_dist)
+        return (lam0, modes) if found else (None, None)
 
     def _record(self, cons: Constraints | None, res: SolverResult | None) -> None:
         if cons is None:
             self._warm = None
             self.last = StepInfo()
             return
-        nc = cons.nc
         c = cons.contacts
         # the warm start of the next step: impulses and modes per (pair, point) and per limit
-        lam = res.lam
-        self._warm = (c.pair, c.point, lam[:3 * nc].reshape(nc, 3).copy(),
-                      res.modes.astype(np.int64), cons.limits, lam[3 * nc:].copy(),
-                      res.limit_active.astype(np.int64))
+        # (the step's own arrays: nothing writes to them afterwards)
+        self._warm = (c.pair, c.point, res.lam, res.modes.astype(np.int64, copy=False),
+                      cons.limits, res.limit_active)
         self.last = StepInfo._lazy(cons, res, self.sm)
         if not res.converged and not self._warned:
             self._warned = True
