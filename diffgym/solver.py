@@ -44,6 +44,12 @@ Stages:
    pinocchio ADMM runs, then our ADMM and projected Gauss-Seidel. If nothing reaches the
    tolerance, the best iterate is returned with ``converged = False``.
 
+Stage 1 runs compiled (``solver_kernels.py``, numba: a faithful port of ``_active_set`` and
+everything it calls, with a hand-written LU, LAPACK's Cholesky for the rank test, and a Jacobi
+SVD for the minimum-norm least squares of up to 32 unknowns); ``SolverSettings(compiled=False)``
+runs the Python implementation below, the reference ``tests/test_solver_kernels.py`` compares
+it with on recorded and random problems. Stages 2-4 are Python (rare).
+
 Convergence is measured by the natural-map residual in velocity units (m/s),
 ``max_i || D_i (lam_i - P_K(lam_i - D_i^-1 (sigma_i + Gamma(sigma_i)))) ||`` with ``D_i`` the
 mean diagonal of the Delassus block, which is zero exactly at an NCP solution. Where Newton
@@ -60,6 +66,8 @@ import numpy as np
 from math import sqrt as _sqrt
 
 from scipy.linalg.lapack import dpotrf as _dpotrf
+
+from . import solver_kernels as _sk
 
 try:      # numpy's own LAPACK solve without np.linalg.solve's Python wrapper (same numbers)
     from numpy.linalg import _umath_linalg as _ul
@@ -83,6 +91,8 @@ BREAKING, STICKING, SLIDING = 0, 1, 2
 MODE_NAMES = ("breaking", "sticking", "sliding")
 
 _R3 = np.arange(3)
+_EMPTY_F = np.zeros(0)
+_EMPTY_I = np.zeros(0, dtype=np.int64)
 _LinAlgError = np.linalg.LinAlgError
 
 
@@ -95,6 +105,8 @@ class SolverSettings:
     mode_tol: float = 1e-10      # tolerance of the mode conditions (relative)
     newton_budget: int = 30      # Newton iterations of the warm-started active-set stage
     pin_fallback: bool = True    # use pinocchio's ADMM (C++) as the first fallback
+    compiled: bool = True        # stage 1 (active-set Newton) as numba kernels (solver_kernels);
+    #                              False: the Python reference implementation below
 
 
 @dataclass
@@ -961,10 +973,34 @@ class NCPSolver:
         budget = self.settings.newton_budget if budget is None else budget
         for f in (1e-5, 1e-3, 1e-7):
             modes, lim_act = self.classify(lam, sigma, nc, mu, f * vscale, f * scale_l)
-            out = self._active_set(G, g, nc, mu, modes, lim_act, lam, dG, dc, vscale, budget)
+            out = self._aset(G, g, nc, mu, modes, lim_act, lam, dG, dc, vscale, budget)
             if out is not None:
                 return out
         return None
+
+    def _aset(self, G, g, nc, mu, modes, lim_act, lam, dG, dc, vscale, budget=None):
+        """``_active_set``, compiled (``solver_kernels.active_set``) unless
+        ``settings.compiled`` is False. Uses ``self._zero_rows`` set by ``solve``."""
+        s = self.settings
+        if not s.compiled:
+            return self._active_set(G, g, nc, mu, modes, lim_act, lam, dG, dc, vscale, budget)
+        budget = s.mode_rounds * s.newton_iter if budget is None else budget
+        m = G.shape[0]
+        zero = self.__dict__.get("_zero_rows")
+        out = _sk.active_set(np.ascontiguousarray(G, dtype=np.float64),
+                             np.ascontiguousarray(g, dtype=np.float64), int(nc),
+                             np.ascontiguousarray(mu, dtype=np.float64),
+                             np.ascontiguousarray(modes, dtype=np.int64),
+                             np.ascontiguousarray(lim_act, dtype=np.bool_),
+                             np.ascontiguousarray(lam, dtype=np.float64),
+                             np.ascontiguousarray(dG, dtype=np.float64),
+                             np.ascontiguousarray(dc, dtype=np.float64),
+                             np.zeros(m, dtype=np.bool_) if zero is None else zero,
+                             zero is not None, float(vscale), int(budget), float(s.tol),
+                             float(s.mode_tol), int(s.newton_iter), int(s.mode_rounds))
+        if not out[0]:
+            return None
+        return out[1:]
 
     # -- entry point -----------------------------------------------------------------------
     def solve(self, G: np.ndarray, g: np.ndarray, nc: int, mu: np.ndarray,
@@ -972,6 +1008,30 @@ class NCPSolver:
         """Solve the NCP ``sigma = G lam + g`` for ``nc`` contacts (3 rows each, ordered (t1, t2,
         n), friction ``mu``) followed by 1-row joint limits. ``lam0``/``modes0`` warm start it
         (modes0: nc contact modes, then optionally one 0/1 per limit)."""
+        s = self.settings
+        if s.compiled:
+            # stage 1 compiled, preamble included: a thin wrapper (the common case)
+            G = np.ascontiguousarray(G, dtype=np.float64)
+            m = G.shape[0]
+            if m:
+                nc = int(nc)
+                out = _sk.solve_stage1(
+                    G, np.ascontiguousarray(g, dtype=np.float64).reshape(m), nc,
+                    np.ascontiguousarray(mu, dtype=np.float64).reshape(nc),
+                    _EMPTY_F if lam0 is None
+                    else np.ascontiguousarray(lam0, dtype=np.float64).reshape(m),
+                    _EMPTY_I if modes0 is None
+                    else np.ascontiguousarray(modes0, dtype=np.int64).reshape(-1),
+                    modes0 is not None, float(s.tol), float(s.mode_tol), int(s.newton_iter),
+                    int(s.mode_rounds), int(s.newton_budget))
+                if out[0]:
+                    return SolverResult(out[1], out[2], out[3], out[4], out[5], out[6], True,
+                                        "newton")
+        return self._solve(G, g, nc, mu, lam0, modes0, stage1=not s.compiled)
+
+    def _solve(self, G, g, nc, mu, lam0, modes0, stage1=True):
+        """``solve`` in Python; ``stage1`` False: stage 1 already failed (compiled), from
+        stage 2 on."""
         m = G.shape[0]
         nc = int(nc)
         nl = m - 3 * nc
@@ -1007,7 +1067,8 @@ class NCPSolver:
             lim0 = given[nc:].astype(bool) if len(given) > nc else g[k:] < 0.0
         lim0 = np.asarray(lim0, dtype=bool).reshape(nl)
         # stage 1: active-set Newton from the warm start
-        out = self._active_set(G, g, nc, mu, modes, lim0, lam, dG, dc, vscale, s.newton_budget)
+        out = (self._active_set(G, g, nc, mu, modes, lim0, lam, dG, dc, vscale, s.newton_budget)
+               if stage1 else None)
         if out is not None:
             lam, sigma, modes, lim_act, its, res = out
             return SolverResult(lam, sigma, modes, lim_act, its, res, True, "newton")
@@ -1022,8 +1083,8 @@ class NCPSolver:
             if cap == 0:
                 lam_s, sigma_s, modes_s, lim_s, its_s = self._ssn(G, g, nc, mu, lam, dG, dc)
                 its += its_s
-                out = self._active_set(G, g, nc, mu, modes_s, lim_s, lam_s, dG, dc, vscale,
-                                       s.newton_budget)
+                out = self._aset(G, g, nc, mu, modes_s, lim_s, lam_s, dG, dc, vscale,
+                                 s.newton_budget)
                 if out is None:
                     out = self._polish(G, g, nc, mu, lam_s, sigma_s, dG, dc, vscale, 10)
                 if out is not None:

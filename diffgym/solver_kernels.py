@@ -1,0 +1,960 @@
+"""Compiled stage 1 of the NCP solve (``diffgym/solver.py``): the warm-started active-set Newton.
+
+A line-by-line port of ``NCPSolver._active_set`` and everything it calls (``_prepare``,
+``_newton`` with its linear and sliding branches, line search, iterative refinement and
+anchored / minimum-norm least-squares steps, ``_scatter``, ``_tols``, ``_violations`` with its
+quick test, ``_finish``, ``_natres``, ``_rank_deficient``, ``_lin_solve``, the elimination of
+rows with a zero Delassus diagonal) and of the preamble of ``NCPSolver.solve``. The Python
+methods stay the reference (``SolverSettings(compiled=False)``); the decisions, tolerances and
+iteration counts here are the same. Only the linear algebra is written out: matrix-vector
+products as loops, LU with partial pivoting (LAPACK ``dgetf2``'s order: reciprocal pivot,
+row-oriented rank-1 updates) instead of ``dgesv``, Cholesky (``dpotf2``) for the rank test, and
+numba's ``np.linalg.lstsq`` (LAPACK ``dgelsd``, SVD based: minimum norm, ``rcond = 1e-11``) for
+rank-deficient systems, as the reference. Results therefore differ from the reference's in the
+last bits only (sums in another order).
+
+Arrays: ``modes`` int64 (nc), ``lim_act`` bool (nl), everything else float64; kernels allocate
+their own outputs and return tuples (``found`` first).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .jit import ENABLED, njit
+
+BREAKING, STICKING, SLIDING = 0, 1, 2
+_INF = math.inf
+
+
+# -- small helpers ---------------------------------------------------------------------------
+@njit
+def _maxabs(F):
+    """``float(np.abs(F).max())`` (NaN propagates); F is not empty."""
+    mx = abs(F[0])
+    for i in range(1, F.shape[0]):
+        a = abs(F[i])
+        if a > mx or a != a:
+            mx = a
+        if mx != mx:
+            break
+    return mx
+
+
+@njit
+def _matvec(A, x, b, out):
+    """out = A @ x + b."""
+    n = A.shape[0]
+    c = A.shape[1]
+    for i in range(n):
+        s = 0.0
+        for j in range(c):
+            s += A[i, j] * x[j]
+        out[i] = s + b[i]
+
+
+@njit
+def _dot(a):
+    s = 0.0
+    for i in range(a.shape[0]):
+        s += a[i] * a[i]
+    return s
+
+
+@njit
+def _cone(x0, x1, xn, mu):
+    """``project_cone`` of one (t1, t2, n) vector."""
+    nt = math.sqrt(x0 * x0 + x1 * x1)
+    if nt <= mu * xn:
+        return x0, x1, xn
+    alpha = (mu * nt + xn) / (mu * mu + 1.0)
+    if alpha < 0.0:                       # np.maximum(alpha, 0): NaN stays NaN
+        alpha = 0.0
+    f = mu * alpha / (nt if nt > 0.0 else 1.0)
+    return x0 * f, x1 * f, alpha
+
+
+# -- linear algebra --------------------------------------------------------------------------
+if ENABLED:
+    # scipy's LAPACK dpotrf (the routine the reference calls through scipy.linalg.lapack), through
+    # numba's own binding (numba.np.linalg, as np.linalg.cholesky uses it): the same factorization
+    # of the same numbers, so the same decision where it is decided by rounding (a nearly
+    # singular block whose last pivot is a difference of nearly equal numbers)
+    from numba import types as _nbt
+    from numba.np.linalg import _LAPACK, ensure_lapack
+
+    ensure_lapack()
+    _xxpotrf = _LAPACK().numba_xxpotrf(_nbt.float64)
+
+    @njit
+    def _rank_deficient(A):
+        """``NCPSolver._rank_deficient``: Cholesky (LAPACK dpotrf, lower) of the PSD block;
+        deficient if it breaks down or its diagonal spans more than sqrt(1e11)."""
+        n = A.shape[0]
+        L = np.empty((n, n))
+        for i in range(n):                  # Fortran order (as f2py passes A to dpotrf)
+            for j in range(n):
+                L[j, i] = A[i, j]
+        info = _xxpotrf(100, 76, n, L.ctypes, n)    # ord('d'), ord('L')
+        if info != 0:
+            return True
+        lo = L[0, 0]
+        hi = L[0, 0]
+        for j in range(1, n):
+            d = L[j, j]
+            if d < lo or d != d:
+                lo = d
+            if d > hi or d != d:
+                hi = d
+        return not (lo * lo > 1e-11 * hi * hi)
+else:                                       # DIFFGYM_JIT=0: plain Python
+    def _rank_deficient(A):
+        from scipy.linalg.lapack import dpotrf
+        L, info = dpotrf(A, lower=1, clean=0)
+        if info:
+            return True
+        dl = np.diagonal(L)
+        lo, hi = float(dl.min()), float(dl.max())
+        return not (lo * lo > 1e-11 * hi * hi)
+
+
+@njit
+def _lu_solve(A, F):
+    """``np.linalg.solve(A, F)`` by LU with partial pivoting; (ok, x), ok False where a pivot is
+    exactly zero (LAPACK's info > 0) or the solution is not finite."""
+    n = A.shape[0]
+    M = A.copy()
+    b = F.copy()
+    for k in range(n):
+        p = k
+        amax = abs(M[k, k])
+        for i in range(k + 1, n):
+            a = abs(M[i, k])
+            if a > amax:
+                p = i
+                amax = a
+        if M[p, k] == 0.0:
+            return False, b
+        if p != k:
+            for j in range(n):
+                t = M[k, j]
+                M[k, j] = M[p, j]
+                M[p, j] = t
+            t = b[k]
+            b[k] = b[p]
+            b[p] = t
+        piv = M[k, k]
+        if abs(piv) >= 2.2250738585072014e-308:
+            r = 1.0 / piv
+            for i in range(k + 1, n):
+                M[i, k] *= r
+        else:
+            for i in range(k + 1, n):
+                M[i, k] /= piv
+        for i in range(k + 1, n):
+            li = M[i, k]
+            if li != 0.0:
+                for j in range(k + 1, n):
+                    M[i, j] -= li * M[k, j]
+    # forward (unit lower), then backward substitution, column oriented (dtrsm)
+    for k in range(n):
+        bk = b[k]
+        if bk != 0.0:
+            for i in range(k + 1, n):
+                b[i] -= bk * M[i, k]
+    for k in range(n - 1, -1, -1):
+        if b[k] != 0.0:
+            b[k] /= M[k, k]
+            bk = b[k]
+            for i in range(k):
+                b[i] -= bk * M[i, k]
+    for i in range(n):
+        if not math.isfinite(b[i]):
+            return False, b
+    return True, b
+
+
+_JACOBI_MAX = 32    # up to this many unknowns least squares by one-sided Jacobi SVD, else dgelsd
+
+
+@njit
+def _lstsq(A, F):
+    """Minimum-norm least squares ``np.linalg.lstsq(A, F, rcond=1e-11)[0]``: SVD based, singular
+    values ``<= 1e-11 s_max`` treated as zero. Small systems by one-sided (Hestenes) Jacobi SVD
+    (accurate singular values, no LAPACK call and workspace query: the planar models' sliding
+    steps need one per Newton step); larger ones by LAPACK dgelsd, as the reference."""
+    n = A.shape[0]
+    c = A.shape[1]
+    if n > _JACOBI_MAX or c > _JACOBI_MAX:
+        return np.linalg.lstsq(A, F, rcond=1e-11)[0]
+    W = np.empty((c, n))                    # W[j]: column j of A, rotated to A V
+    for i in range(n):
+        for j in range(c):
+            W[j, i] = A[i, j]
+    V = np.zeros((c, c))                    # V[j]: column j of V
+    for j in range(c):
+        V[j, j] = 1.0
+    for _sweep in range(60):
+        rotated = False
+        for p in range(c - 1):
+            for q in range(p + 1, c):
+                alpha = 0.0
+                beta = 0.0
+                gamma = 0.0
+                for i in range(n):
+                    wp = W[p, i]
+                    wq = W[q, i]
+                    alpha += wp * wp
+                    beta += wq * wq
+                    gamma += wp * wq
+                if not abs(gamma) > 1e-15 * math.sqrt(alpha * beta):
+                    continue
+                rotated = True
+                zeta = (beta - alpha) / (2.0 * gamma)
+                t = math.copysign(1.0, zeta) / (abs(zeta) + math.sqrt(1.0 + zeta * zeta))
+                cs = 1.0 / math.sqrt(1.0 + t * t)
+                sn = cs * t
+                for i in range(n):
+                    wp = W[p, i]
+                    wq = W[q, i]
+                    W[p, i] = cs * wp - sn * wq
+                    W[q, i] = sn * wp + cs * wq
+                for i in range(c):
+                    vp = V[p, i]
+                    vq = V[q, i]
+                    V[p, i] = cs * vp - sn * vq
+                    V[q, i] = sn * vp + cs * vq
+        if not rotated:
+            break
+    sv = np.empty(c)
+    smax = 0.0
+    for j in range(c):
+        t = 0.0
+        for i in range(n):
+            t += W[j, i] * W[j, i]
+        sv[j] = math.sqrt(t)
+        if sv[j] > smax:
+            smax = sv[j]
+    x = np.zeros(c)
+    for j in range(c):
+        if sv[j] > 1e-11 * smax:
+            t = 0.0
+            for i in range(n):
+                t += W[j, i] * F[i]
+            t /= sv[j] * sv[j]               # (u_j . F) / s_j with u_j = W[j] / s_j
+            for i in range(c):
+                x[i] += t * V[j, i]
+    return x
+
+
+@njit
+def _lin_solve(A, F, x, deficient, anchored):
+    """``NCPSolver._lin_solve``: the Newton step ``delta`` with ``A delta = F``; least squares
+    when rank deficient (minimum-norm new iterate, or minimum-norm step when ``anchored``)."""
+    if not deficient:
+        ok, d = _lu_solve(A, F)
+        if ok:
+            return d
+    if anchored:
+        return _lstsq(A, F)
+    n = A.shape[0]
+    r = np.empty(n)
+    for i in range(n):
+        s = 0.0
+        for j in range(n):
+            s += A[i, j] * x[j]
+        r[i] = s - F[i]
+    y = _lstsq(A, r)
+    out = np.empty(n)
+    for i in range(n):
+        out[i] = x[i] - y[i]
+    return out
+
+
+# -- mode bookkeeping --------------------------------------------------------------------------
+@njit
+def _prepare(lam, nc, mu, modes, lim_act):
+    """``NCPSolver._prepare`` (in place): eliminated rows cleared, sliding contacts on their cone
+    boundary (radially when the normal impulse pushes, else the projection)."""
+    k = 3 * nc
+    for i in range(nc):
+        md = modes[i]
+        j = 3 * i
+        if md == BREAKING:
+            lam[j] = 0.0
+            lam[j + 1] = 0.0
+            lam[j + 2] = 0.0
+        elif md == SLIDING:
+            l0 = lam[j]
+            l1 = lam[j + 1]
+            ln = lam[j + 2]
+            if ln > 0.0:
+                nlt = math.sqrt(l0 * l0 + l1 * l1)
+                f = mu[i] * ln / nlt if nlt > 0.0 else 0.0
+                lam[j] = l0 * f
+                lam[j + 1] = l1 * f
+            else:
+                a, b, c = _cone(l0, l1, ln, mu[i])
+                lam[j] = a
+                lam[j + 1] = b
+                lam[j + 2] = c
+    for j in range(lam.shape[0] - k):
+        if not lim_act[j]:
+            lam[k + j] = 0.0
+
+
+@njit
+def _tols(lam, vscale, mode_tol):
+    """``NCPSolver._tols``: (tol_v, tol_l)."""
+    mx = abs(lam[0]) if lam.shape[0] else 0.0
+    for i in range(1, lam.shape[0]):
+        a = abs(lam[i])
+        if a > mx:
+            mx = a
+    if 1e-300 > mx:
+        mx = 1e-300
+    return mode_tol * vscale, mode_tol * mx
+
+
+@njit
+def natres(lam, sigma, nc, mu, dc, dG):
+    """``solver._natres``: the natural-map residual in velocity units."""
+    r2max = 0.0
+    for i in range(nc):
+        j = 3 * i
+        m = mu[i]
+        d = dc[i]
+        l0 = lam[j]
+        l1 = lam[j + 1]
+        ln = lam[j + 2]
+        s0 = sigma[j]
+        s1 = sigma[j + 1]
+        sn = sigma[j + 2] + m * math.sqrt(s0 * s0 + s1 * s1)
+        y0 = l0 - s0 / d
+        y1 = l1 - s1 / d
+        yn = ln - sn / d
+        p0, p1, pn = _cone(y0, y1, yn, m)
+        r0 = l0 - p0
+        r1 = l1 - p1
+        rn = ln - pn
+        r2 = (r0 * r0 + r1 * r1 + rn * rn) * (d * d)
+        if i == 0 or r2 > r2max or r2 != r2:
+            r2max = r2
+        if r2max != r2max:
+            break
+    res = math.sqrt(r2max) if nc else 0.0
+    k = 3 * nc
+    for j in range(k, lam.shape[0]):
+        d = dG[j]
+        ll = lam[j]
+        t = ll - sigma[j] / d
+        if t < 0.0:
+            t = 0.0
+        t = abs(d * (ll - t))
+        if t > res or t != t:
+            res = t
+    return res
+
+
+@njit
+def _bad(lam, sigma, nc, mu, modes, lim_act, tol_v, tol_l):
+    """``solver._bad_small``: whether any mode condition fails (the quick test)."""
+    for i in range(nc):
+        j = 3 * i
+        md = modes[i]
+        if md == BREAKING:
+            if sigma[j + 2] < -tol_v:
+                return True
+            continue
+        l0 = lam[j]
+        l1 = lam[j + 1]
+        ln = lam[j + 2]
+        if ln < -tol_l:
+            return True
+        nlt = math.sqrt(l0 * l0 + l1 * l1)
+        if md == STICKING:
+            if nlt - mu[i] * ln > tol_l:
+                return True
+        elif nlt > tol_l and (l0 * sigma[j] + l1 * sigma[j + 1]) / (nlt if nlt > 0.0 else _INF) > tol_v:
+            return True
+    k = 3 * nc
+    for j in range(lam.shape[0] - k):
+        if lim_act[j]:
+            if lam[k + j] < -tol_l:
+                return True
+        elif sigma[k + j] < -tol_v:
+            return True
+    return False
+
+
+@njit
+def _violations(lam, sigma, nc, mu, modes, lim_act, dc, dG, tol_v, tol_l):
+    """``NCPSolver._violations``: (found, new_modes, new_lim_act, viol) with viol the contact
+    violations then the limit violations (velocity units)."""
+    m = lam.shape[0]
+    k = 3 * nc
+    nl = m - k
+    new_modes = modes.copy()
+    new_lim = lim_act.copy()
+    v = np.zeros(nc + nl)
+    if not _bad(lam, sigma, nc, mu, modes, lim_act, tol_v, tol_l):
+        return False, new_modes, new_lim, v
+    anyv = False
+    for i in range(nc):
+        j = 3 * i
+        md = modes[i]
+        l0 = lam[j]
+        l1 = lam[j + 1]
+        ln = lam[j + 2]
+        s0 = sigma[j]
+        s1 = sigma[j + 1]
+        sn = sigma[j + 2]
+        nlt = math.sqrt(l0 * l0 + l1 * l1)
+        mi = mu[i]
+        if md == BREAKING:
+            # must not approach: sticking, or sliding when the slip is fast
+            if sn < -tol_v:
+                v[i] = -sn
+                slip = math.sqrt(s0 * s0 + s1 * s1)
+                new_modes[i] = SLIDING if slip > -mi * sn else STICKING
+        else:
+            over = nlt - mi * ln
+            if ln < -tol_l and (md == SLIDING or (md == STICKING and mi * nlt + ln <= 0.0)):
+                a = -ln
+                if over > a or over != over:      # np.maximum (NaN propagates)
+                    a = over
+                v[i] = a * dc[i]
+                new_modes[i] = BREAKING
+            elif md == STICKING and over > tol_l:
+                v[i] = over * dc[i]
+                new_modes[i] = SLIDING
+            elif md == SLIDING:
+                wdot = (l0 * s0 + l1 * s1) / (nlt if nlt > 0.0 else _INF)
+                if wdot > tol_v and nlt > tol_l:
+                    v[i] = wdot
+                    new_modes[i] = STICKING
+        if v[i] != 0.0:
+            anyv = True
+    for j in range(nl):
+        ll = lam[k + j]
+        sg = sigma[k + j]
+        if lim_act[j]:
+            if ll < -tol_l:
+                v[nc + j] = -ll * dG[k + j]
+                new_lim[j] = False
+        elif sg < -tol_v:
+            v[nc + j] = -sg
+            new_lim[j] = True
+        if v[nc + j] != 0.0:
+            anyv = True
+    return anyv, new_modes, new_lim, v
+
+
+# -- Newton on one active set --------------------------------------------------------------
+@njit
+def _slide_residual(Gaa, ga, x, i1s, mu_s, d_s, F, aux):
+    """F(x) of the mode equations with sliding contacts (rows i1s: ||lam_T|| = mu lam_N, the
+    next: slip parallel to the impulse); aux[:, j] = (w1, w2, nl, ns, s1, s2, l1, l2, rho)."""
+    _matvec(Gaa, x, ga, F)
+    for q in range(i1s.shape[0]):
+        a = i1s[q]
+        b = a + 1
+        l1 = x[a]
+        l2 = x[b]
+        s1 = F[a]
+        s2 = F[b]
+        d = d_s[q]
+        nl = math.sqrt(l1 * l1 + l2 * l2)
+        ns = math.sqrt(s1 * s1 + s2 * s2)
+        if nl > 0.0:
+            w1 = l1 / nl
+            w2 = l2 / nl
+        elif ns > 0.0:
+            w1 = -s1 / ns
+            w2 = -s2 / ns
+        else:
+            w1 = 1.0
+            w2 = 0.0
+        F[a] = d * (nl - mu_s[q] * x[a + 2])
+        rho = nl + ns / d
+        if not rho > 0.0:
+            rho = 1.0
+        F[b] = (l1 * s2 - l2 * s1) / rho
+        aux[0, q] = w1
+        aux[1, q] = w2
+        aux[2, q] = nl
+        aux[3, q] = ns
+        aux[4, q] = s1
+        aux[5, q] = s2
+        aux[6, q] = l1
+        aux[7, q] = l2
+        aux[8, q] = rho
+
+
+@njit
+def _newton(G, g, nc, mu, modes, lim_act, lam, dc, vscale, max_its, anchored, min_steps,
+            zero, haszero, tol):
+    """``NCPSolver._newton``: (lam, sigma, ok, steps) on the active set of ``modes`` /
+    ``lim_act`` (``max_its`` already resolved)."""
+    m = G.shape[0]
+    k = 3 * nc
+    nl = m - k
+    anybrk = False
+    linear = True
+    for i in range(nc):
+        if modes[i] == BREAKING:
+            anybrk = True
+        elif modes[i] == SLIDING:
+            linear = False
+    usezero = haszero and linear
+    allact = True
+    for j in range(nl):
+        if not lim_act[j]:
+            allact = False
+    full = (not usezero) and (not anybrk) and allact
+    act = np.empty(m, np.int64)
+    na = 0
+    if full:
+        for i in range(m):
+            act[i] = i
+        na = m
+        Gaa = G
+        ga = g
+        x = lam.copy()
+    else:
+        for i in range(nc):
+            if modes[i] != BREAKING:
+                for r in range(3):
+                    row = 3 * i + r
+                    if not (usezero and zero[row]):
+                        act[na] = row
+                        na += 1
+        for j in range(nl):
+            if lim_act[j] and not (usezero and zero[k + j]):
+                act[na] = k + j
+                na += 1
+        if na == 0:
+            return np.zeros(m), g.copy(), True, 0
+        Gaa = np.empty((na, na))
+        ga = np.empty(na)
+        x = np.empty(na)
+        for a in range(na):
+            ra = act[a]
+            ga[a] = g[ra]
+            x[a] = lam[ra]
+            for b in range(na):
+                Gaa[a, b] = G[ra, act[b]]
+    ftol = 1e-14 * vscale
+    stall = 1e-11 * vscale
+    if 0.1 * tol > stall:
+        stall = 0.1 * tol
+    deficient = -1
+    its = 0
+    ok = False
+    F = np.empty(na)
+    if linear:
+        _matvec(Gaa, x, ga, F)
+        fn = _maxabs(F)
+        while True:
+            if fn <= ftol and its >= min_steps:
+                ok = True
+                break
+            if its >= max_its:
+                ok = fn <= stall
+                break
+            if deficient < 0:
+                deficient = 1 if _rank_deficient(Gaa) else 0
+            its += 1
+            d = _lin_solve(Gaa, F, x, deficient == 1, anchored)
+            for a in range(na):
+                x[a] -= d[a]
+            _matvec(Gaa, x, ga, F)
+            fn_new = _maxabs(F)
+            if fn_new > 0.5 * fn and its > min_steps:
+                ok = fn_new <= stall
+                break
+            fn = fn_new
+    else:
+        # sliding contacts among the active ones (every active contact has its 3 rows first)
+        nsl = 0
+        for i in range(nc):
+            if modes[i] == SLIDING:
+                nsl += 1
+        i1s = np.empty(nsl, np.int64)
+        mu_s = np.empty(nsl)
+        d_s = np.empty(nsl)
+        p = 0
+        q = 0
+        for i in range(nc):
+            if modes[i] == BREAKING:
+                continue
+            if modes[i] == SLIDING:
+                i1s[q] = 3 * p
+                mu_s[q] = mu[i]
+                d_s[q] = dc[i]
+                q += 1
+            p += 1
+        aux = np.empty((9, nsl))
+        aux_new = np.empty((9, nsl))
+        F_new = np.empty(na)
+        x_new = np.empty(na)
+        _slide_residual(Gaa, ga, x, i1s, mu_s, d_s, F, aux)
+        phi = _dot(F)
+        fn = _maxabs(F)
+        A = np.empty((na, na))
+        while True:
+            if fn <= ftol and its >= min_steps:
+                ok = True
+                break
+            if its >= max_its:
+                ok = fn <= stall
+                break
+            if deficient < 0:
+                deficient = 1 if _rank_deficient(Gaa) else 0
+            its += 1
+            A[:, :] = Gaa
+            for q in range(nsl):
+                a = i1s[q]
+                for c in range(na):
+                    A[a, c] = 0.0
+            for q in range(nsl):
+                a = i1s[q]
+                b = a + 1
+                d = d_s[q]
+                w1 = aux[0, q]
+                w2 = aux[1, q]
+                ns = aux[3, q]
+                s1 = aux[4, q]
+                s2 = aux[5, q]
+                l1 = aux[6, q]
+                l2 = aux[7, q]
+                rho = aux[8, q]
+                A[a, a] = d * w1
+                A[a, b] = d * w2
+                A[a, a + 2] = -d * mu_s[q]
+                # dF2 = (d(lam_T x s_T) - F2 d rho) / rho
+                f2 = F[b] / rho
+                safe_s = ns if ns > 0.0 else _INF
+                u1 = s1 / safe_s
+                u2 = s2 / safe_s
+                c1 = l1 / rho - f2 * u2 / d
+                c2 = -l2 / rho - f2 * u1 / d
+                for c in range(na):
+                    A[b, c] = c2 * Gaa[a, c] + c1 * Gaa[b, c]
+                A[b, a] += s2 / rho - f2 * w1
+                A[b, b] += -s1 / rho - f2 * w2
+            delta = _lin_solve(A, F, x, deficient == 1, anchored)
+            # backtracking line search on ||F||^2
+            t = 1.0
+            while True:
+                for c in range(na):
+                    x_new[c] = x[c] - t * delta[c]
+                _slide_residual(Gaa, ga, x_new, i1s, mu_s, d_s, F_new, aux_new)
+                phi_new = _dot(F_new)
+                if phi_new <= (1.0 - 1e-4 * t) * phi or phi_new <= ftol * ftol or its <= min_steps:
+                    break
+                t *= 0.5
+                if t < 1e-3:
+                    break
+            fn_new = _maxabs(F_new)
+            if t < 1e-3:
+                # no descent: converged at the arithmetic's precision, or stuck
+                mn = fn_new if fn_new < fn else fn
+                ok = mn <= stall
+                if fn_new < fn:
+                    x, x_new = x_new, x
+                break
+            x, x_new = x_new, x
+            F, F_new = F_new, F
+            aux, aux_new = aux_new, aux
+            phi = phi_new
+            if fn_new > 0.5 * fn and fn_new <= stall and its > min_steps:
+                ok = True
+                break
+            fn = fn_new
+    # scatter: the full (lam, sigma)
+    sigma = np.empty(m)
+    if full:
+        _matvec(G, x, g, sigma)
+        return x, sigma, ok, its
+    out = np.zeros(m)
+    for a in range(na):
+        out[act[a]] = x[a]
+    _matvec(G, out, g, sigma)
+    return out, sigma, ok, its
+
+
+# -- accepting a solution ------------------------------------------------------------------
+@njit
+def _finish(G, g, nc, mu, modes, lim_act, lam, sigma, dG, dc, vscale, zero, haszero, tol,
+            mode_tol, newton_iter):
+    """``NCPSolver._finish``: (found, lam, sigma, modes, its, residual)."""
+    its = 0
+    no = nc < 0                 # False / 1 as runtime values (numba compiles a callee once per
+    one = its + 1               # literal argument otherwise)
+    k = 3 * nc
+    if nc:
+        tol_v, tol_l = _tols(lam, vscale, mode_tol)
+        any_tiny = False
+        for i in range(nc):
+            if modes[i] != BREAKING:
+                j = 3 * i
+                a = abs(lam[j])
+                b = abs(lam[j + 1])
+                if b > a:
+                    a = b
+                b = abs(lam[j + 2])
+                if b > a:
+                    a = b
+                if a <= tol_l and sigma[j + 2] >= -tol_v:
+                    if not any_tiny:
+                        modes = modes.copy()
+                        lam = lam.copy()
+                        any_tiny = True
+                    modes[i] = BREAKING
+                    lam[j] = 0.0
+                    lam[j + 1] = 0.0
+                    lam[j + 2] = 0.0
+        if any_tiny:
+            sigma = np.empty(G.shape[0])
+            _matvec(G, lam, g, sigma)
+        nbrk = 0
+        for i in range(nc):
+            if modes[i] == BREAKING:
+                nbrk += 1
+        if nbrk:
+            touch = np.zeros(nc, np.bool_)
+            ntouch = 0
+            for i in range(nc):
+                if modes[i] == BREAKING and abs(sigma[3 * i + 2]) <= 10.0 * tol_v:
+                    touch[i] = True
+                    ntouch += 1
+            if ntouch and nbrk < nc:
+                modes2 = modes.copy()
+                for i in range(nc):
+                    if touch[i]:
+                        s0 = sigma[3 * i]
+                        s1 = sigma[3 * i + 1]
+                        slip = math.sqrt(s0 * s0 + s1 * s1)
+                        modes2[i] = SLIDING if slip > tol_v else STICKING
+                lam2 = lam.copy()
+                _prepare(lam2, nc, mu, modes2, lim_act)
+                # (at least one minimum-norm step: the current impulses may already solve the
+                # equations with the re-activated contacts unloaded)
+                lam2, sigma2, ok, n2 = _newton(G, g, nc, mu, modes2, lim_act, lam2, dc, vscale,
+                                               newton_iter, no, one, zero, haszero, tol)
+                its += n2
+                tv, tl = _tols(lam2, vscale, mode_tol)
+                carried = True
+                for i in range(nc):
+                    if touch[i]:
+                        j = 3 * i
+                        a = abs(lam2[j])
+                        b = abs(lam2[j + 1])
+                        if b > a:
+                            a = b
+                        b = abs(lam2[j + 2])
+                        if b > a:
+                            a = b
+                        if not a > tl:
+                            carried = False
+                if ok and carried:
+                    found, _m, _l, _v = _violations(lam2, sigma2, nc, mu, modes2, lim_act, dc, dG,
+                                                    tv, tl)
+                    if not found:
+                        lam = lam2
+                        sigma = sigma2
+                        modes = modes2
+                        tol_v = tv
+                        tol_l = tl
+        nslow = 0
+        for i in range(nc):
+            if modes[i] == SLIDING:
+                s0 = sigma[3 * i]
+                s1 = sigma[3 * i + 1]
+                if math.sqrt(s0 * s0 + s1 * s1) <= tol_v:
+                    nslow += 1
+        if nslow:
+            modes2 = modes.copy()
+            for i in range(nc):
+                if modes[i] == SLIDING:
+                    s0 = sigma[3 * i]
+                    s1 = sigma[3 * i + 1]
+                    if math.sqrt(s0 * s0 + s1 * s1) <= tol_v:
+                        modes2[i] = STICKING
+            lam2, sigma2, ok, n2 = _newton(G, g, nc, mu, modes2, lim_act, lam, dc, vscale,
+                                           newton_iter, not no, one - 1, zero, haszero, tol)
+            its += n2
+            tv, tl = _tols(lam2, vscale, mode_tol)
+            if ok:
+                found, _m, _l, _v = _violations(lam2, sigma2, nc, mu, modes2, lim_act, dc, dG,
+                                                tv, tl)
+                if not found:
+                    lam = lam2
+                    sigma = sigma2
+                    modes = modes2
+    res = natres(lam, sigma, nc, mu, dc, dG)
+    return res <= tol, lam, sigma, modes, its, res
+
+
+# -- the active-set iteration ----------------------------------------------------------------
+@njit
+def _seen_index(seen_m, seen_l, n, modes, lim_act):
+    """Row of (modes, lim_act) among the first n recorded sets, or -1."""
+    for r in range(n):
+        same = True
+        for i in range(modes.shape[0]):
+            if seen_m[r, i] != modes[i]:
+                same = False
+                break
+        if same:
+            for j in range(lim_act.shape[0]):
+                if seen_l[r, j] != lim_act[j]:
+                    same = False
+                    break
+        if same:
+            return r
+    return -1
+
+
+@njit
+def active_set(G, g, nc, mu, modes_in, lim_in, lam_in, dG, dc, zero, haszero, vscale, budget,
+               tol, mode_tol, newton_iter, mode_rounds):
+    """``NCPSolver._active_set``: (found, lam, sigma, modes, lim_act, iterations, residual).
+    ``zero``: rows with a zero Delassus diagonal (used where ``haszero``)."""
+    m = G.shape[0]
+    k = 3 * nc
+    nl = m - k
+    total = 0
+    R = max(mode_rounds, 1)
+    seen_m = np.empty((R, nc), np.int64)
+    seen_l = np.empty((R, nl), np.bool_)
+    seen_c = np.zeros(R, np.int64)
+    nseen = 0
+    modes = modes_in.copy()
+    lim_act = lim_in.copy()
+    lam = lam_in.copy()
+    _prepare(lam, nc, mu, modes, lim_act)
+    single = False
+    first = True
+    for _ in range(mode_rounds):
+        r = _seen_index(seen_m, seen_l, nseen, modes, lim_act)
+        if r < 0:
+            seen_m[nseen] = modes
+            seen_l[nseen] = lim_act
+            seen_c[nseen] = 1
+            nseen += 1
+        else:
+            seen_c[r] += 1
+        if total >= budget:
+            break
+        max_its = newton_iter if newton_iter < budget - total else budget - total
+        lam_n, sigma, ok, its = _newton(G, g, nc, mu, modes, lim_act, lam, dc, vscale,
+                                        max(1, max_its), first, total - total, zero, haszero, tol)
+        first = False
+        total += its
+        tol_v, tol_l = _tols(lam_n, vscale, mode_tol)
+        found, new_modes, new_lim, v = _violations(lam_n, sigma, nc, mu, modes, lim_act, dc, dG,
+                                                   tol_v, tol_l)
+        if not found:
+            done, lam_f, sigma_f, modes_f, its_f, res = _finish(
+                G, g, nc, mu, modes, lim_act, lam_n, sigma, dG, dc, vscale, zero, haszero, tol,
+                mode_tol, newton_iter)
+            return done, lam_f, sigma_f, modes_f, lim_act, total + its_f, res
+        if (not ok) or single or _seen_index(seen_m, seen_l, nseen, new_modes, new_lim) >= 0:
+            # Newton failed or the modes cycled: from now on switch one row at a time
+            single = True
+            jm = 0
+            best = v[0]
+            for j in range(1, v.shape[0]):
+                if best != best:
+                    break
+                if v[j] > best or v[j] != v[j]:
+                    best = v[j]
+                    jm = j
+            cand_m = new_modes
+            cand_l = new_lim
+            new_modes = modes.copy()
+            new_lim = lim_act.copy()
+            if jm < nc:
+                new_modes[jm] = cand_m[jm]
+            else:
+                new_lim[jm - nc] = cand_l[jm - nc]
+            r = _seen_index(seen_m, seen_l, nseen, new_modes, new_lim)
+            if r >= 0 and seen_c[r] >= 2:
+                break       # (a set of modes may come back once, from other impulses)
+        modes = new_modes
+        lim_act = new_lim
+        lam = lam_n
+        _prepare(lam, nc, mu, modes, lim_act)
+    return False, lam_in, lam_in, modes_in, lim_in, total, _INF
+
+
+@njit
+def solve_stage1(G, g, nc, mu, lam0, modes0, has_modes, tol, mode_tol, newton_iter,
+                 mode_rounds, budget):
+    """The preamble of ``NCPSolver.solve`` (dG, dc, vscale, zero-diagonal rows, the warm start)
+    and stage 1. ``lam0`` empty: no warm start; ``has_modes`` False: no ``modes0``.
+    Returns ``active_set``'s tuple."""
+    m = G.shape[0]
+    k = 3 * nc
+    nl = m - k
+    dmax = G[0, 0]
+    for i in range(1, m):
+        if G[i, i] > dmax or G[i, i] != G[i, i]:
+            dmax = G[i, i]
+    floor = 1e-12 * (dmax if dmax > 1.0 else 1.0)
+    zlim = 1e-14 * dmax
+    dG = np.empty(m)
+    zero = np.zeros(m, np.bool_)
+    haszero = False
+    for i in range(m):
+        d = G[i, i]
+        dG[i] = d if (d >= floor or d != d) else floor
+        if d <= zlim:
+            zero[i] = True
+            haszero = True
+    dc = np.empty(nc)
+    for i in range(nc):
+        dc[i] = (dG[3 * i] + dG[3 * i + 1] + dG[3 * i + 2]) / 3.0
+    vscale = abs(g[0])
+    for i in range(1, m):
+        a = abs(g[i])
+        if a > vscale:
+            vscale = a
+    if 1e-3 * tol > vscale:
+        vscale = 1e-3 * tol
+    lam = np.zeros(m)
+    if lam0.shape[0]:
+        t = 0.0
+        for i in range(m):
+            t += lam0[i]
+        if t - t == 0.0:
+            lam[:] = lam0
+    modes = np.empty(nc, np.int64)
+    lim0 = np.empty(nl, np.bool_)
+    if not has_modes:
+        for i in range(nc):
+            modes[i] = BREAKING if g[3 * i + 2] >= 0.0 else STICKING
+        for j in range(nl):
+            lim0[j] = g[k + j] < 0.0
+    else:
+        if modes0.shape[0] < nc or (modes0.shape[0] > nc and modes0.shape[0] != nc + nl):
+            raise ValueError("modes0: nc contact modes, then optionally one 0/1 per limit")
+        bad = False
+        for i in range(nc):
+            modes[i] = modes0[i]
+            if modes0[i] < BREAKING or modes0[i] > SLIDING:
+                bad = True
+        if bad:
+            for i in range(nc):
+                modes[i] = BREAKING if modes[i] == BREAKING else STICKING
+        if modes0.shape[0] > nc:
+            for j in range(nl):
+                lim0[j] = modes0[nc + j] != 0
+        else:
+            for j in range(nl):
+                lim0[j] = g[k + j] < 0.0
+    return active_set(G, g, nc, mu, modes, lim0, lam, dG, dc, zero, haszero, vscale, budget,
+                      tol, mode_tol, newton_iter, mode_rounds)
