@@ -187,6 +187,7 @@ class CollisionDriver:
                 jj = model.parents[jj]
         self._H0 = np.zeros((0, 4, 4))
         self._no_speed = np.zeros(0)
+        self._empty = Contacts.empty()     # (returned when nothing touches; never written to)
         self._no_J = np.zeros((6, 0), order="F")      # (the layout of pinocchio's data.J)
         self._batched = batch
         # broad phase (pairs not batched above), plane pairs and sphere pairs
@@ -221,7 +222,15 @@ class CollisionDriver:
             if pts is not None:
                 sw = shape.getSweptSphereRadius() if hasattr(shape, "getSweptSphereRadius") else 0.0
                 self._hp_mesh.append((int(self._hp[i]), int(self._hp_pl[i]), int(ot), pts, float(sw)))
-        nonplane = (self.pair_plane < 0)
+        # sphere-sphere pairs: closed form in the compiled pass (not in the broad phase)
+        kinds = [g.kind for g in self.sm.geoms]
+        ss = np.array([self.batch_plane_pairs and kinds[int(a)] == "sphere" and kinds[int(b)] == "sphere"
+                       for a, b in p], dtype=bool).reshape(-1)
+        self._ss = (np.flatnonzero(ss).astype(np.int64),
+                    np.array([float(self.sm.geoms[int(a)].size[0]) for a in p[ss, 0]]).reshape(-1),
+                    np.array([float(self.sm.geoms[int(b)].size[0]) for b in p[ss, 1]]).reshape(-1))
+        batch = batch | ss
+        nonplane = (self.pair_plane < 0) & ~ss
         self._np = np.flatnonzero(nonplane)
         self._np_a, self._np_b = p[nonplane, 0], p[nonplane, 1]
         self._rest = np.flatnonzero(~batch)
@@ -333,7 +342,7 @@ class CollisionDriver:
         must hold the joint Jacobians at those placements (computeJointJacobians); without,
         from the joint velocities in ``data.v``."""
         if not self._npairs:
-            return Contacts.empty()
+            return self._empty
         from_jacobian = v is not None
         if self._mj:
             oMi = data.oMi
@@ -354,9 +363,9 @@ class CollisionDriver:
             self.pairs, self.base_margin, dt, self._rest, self._hp, self._hp_pl, self._hp_ot,
             self._hp_ext_vec, self._hp_ext_const, self._hp_use_rot, self._np, self._np_a,
             self._np_b, self._np_rad, self._box_pair, self._box_geom, self._box_other,
-            self._box_half, self._box_orad, self._friction, self.max_points, *self._bp)
+            self._box_half, self._box_orad, self._friction, self.max_points, *self._bp, *self._ss)
         if not len(cand):
-            return Contacts(*rows) if len(rows[0]) else Contacts.empty()
+            return Contacts(*rows) if len(rows[0]) else self._empty
         blocks = [(rows[0], rows[3], rows[4], rows[5], rows[6], rows[8])] if len(rows[0]) else []
         if self._mesh_pairs and len(cand):
             # meshes against a plane: the lowest vertex of the convex hull bounds the height
@@ -423,7 +432,7 @@ class CollisionDriver:
         """Contacts from row blocks (pair, point, pos, normal, dist, frames or None), ordered by
         pair."""
         if not blocks:
-            return Contacts.empty()
+            return self._empty
         if len(blocks) == 1:
             pair, pt, pos, nrm, dist, frames = blocks[0]
         else:

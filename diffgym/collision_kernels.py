@@ -8,7 +8,9 @@ Three kernels, called once per step with the driver's constant tables:
   ``base_margin + dt (speed bound 1 + speed bound 2)`` and the broad phase of the pairs that
   are not closed form (lower bounds on their distance; the candidates are returned);
 * ``plane_points``: the closed-form contacts of every sphere, capsule and box resting on a
-  static plane (``plane_contacts.py`` describes the points), with their normals and frames.
+  static plane (``plane_contacts.py`` describes the points), with their normals and frames;
+* ``sphere_pairs``: the closed-form contacts of sphere-sphere pairs (exact: the broad-phase
+  distance of two spheres is their distance).
 
 They are plain loops over floats, compiled with numba (``jit.py``).
 """
@@ -232,11 +234,111 @@ def plane_points(W, margin, pairs, friction, max_points, bp_pair, bp_kind, bp_ge
 
 
 @njit
+def sphere_pairs(W, margin, pairs, friction, ss_k, ss_r1, ss_r2):
+    """Closed-form contacts of sphere-sphere pairs ``ss_k`` (radii ss_r1 of geom 1, ss_r2 of
+    geom 2) closer than their margins: normal along the centres (from geom 1 to geom 2), the
+    midpoint of the two surface points, frames as ``frames.tangent_frames``. Rows as
+    ``plane_points``."""
+    n_ss = ss_k.shape[0]
+    hit = np.zeros(n_ss, dtype=np.bool_)
+    total = 0
+    for i in range(n_ss):
+        k = ss_k[i]
+        a, b = pairs[k, 0], pairs[k, 1]
+        d0 = W[b, 0, 3] - W[a, 0, 3]
+        d1 = W[b, 1, 3] - W[a, 1, 3]
+        d2 = W[b, 2, 3] - W[a, 2, 3]
+        if np.sqrt(d0 * d0 + d1 * d1 + d2 * d2) - ss_r1[i] - ss_r2[i] < margin[k]:
+            hit[i] = True
+            total += 1
+    pair = np.empty(total, dtype=np.int64)
+    g1 = np.empty(total, dtype=np.int64)
+    g2 = np.empty(total, dtype=np.int64)
+    point = np.zeros(total, dtype=np.int64)
+    pos = np.empty((total, 3))
+    normal = np.empty((total, 3))
+    dist = np.empty(total)
+    mu = np.empty(total)
+    frames = np.empty((total, 3, 3))
+    r = 0
+    for i in range(n_ss):
+        if not hit[i]:
+            continue
+        k = ss_k[i]
+        a, b = pairs[k, 0], pairs[k, 1]
+        d0 = W[b, 0, 3] - W[a, 0, 3]
+        d1 = W[b, 1, 3] - W[a, 1, 3]
+        d2 = W[b, 2, 3] - W[a, 2, 3]
+        L = np.sqrt(d0 * d0 + d1 * d1 + d2 * d2)
+        if L > 0.0:
+            n0, n1, n2 = d0 / L, d1 / L, d2 / L
+        else:                               # coincident centres: any direction is a normal
+            n0, n1, n2 = 0.0, 0.0, 1.0
+        pair[r], g1[r], g2[r] = k, a, b
+        dist[r] = L - ss_r1[i] - ss_r2[i]
+        mu[r] = friction[k]
+        nn = (n0, n1, n2)
+        for c in range(3):
+            # surface points c_a + r1 n and c_b - r2 n; their midpoint
+            pos[r, c] = 0.5 * ((W[a, c, 3] + ss_r1[i] * nn[c]) + (W[b, c, 3] - ss_r2[i] * nn[c]))
+            normal[r, c] = nn[c]
+        # t1 = helper x n (helper e_x where |n_x| < 0.9, else e_y), t2 = n x t1
+        if abs(n0) < 0.9:
+            t0, t1_, t2_ = 0.0, -n2, n1
+        else:
+            t0, t1_, t2_ = n2, 0.0, -n0
+        tn = np.sqrt(t0 * t0 + t1_ * t1_ + t2_ * t2_)
+        t0, t1_, t2_ = t0 / tn, t1_ / tn, t2_ / tn
+        frames[r, 0, 0], frames[r, 1, 0], frames[r, 2, 0] = t0, t1_, t2_
+        frames[r, 0, 1] = n1 * t2_ - n2 * t1_
+        frames[r, 1, 1] = n2 * t0 - n0 * t2_
+        frames[r, 2, 1] = n0 * t1_ - n1 * t0
+        frames[r, 0, 2], frames[r, 1, 2], frames[r, 2, 2] = n0, n1, n2
+        r += 1
+    return pair, g1, g2, point, pos, normal, dist, mu, frames
+
+
+@njit
+def merge_rows(A, B):
+    """Rows of A and B (tuples as plane_points returns, each ordered by pair) merged by pair
+    (A's rows first on equal pairs)."""
+    na, nb = A[0].shape[0], B[0].shape[0]
+    if nb == 0:
+        return A
+    if na == 0:
+        return B
+    n = na + nb
+    pair = np.empty(n, dtype=np.int64)
+    g1 = np.empty(n, dtype=np.int64)
+    g2 = np.empty(n, dtype=np.int64)
+    point = np.empty(n, dtype=np.int64)
+    pos = np.empty((n, 3))
+    normal = np.empty((n, 3))
+    dist = np.empty(n)
+    mu = np.empty(n)
+    frames = np.empty((n, 3, 3))
+    i = j = 0
+    for r in range(n):
+        take_a = j >= nb or (i < na and A[0][i] <= B[0][j])
+        S, t = (A, i) if take_a else (B, j)
+        pair[r], g1[r], g2[r], point[r] = S[0][t], S[1][t], S[2][t], S[3][t]
+        pos[r] = S[4][t]
+        normal[r] = S[5][t]
+        dist[r], mu[r] = S[6][t], S[7][t]
+        frames[r] = S[8][t]
+        if take_a:
+            i += 1
+        else:
+            j += 1
+    return pair, g1, g2, point, pos, normal, dist, mu, frames
+
+
+@njit
 def detect_closed_form(H, Jw, v, support, lin, ang, from_jacobian, gslot, W0, reach, pairs,
                        base_margin, dt, rest, hp_k, hp_pl, hp_ot, ext_vec, ext_const, use_rot,
                        np_k, np_a, np_b, np_rad, box_pair, box_geom, box_other, box_half,
                        box_orad, friction, max_points, bp_pair, bp_kind, bp_geom, bp_n, bp_off,
-                       bp_N, bp_frames, bp_size):
+                       bp_N, bp_frames, bp_size, ss_k, ss_r1, ss_r2):
     """The three kernels above in one call (one dispatch from Python): speeds (from ``Jw`` and
     ``v`` when ``from_jacobian``, else the given ``lin``, ``ang``), placements, margins and
     broad-phase candidates, then the closed-form points. Returns (W, margin, cand, rows)."""
@@ -248,4 +350,6 @@ def detect_closed_form(H, Jw, v, support, lin, ang, from_jacobian, gslot, W0, re
         box_orad)
     rows = plane_points(W, margin, pairs, friction, max_points, bp_pair, bp_kind, bp_geom, bp_n,
                         bp_off, bp_N, bp_frames, bp_size)
+    if ss_k.shape[0]:
+        rows = merge_rows(rows, sphere_pairs(W, margin, pairs, friction, ss_k, ss_r1, ss_r2))
     return W, margin, cand, rows

@@ -77,8 +77,8 @@ def _offset(d, dt, erp, skin):
 
 
 @njit
-def assemble_problem(pos, frames, j1, j2, dist, Jw, support, lim_idx, lim_dist, lim_v, lim_sign,
-                     dt, erp, skin, Minv, v_free):
+def assemble_problem(pos, frames, j1, j2, dist, Jw, support, tree_lo, tree_hi, lim_idx, lim_dist,
+                     lim_v, lim_sign, dt, erp, skin, Minv, v_free):
     """The rows J (m, nv) and offsets b of the contacts (3 each) and active limits, and the
     velocity-level problem ``G = J M^-1 J^T``, ``g = J v_free + b`` with ``M^-1 J^T`` and the
     symmetric ``M^-1``.
@@ -123,24 +123,40 @@ def assemble_problem(pos, frames, j1, j2, dist, Jw, support, lim_idx, lim_dist, 
     for i in range(nv):
         for d in range(i, nv):
             Ms[i, d] = Ms[d, i] = Minv[i, d]
+    # M^-1 is block diagonal over the kinematic trees hanging from the world (dof d's tree is
+    # the contiguous range tree_lo[d]:tree_hi[d]): a row couples only with rows on its trees
+    rt = np.full((m, 2), -1, dtype=np.int64)
+    for r in range(m):
+        for t in range(nnz[r]):
+            lo = tree_lo[nz[r, t]]
+            if rt[r, 0] < 0 or rt[r, 0] == lo:
+                rt[r, 0] = lo
+            else:
+                rt[r, 1] = lo
     MJt = np.zeros((nv, m))
     for r in range(m):
         for t in range(nnz[r]):
             d = nz[r, t]
             x = J[r, d]
-            for i in range(nv):
+            for i in range(tree_lo[d], tree_hi[d]):
                 MJt[i, r] += Ms[i, d] * x
     G = np.zeros((m, m))
     g = b.copy()
     for r in range(m):
+        a0, a1 = rt[r, 0], rt[r, 1]
         for t in range(nnz[r]):
             d = nz[r, t]
-            x = J[r, d]
-            g[r] += x * v_free[d]
-            for c in range(r, m):
-                G[r, c] += x * MJt[d, c]
-        for c in range(r + 1, m):
-            G[c, r] = G[r, c]
+            g[r] += J[r, d] * v_free[d]
+        for c in range(r, m):
+            c0, c1 = rt[c, 0], rt[c, 1]
+            if c0 < 0 or not (c0 == a0 or c0 == a1 or (c1 >= 0 and (c1 == a0 or c1 == a1))):
+                continue
+            acc = 0.0
+            for t in range(nnz[r]):
+                d = nz[r, t]
+                acc += J[r, d] * MJt[d, c]
+            G[r, c] = acc
+            G[c, r] = acc
     return J, b, G, g, MJt, Ms
 
 
@@ -175,6 +191,22 @@ class ConstraintBuilder:
             self.support[j] = self.support[model.parents[j]]
             self.support[j, jm.idx_v:jm.idx_v + jm.nv] = True
         self._no_limits = (np.zeros(0, dtype=np.int64), np.zeros(0))
+        # each dof's kinematic tree (the subtree of a child of the world), as the range of its
+        # dofs, where M^-1 is block diagonal; one dense block if a tree's dofs are not contiguous
+        self.tree_lo = np.zeros(self.nv, dtype=np.int64)
+        self.tree_hi = np.full(self.nv, self.nv, dtype=np.int64)
+        roots: dict[int, list[int]] = {}
+        for j in range(1, model.njoints):
+            r = j
+            while model.parents[r] != 0:
+                r = model.parents[r]
+            jm = model.joints[j]
+            roots.setdefault(r, []).extend(range(jm.idx_v, jm.idx_v + jm.nv))
+        if all(max(d) + 1 - min(d) == len(d) for d in roots.values() if d):
+            for dofs in roots.values():
+                if dofs:
+                    self.tree_lo[dofs] = min(dofs)
+                    self.tree_hi[dofs] = max(dofs) + 1
 
     def active_limits_fast(self, q: np.ndarray, v: np.ndarray, dt: float):
         """``active_limits`` compiled (the same rows and distances)."""
@@ -194,7 +226,7 @@ class ConstraintBuilder:
             frames = tangent_frames(contacts.normal) if nc else np.zeros((0, 3, 3))
         J, b, G, g, MJt, Ms = assemble_problem(
             contacts.pos, frames, self.geom_joint[contacts.geom1], self.geom_joint[contacts.geom2],
-            contacts.dist, Jw, self.support, lim_idx, lim_dist, self.lim_v, self.lim_sign, dt,
+            contacts.dist, Jw, self.support, self.tree_lo, self.tree_hi, lim_idx, lim_dist, self.lim_v, self.lim_sign, dt,
             self.erp, self.skin, Minv, v_free)
         cons = Constraints(J, b, nc, contacts.mu, frames, contacts, lim_idx, lim_dist, contacts.dist)
         return cons, G, g, MJt, Ms

@@ -8,6 +8,7 @@ One step of semi-implicit Euler in impulse form (``shared/notes/gradients.md``):
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -23,6 +24,9 @@ from .solver import MODE_NAMES, NCPSolver, SolverResult, SolverSettings
 
 
 _add = np.add.reduce          # (ndarray.sum without its Python wrapper: the same sums)
+# the solver result of a step without constraints (what sim.last reports then)
+_NO_RESULT = SolverResult(np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64),
+                          np.zeros(0, dtype=bool), 0, 0.0, True, "none")
 
 
 @njit
@@ -154,6 +158,13 @@ class StepInfo:
         # only called for attributes not set yet: the lazy fields of a simulator's StepInfo
         if name in _LAZY_FIELDS:
             src = self.__dict__.get("_src")
+            if src is not None and src[0] is None:      # no constraint this step: the defaults
+                d = self.__dict__
+                for f in dataclasses.fields(self):
+                    if f.name in _LAZY_FIELDS:
+                        d.setdefault(f.name, f.default_factory())
+                d.pop("_src", None)
+                return d[name]
             if src is not None:
                 if name == "contact_modes":          # (read every step by some loops: alone)
                     val = self.__dict__[name] = [MODE_NAMES[m] for m in src[1].modes.tolist()]
@@ -166,7 +177,7 @@ class StepInfo:
         # (pickling and copying fill the lazy fields: the copy holds no simulator objects)
         src = self.__dict__.get("_src")
         if src is not None:
-            self._fill(*src)
+            getattr(self, "contact_points") if src[0] is None else self._fill(*src)
         return dict(self.__dict__)
 
     def _fill(self, cons: Constraints, res: SolverResult, sm: SimModel) -> None:
@@ -191,7 +202,7 @@ class StepInfo:
     def num_contacts(self) -> int:
         src = self.__dict__.get("_src")
         if src is not None and "contact_modes" not in self.__dict__:
-            return int(src[0].nc)
+            return int(src[0].nc) if src[0] is not None else 0
         return len(self.contact_modes)
 
     @property
@@ -458,7 +469,7 @@ class Simulator:
     def _record(self, cons: Constraints | None, res: SolverResult | None) -> None:
         if cons is None:
             self._warm = None
-            self.last = StepInfo()
+            self.last = StepInfo._lazy(None, _NO_RESULT, self.sm)
             return
         c = cons.contacts
         # the warm start of the next step: impulses and modes per (pair, point) and per limit

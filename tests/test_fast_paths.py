@@ -145,3 +145,39 @@ def test_warm_start_follows_contacts_by_identity():
         np.testing.assert_array_equal(lam0[3 * i:3 * i + 3], prev[(int(c.pair[j]), int(c.point[j]))])
     sim.reset_warmstart()
     assert sim._warm_start(cons) == (None, None)
+
+
+def test_compiled_sphere_pairs_equal_coal():
+    """Sphere-sphere contacts in closed form (collision_kernels.sphere_pairs) against coal's,
+    on billiards balls packed in a rack and scattered at random."""
+    sim = diffgym.Simulator.from_file(asset_path("billiards.xml"))
+    fast = sim.collision
+    ref = CollisionDriver(sim.sm, batch_plane_pairs=False)
+    assert len(fast._ss[0]) and not len(ref._ss[0])
+    gdata = pin.GeometryData(sim.geom_model)
+    for req in gdata.collisionRequests:
+        req.enable_contact = True
+    rng = np.random.default_rng(3)
+    balls = 0
+    for trial in range(40):
+        q = sim.q0.copy()
+        if trial:      # shake the rack: pairs touching, apart and slightly overlapping
+            for j in range(1, sim.model.njoints):
+                iq = sim.model.joints[j].idx_q
+                q[iq:iq + 2] += rng.normal(0.0, 2e-3, 2)
+        v = rng.normal(0.0, 0.5, sim.nv)
+        pin.forwardKinematics(sim.model, sim.data, q, v)
+        pin.computeJointJacobians(sim.model, sim.data)
+        pin.updateGeometryPlacements(sim.model, sim.data, sim.geom_model, sim.geom_data)
+        pin.updateGeometryPlacements(sim.model, sim.data, sim.geom_model, gdata)
+        a = fast.detect(sim.data, sim.geom_data, sim.dt, v)
+        b = ref.detect(sim.data, gdata, sim.dt)
+        for f in ("pair", "geom1", "geom2", "point", "mu"):
+            np.testing.assert_array_equal(getattr(a, f), getattr(b, f), err_msg=f)
+        for f in ("pos", "normal", "dist"):
+            np.testing.assert_allclose(getattr(a, f), getattr(b, f), rtol=0, atol=1e-12, err_msg=f)
+        frames = a.frames if a.frames is not None else tangent_frames(a.normal)
+        np.testing.assert_allclose(frames, tangent_frames(b.normal), rtol=0, atol=1e-12)
+        kinds = [(sim.sm.geoms[int(g1)].kind, sim.sm.geoms[int(g2)].kind) for g1, g2 in zip(b.geom1, b.geom2)]
+        balls += kinds.count(("sphere", "sphere"))
+    assert balls > 100
