@@ -29,6 +29,13 @@ plane, mesh-mesh, ...) falls back to a central difference of the collision outpu
 (``_collision_fd``, step ``collision_fd_eps``), never of the dynamics; ``closed_form_pair``
 says which. ``tests/test_gradients.py`` checks both routes against central differences of the
 whole step.
+
+Two implementations give the same numbers (to rounding): ``step_jacobian``'s default compiled
+route (pinocchio for the kinematics, the ABA derivatives and dIntegrate; numba kernels in
+``derivative_kernels.py`` for the rest: joint forces, Jacobian stacking, closed-form geometry on
+static planes, frame derivatives, the mode system, its solve and the chain rule) and the numpy
+reference (``step_jacobian(sim, compiled=False)``, or ``COMPILED = False``), which the compiled
+route falls back to where it does not apply. ``tests/test_derivative_kernels.py`` compares them.
 """
 from __future__ import annotations
 
@@ -387,8 +394,21 @@ def _solve_min_norm(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     return np.linalg.lstsq(A, B, rcond=1e-12)[0]
 
 
-def step_jacobian(sim) -> StepJacobian:
-    """Jacobian of the step that ``sim`` just took (uses ``sim.cache``)."""
+def step_jacobian(sim, compiled: bool | None = None) -> StepJacobian:
+    """Jacobian of the step that ``sim`` just took (uses ``sim.cache``).
+
+    ``compiled``: the numba route (``derivative_kernels``; the default, see ``COMPILED``) or the
+    numpy reference below (False). Both give the same numbers to rounding; the compiled route
+    falls back to the reference where it does not apply (mimic joints, non-finite data)."""
+    if COMPILED if compiled is None else compiled:
+        out = _step_jacobian_compiled(sim)
+        if out is not None:
+            return out
+    return _step_jacobian_reference(sim)
+
+
+def _step_jacobian_reference(sim) -> StepJacobian:
+    """The numpy reference of ``step_jacobian``."""
     C = sim.cache
     model = sim.model
     nv, dt = sim.nv, sim.dt
@@ -486,3 +506,224 @@ def step_jacobian(sim) -> StepJacobian:
     del q1
     return StepJacobian(dq_dq=dI_dq + dt * dI_dv @ dv_dq, dq_dv=dt * dI_dv @ dv_dv,
                         dq_dtau=dt * dI_dv @ dv_dtau, dv_dq=dv_dq, dv_dv=dv_dv, dv_dtau=dv_dtau)
+
+
+# -- compiled route ---------------------------------------------------------------------------
+# step_jacobian's default route: pinocchio for the kinematics, ABA derivatives and dIntegrate,
+# numba kernels (derivative_kernels.py) for everything else on the common path. Contacts whose
+# geometry has no closed form in the kernels (anything but a sphere, capsule, box or mesh on a
+# static plane) take geometry_derivatives above, in Python, and the kernels take its output.
+COMPILED = True
+
+_ARG0, _ARG1 = pin.ArgumentPosition.ARG0, pin.ArgumentPosition.ARG1
+_KERNEL_KINDS = ("sphere", "capsule", "box", "mesh")
+
+
+def _raw_rows(addrs: list[int], width: int) -> np.ndarray | None:
+    """A (len(addrs), width) float64 view of the memory at addrs (equally spaced rows of width
+    doubles, e.g. the elements of a pinocchio std::vector), or None where they are not."""
+    n = len(addrs)
+    if n == 0:
+        return None
+    stride = addrs[1] - addrs[0] if n > 1 else 8 * width
+    if stride < 8 * width or stride % 8 or any(a != addrs[0] + i * stride
+                                               for i, a in enumerate(addrs)):
+        return None
+    import ctypes
+    size = stride * (n - 1) + 8 * width
+    buf = (ctypes.c_char * size).from_address(addrs[0])
+    return np.ndarray((n, width), dtype=np.float64, buffer=buf, strides=(stride, 8))
+
+
+def _addr(a: np.ndarray) -> int:
+    return a.__array_interface__["data"][0]
+
+
+class _CompiledState:
+    """Per-simulator constants and buffers of the compiled route: its own pinocchio Data, views
+    of its placements (oMi), velocities (ov) and of a std::vector of external forces, support
+    masks, geometry tables."""
+
+    def __init__(self, sim):
+        model = self.model = sim.model
+        nv, nj = model.nv, model.njoints
+        self.ok = getattr(model, "nvExtended", nv) == nv       # no mimic joints
+        data = self.data = model.createData()
+        self.zero = np.zeros(nv)
+        dof_joint = np.zeros(nv, dtype=np.int64)
+        for j in range(1, nj):
+            jm = model.joints[j]
+            dof_joint[jm.idx_v:jm.idx_v + jm.nv] = j
+        supp = np.zeros((nj, nv), dtype=np.bool_)
+        for j in range(1, nj):
+            for i in model.supports[j]:
+                if i > 0:
+                    jm = model.joints[i]
+                    supp[j, jm.idx_v:jm.idx_v + jm.nv] = True
+        self.dof_joint, self.supp = dof_joint, supp
+        self.parents = np.array([int(p) for p in model.parents], dtype=np.int64)
+        # external forces: one std::vector for every call, updated in place
+        fv = self.fext_vec = pin.StdVec_Force()
+        for _ in range(nj):
+            fv.append(pin.Force.Zero())
+        # views of data.oMi (rotation column-major, translation), data.ov and the forces, checked
+        # against pinocchio's accessors; where the layout differs, copies gathered per joint
+        rng = np.random.default_rng(0)
+
+        def random_kinematics():
+            qr = pin.integrate(model, pin.neutral(model), rng.uniform(-1.0, 1.0, nv))
+            pin.computeForwardKinematicsDerivatives(model, data, qr, rng.normal(size=nv), self.zero)
+
+        def same_oM(oM):
+            return all(_addr(data.oMi[j].translation) == _addr(data.oMi[j].rotation) + 72
+                       and np.array_equal(oM[j, :9], data.oMi[j].rotation.ravel(order="F"))
+                       and np.array_equal(oM[j, 9:], data.oMi[j].translation) for j in range(nj))
+
+        def same_ov(ov):
+            return all(np.array_equal(ov[j], data.ov[j].vector) for j in range(nj))
+
+        random_kinematics()
+        oM = _raw_rows([_addr(data.oMi[j].rotation) for j in range(nj)], 12)
+        ov = _raw_rows([_addr(data.ov[j].vector) for j in range(nj)], 6)
+        for _ in range(2):                 # twice: the views follow pinocchio's own memory
+            if oM is not None and not same_oM(oM):
+                oM = None
+            if ov is not None and not same_ov(ov):
+                ov = None
+            random_kinematics()
+        fx = _raw_rows([_addr(fv[j].vector) for j in range(nj)], 6)
+        if fx is not None:
+            fx[:] = np.arange(6.0 * nj).reshape(nj, 6)
+            if not all(np.array_equal(fx[j], fv[j].vector) for j in range(nj)):
+                fx = None
+            else:
+                fx[:] = 0.0
+        self.gather = oM is None or ov is None
+        self.oM = oM if oM is not None else np.zeros((nj, 12))
+        self.ov = ov if ov is not None else np.zeros((nj, 6))
+        self.scatter = fx is None
+        self.fext = fx if fx is not None else np.zeros((nj, 6))
+        self.dirty = True
+        # geometry: static planes, rolling radii, pairs the kernel's closed form covers
+        geoms = sim.sm.geoms
+        gj = self.gjoint = np.ascontiguousarray(sim.constraints.geom_joint, dtype=np.int64)
+        self.static_plane = np.array([g.kind == "plane" and gj[i] == 0
+                                      for i, g in enumerate(geoms)], dtype=np.bool_)
+        self.roll_radius = np.array([float(g.size[0]) if g.kind in ("sphere", "capsule") else 0.0
+                                     for g in geoms])
+        kern = np.array([g.kind in _KERNEL_KINDS for g in geoms], dtype=np.bool_)
+        sp = self.static_plane
+        self.python_geometry = ~((sp[:, None] & kern[None, :]) | (kern[:, None] & sp[None, :]))
+        cb = sim.constraints
+        self.lim_v = np.ascontiguousarray(cb.lim_v, dtype=np.int64)
+        self.lim_sign = np.ascontiguousarray(cb.lim_sign, dtype=float)
+        # passive forces
+        self.kstiff = np.zeros(nv)
+        if len(sim._stiff_idx):
+            self.kstiff[sim._stiff_idx] = -sim._stiff_k
+        self.has_stiff = bool(len(sim._stiff_idx))
+        self.damped = bool(np.any(sim.sm.damping))
+        # stand-ins where there are no constraints
+        self.no_J = np.zeros((0, nv))
+        self.no_G = np.zeros((0, 0))
+        self.no_corr = np.zeros((nv, nv))
+        self.no_f = np.zeros(0)
+        self.no_modes = np.zeros(0, dtype=np.int64)
+        self.no_act = np.zeros(0, dtype=np.bool_)
+        self.no_geo = (np.zeros((0, 3, nv)), np.zeros((0, 3, nv)), np.zeros((0, nv)))
+
+    # a copied or unpickled simulator builds its own (the views alias this one's pinocchio Data)
+    def __copy__(self):
+        return None
+
+    def __deepcopy__(self, memo):
+        return None
+
+    def __reduce__(self):
+        return (type(None), ())
+
+    def gather_kinematics(self) -> None:
+        data = self.data
+        for j in range(self.model.njoints):
+            M = data.oMi[j]
+            self.oM[j, :9] = M.rotation.ravel(order="F")
+            self.oM[j, 9:] = M.translation
+            self.ov[j] = data.ov[j].vector
+
+    def scatter_forces(self) -> None:
+        for j in range(self.model.njoints):
+            self.fext_vec[j] = pin.Force(self.fext[j])
+
+
+def _compiled_state(sim) -> _CompiledState:
+    st = sim.__dict__.get("_djit")
+    if st is None or st.model is not sim.model:
+        st = sim._djit = _CompiledState(sim)
+    return st
+
+
+def _step_jacobian_compiled(sim) -> StepJacobian | None:
+    from . import derivative_kernels as K
+    st = _compiled_state(sim)
+    if not st.ok:
+        return None
+    C = sim.cache
+    model, data, dt = st.model, st.data, sim.dt
+    q, v, v1 = C["q"], C["v"], C["v1"]
+    cons, res = C["cons"], C["res"]
+    if cons is not None:
+        pin.computeForwardKinematicsDerivatives(model, data, q, v1, st.zero)
+        JT = data.J.T                      # (nv, 6), C-ordered (data.J is column-major)
+        if JT.ndim == 1:                   # nv = 1: eigenpy gives the 6 x 1 matrix as a vector
+            JT = JT.reshape(1, 6)
+        c = cons.contacts
+        nc = cons.nc
+        if st.gather:
+            st.gather_kinematics()
+        ccons = sim.constraints
+        args = (JT, st.oM, st.ov, st.fext, st.supp, st.dof_joint, st.parents, st.gjoint,
+                st.static_plane, st.roll_radius, st.python_geometry, c.geom1, c.geom2, c.pos,
+                c.normal, c.dist, cons.dist, cons.frames, res.lam, v1, dt, ccons.erp, ccons.skin)
+        lims = (cons.limits, cons.limit_dist, st.lim_v, st.lim_sign)
+        corr, Dq, done = K.contact_terms(*args, False, *st.no_geo, *lims)
+        if not done:           # pairs without a closed form in the kernel: geometry in Python
+            gj = st.gjoint
+            kin = _Kin(model, data, q, v1, np.concatenate([gj[c.geom1], gj[c.geom2]]))
+            geo = geometry_derivatives(sim, kin, cons)
+            corr, Dq, done = K.contact_terms(*args, True, *geo, *lims)
+        st.dirty = True
+        if st.scatter:
+            st.scatter_forces()
+        Jc, G, lam, sigma, modes, act, mu = cons.J, C["G"], res.lam, res.sigma, res.modes, \
+            res.limit_active, cons.mu
+    else:
+        nc = 0
+        if st.dirty:
+            st.fext[:] = 0.0
+            if st.scatter:
+                st.scatter_forces()
+            st.dirty = False
+        corr, Dq = st.no_corr, st.no_J
+        Jc, G, lam, sigma, modes, act, mu = st.no_J, st.no_G, st.no_f, st.no_f, st.no_modes, \
+            st.no_act, st.no_f
+    ddq_dq, ddq_dv, Minv = pin.computeABADerivatives(model, data, q, v, C["tau_total"], st.fext_vec)
+    v1dt = v1 * dt
+    dI_dq = pin.dIntegrate(model, q, v1dt, _ARG0)
+    dI_dv = pin.dIntegrate(model, q, v1dt, _ARG1)
+    status, dq_dq, dq_dv, dq_dtau, dv_dq, dv_dv, dv_dtau = K.dynamics_terms(
+        ddq_dq, ddq_dv, Minv, st.kstiff, st.has_stiff, sim.sm.damping, st.damped, dt,
+        Jc, G, corr, Dq, lam, sigma, modes, act, mu, nc, dI_dq, dI_dv)
+    if status == 1:                        # non-finite data
+        return None
+    if status == 2:                        # rank in doubt: the reference's solve, then finish
+        A, WD, JM, Vq, Vv, Vt = dq_dq, dq_dv, dq_dtau, dv_dq, dv_dv, dv_dtau
+        MJt_dlam = JM.T @ _solve_min_norm(A, -WD)
+        nv = sim.nv
+        dv_dq = Vq + MJt_dlam[:, :nv]
+        dv_dv = Vv + MJt_dlam[:, nv:2 * nv]
+        dv_dtau = Vt + MJt_dlam[:, 2 * nv:]
+        dq_dq = dI_dq + dt * dI_dv @ dv_dq
+        dq_dv = dt * dI_dv @ dv_dv
+        dq_dtau = dt * dI_dv @ dv_dtau
+    return StepJacobian(dq_dq=dq_dq, dq_dv=dq_dv, dq_dtau=dq_dtau, dv_dq=dv_dq, dv_dv=dv_dv,
+                        dv_dtau=dv_dtau)

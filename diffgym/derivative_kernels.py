@@ -1,0 +1,606 @@
+"""Compiled kernels of the step derivatives (``derivatives.step_jacobian``, compiled route).
+
+Two kernels around pinocchio's ABA derivatives, written as plain loops over floats (numba,
+``diffgym.jit.njit``), each the arithmetic of the numpy reference in ``derivatives.py``:
+
+* ``contact_terms`` (after ``computeForwardKinematicsDerivatives`` at (q, v1), before the ABA
+  derivatives): the contact impulses as external joint forces (written into pinocchio's own
+  ``fext`` vector), the joints' Jacobians and velocity derivatives read from ``data.J``,
+  ``data.oMi``, ``data.ov`` (``getJointJacobian`` / ``getJointVelocityDerivatives`` in WORLD,
+  restricted to each joint's support), the closed-form geometry of shapes on a static plane
+  (sphere, capsule, box, mesh), the contact frames' derivatives, ``corr`` (d(J^T lam)/dq minus
+  its body-fixed part) and ``Dq_extra`` (d(J(q) w)/dq at w = v1 and the Baumgarte terms);
+* ``dynamics_terms`` (after the ABA derivatives and ``dIntegrate``): the fixed-impulse
+  sensitivities, the mode system (A, W), the minimum-norm solve and the chain rule back to
+  (q1, v1). The reference solves ``A dlam = -W D`` by LU where A is well conditioned (singular
+  values sv[-1] > 1e-8 sv[0]), else by least squares with rcond 1e-12 (four coplanar contacts
+  make A rank deficient). Here a pivoted QR of A^T settles the clear cases (|r_mm| > 1e-6 |r_11|:
+  full rank; else a rank r with every trailing |r_kk| < 1e-14 |r_11|: the minimum-norm solution by
+  a complete orthogonal decomposition) and solves for ``M^-1 J^T A^+`` (nv right-hand sides)
+  rather than ``dlam`` (3 nv); anything in between is handed back to the reference's LAPACK
+  solve in numpy (ill-conditioned states, e.g. a sliding contact with almost no slip).
+
+Array conventions: ``oM`` (njoints, 12) rows are pinocchio SE3 placements (rotation column-major
+then translation), ``ov`` and ``fext`` (njoints, 6) rows are (linear, angular).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .jit import njit
+from .solver import BREAKING, STICKING
+
+
+
+@njit
+def contact_terms(JT, oM, ov, fext, supp, dof_joint, parents, gjoint, static_plane, roll_radius,
+                  python_geometry, geom1, geom2, pos, normal, dist, cdist, frames, lam, v1, dt,
+                  erp, skin, geo_given, dp_in, dn_in, dd_in, lim_idx, lim_dist, lim_v, lim_sign):
+    """JT: ``data.J.T`` (nv, 6), WORLD joint Jacobian columns after
+    ``computeForwardKinematicsDerivatives`` at (q, v1), as are ``oM`` and ``ov``.
+
+    Writes the joint forces of the contact impulses into ``fext`` (zeroed first) and returns
+    ``(corr (nv, nv), Dq_extra (m, nv), True)``. ``geo_given``: dp/dn/dd of every contact
+    computed in Python (``dp_in`` ...), else the closed form of a shape on a static plane; where
+    a contact's geom pair has no closed form here (``python_geometry[g1, g2]``) and the geometry
+    is not given, returns ``(.., .., False)`` at once: the caller computes it and calls again."""
+    nv = JT.shape[0]
+    nj = oM.shape[0]
+    nc = pos.shape[0]
+    nl = lim_idx.shape[0]
+    m = 3 * nc + nl
+    corr = np.zeros((nv, nv))
+    Dq = np.zeros((m, nv))
+    if not geo_given:
+        for k in range(nc):
+            if python_geometry[geom1[k], geom2[k]]:
+                return corr, Dq, False
+    for j in range(nj):
+        for i in range(6):
+            fext[j, i] = 0.0
+    for jl in range(nl):
+        gain = 1.0 / dt if lim_dist[jl] > skin else erp / dt
+        li = lim_idx[jl]
+        Dq[3 * nc + jl, lim_v[li]] += gain * lim_sign[li]
+    if nc == 0:
+        return corr, Dq, True
+
+    # joints carrying contacts: LOCAL_WORLD_ALIGNED Jacobian and WORLD velocity derivative
+    need = np.zeros(nj, dtype=np.bool_)
+    for k in range(nc):
+        need[gjoint[geom1[k]]] = True
+        need[gjoint[geom2[k]]] = True
+    need[0] = False
+    slot = np.zeros(nj, dtype=np.int64)      # row of joint j in Jl, dV
+    ns = 0
+    for j in range(1, nj):
+        if need[j]:
+            slot[j] = ns
+            ns += 1
+    Jl = np.zeros((ns, 6, nv))
+    dV = np.zeros((ns, 6, nv))
+    for j in range(1, nj):
+        if not need[j]:
+            continue
+        sj = slot[j]
+        o0, o1, o2 = oM[j, 9], oM[j, 10], oM[j, 11]
+        vj = ov[j]
+        for c in range(nv):
+            if not supp[j, c]:
+                continue
+            l0, l1, l2 = JT[c, 0], JT[c, 1], JT[c, 2]
+            a0, a1, a2 = JT[c, 3], JT[c, 4], JT[c, 5]
+            # translateJointJacobian: linear -= o x angular
+            Jl[sj, 0, c] = l0 - (o1 * a2 - o2 * a1)
+            Jl[sj, 1, c] = l1 - (o2 * a0 - o0 * a2)
+            Jl[sj, 2, c] = l2 - (o0 * a1 - o1 * a0)
+            Jl[sj, 3, c] = a0
+            Jl[sj, 4, c] = a1
+            Jl[sj, 5, c] = a2
+            # getJointVelocityDerivatives (WORLD): (ov[parent] - ov[j]) x JT[c]
+            p = parents[dof_joint[c]]
+            if p > 0:
+                t0, t1, t2 = ov[p, 0] - vj[0], ov[p, 1] - vj[1], ov[p, 2] - vj[2]
+                w0, w1, w2 = ov[p, 3] - vj[3], ov[p, 4] - vj[4], ov[p, 5] - vj[5]
+            else:
+                t0, t1, t2 = -vj[0], -vj[1], -vj[2]
+                w0, w1, w2 = -vj[3], -vj[4], -vj[5]
+            dV[sj, 0, c] = (w1 * l2 - w2 * l1) + (t1 * a2 - t2 * a1)
+            dV[sj, 1, c] = (w2 * l0 - w0 * l2) + (t2 * a0 - t0 * a2)
+            dV[sj, 2, c] = (w0 * l1 - w1 * l0) + (t0 * a1 - t1 * a0)
+            dV[sj, 3, c] = w1 * a2 - w2 * a1
+            dV[sj, 4, c] = w2 * a0 - w0 * a2
+            dV[sj, 5, c] = w0 * a1 - w1 * a0
+
+    # contact impulses in world axes
+    lamc = np.empty((nc, 3))
+    fw = np.empty((nc, 3))
+    for k in range(nc):
+        for i in range(3):
+            lamc[k, i] = lam[3 * k + i]
+        for i in range(3):
+            fw[k, i] = frames[k, i, 0] * lamc[k, 0] + frames[k, i, 1] * lamc[k, 1] \
+                + frames[k, i, 2] * lamc[k, 2]
+
+    # external joint forces (local frames), side 1 (-) then side 2 (+)
+    sums = np.zeros((nj, 6))
+    touched = np.zeros(nj, dtype=np.bool_)
+    for side in range(2):
+        sgn = -1.0 if side == 0 else 1.0
+        s = sgn / dt
+        sums[:, :] = 0.0
+        touched[:] = False
+        for k in range(nc):
+            j = gjoint[geom1[k]] if side == 0 else gjoint[geom2[k]]
+            if j == 0:
+                continue
+            touched[j] = True
+            f0, f1, f2 = s * fw[k, 0], s * fw[k, 1], s * fw[k, 2]
+            r0, r1, r2 = pos[k, 0] - oM[j, 9], pos[k, 1] - oM[j, 10], pos[k, 2] - oM[j, 11]
+            sums[j, 0] += f0
+            sums[j, 1] += f1
+            sums[j, 2] += f2
+            sums[j, 3] += r1 * f2 - r2 * f1
+            sums[j, 4] += r2 * f0 - r0 * f2
+            sums[j, 5] += r0 * f1 - r1 * f0
+        for j in range(1, nj):
+            if not touched[j]:
+                continue
+            for b in range(3):       # R^T x: column b of R (oM[j, 3b:3b+3]) dotted with x
+                fext[j, b] += oM[j, 3 * b] * sums[j, 0] + oM[j, 3 * b + 1] * sums[j, 1] \
+                    + oM[j, 3 * b + 2] * sums[j, 2]
+                fext[j, 3 + b] += oM[j, 3 * b] * sums[j, 3] + oM[j, 3 * b + 1] * sums[j, 4] \
+                    + oM[j, 3 * b + 2] * sums[j, 5]
+
+    # collision geometry: dp/dq, dn/dq, d dist/dq
+    if geo_given:
+        dp = dp_in
+        dn = dn_in
+        dd = dd_in
+    else:
+        dp = np.zeros((nc, 3, nv))
+        dn = np.zeros((nc, 3, nv))
+        dd = np.zeros((nc, nv))
+        for k in range(nc):
+            g1 = geom1[k]
+            g2 = geom2[k]
+            first = static_plane[g1]
+            sg = 1.0 if first else -1.0
+            gx = g2 if first else g1
+            jx = gjoint[gx]
+            if jx == 0:
+                continue                       # dx = 0
+            sx = slot[jx]
+            n0, n1, n2 = sg * normal[k, 0], sg * normal[k, 1], sg * normal[k, 2]
+            h = 0.5 * dist[k]
+            rr = roll_radius[gx]
+            # witness point x on the shape, then its centre / segment point / vertex
+            ax0 = (pos[k, 0] + h * n0) + rr * n0 - oM[jx, 9]
+            ax1 = (pos[k, 1] + h * n1) + rr * n1 - oM[jx, 10]
+            ax2 = (pos[k, 2] + h * n2) + rr * n2 - oM[jx, 11]
+            for c in range(nv):
+                if not supp[jx, c]:
+                    continue
+                a0, a1, a2 = Jl[sx, 3, c], Jl[sx, 4, c], Jl[sx, 5, c]
+                d0 = Jl[sx, 0, c] - (ax1 * a2 - ax2 * a1)
+                d1 = Jl[sx, 1, c] - (ax2 * a0 - ax0 * a2)
+                d2 = Jl[sx, 2, c] - (ax0 * a1 - ax1 * a0)
+                ddist = n0 * d0 + n1 * d1 + n2 * d2
+                dd[k, c] = ddist
+                dp[k, 0, c] = d0 - 0.5 * n0 * ddist
+                dp[k, 1, c] = d1 - 0.5 * n1 * ddist
+                dp[k, 2, c] = d2 - 0.5 * n2 * ddist
+
+    # frame derivatives where the normal moves: dR (3, 3, nv) [component, column, dof]
+    moving = np.zeros(nc, dtype=np.bool_)
+    for k in range(nc):
+        for i in range(3):
+            for c in range(nv):
+                if dn[k, i, c] != 0.0:
+                    moving[k] = True
+    nmov = 1 if moving.any() else 0
+    dR = np.zeros((nc * nmov, 3, 3, nv))
+    df = np.zeros((nc * nmov, 3, nv))
+    for k in range(nc):
+        if not moving[k]:
+            continue
+        n0, n1, n2 = normal[k, 0], normal[k, 1], normal[k, 2]
+        use_x = abs(n0) < 0.9
+        if use_x:
+            c0, c1, c2 = 0.0, -n2, n1
+        else:
+            c0, c1, c2 = n2, 0.0, -n0
+        ncn = np.sqrt(c0 * c0 + c1 * c1 + c2 * c2)
+        t0, t1, t2 = c0 / ncn, c1 / ncn, c2 / ncn
+        for c in range(nv):
+            e0, e1, e2 = dn[k, 0, c], dn[k, 1, c], dn[k, 2, c]
+            if use_x:
+                q0, q1, q2 = 0.0, -e2, e1
+            else:
+                q0, q1, q2 = e2, 0.0, -e0
+            tdc = t0 * q0 + t1 * q1 + t2 * q2
+            u0 = (q0 - t0 * tdc) / ncn
+            u1 = (q1 - t1 * tdc) / ncn
+            u2 = (q2 - t2 * tdc) / ncn
+            # dt2 = n x dt1 - t1 x dn
+            s0 = (n1 * u2 - n2 * u1) - (t1 * e2 - t2 * e1)
+            s1 = (n2 * u0 - n0 * u2) - (t2 * e0 - t0 * e2)
+            s2 = (n0 * u1 - n1 * u0) - (t0 * e1 - t1 * e0)
+            dR[k, 0, 0, c] = u0
+            dR[k, 1, 0, c] = u1
+            dR[k, 2, 0, c] = u2
+            dR[k, 0, 1, c] = s0
+            dR[k, 1, 1, c] = s1
+            dR[k, 2, 1, c] = s2
+            dR[k, 0, 2, c] = e0
+            dR[k, 1, 2, c] = e1
+            dR[k, 2, 2, c] = e2
+            for i in range(3):
+                df[k, i, c] = dR[k, i, 0, c] * lamc[k, 0] + dR[k, i, 1, c] * lamc[k, 1] \
+                    + dR[k, i, 2, c] * lamc[k, 2]
+
+    # corr, relative point velocity and its derivative
+    vrel = np.zeros((nc, 3))
+    dvrel = np.zeros((nc, 3, nv))
+    Jp = np.empty((3, nv))
+    X = np.empty((3, nv))
+    Y = np.empty((3, nv))
+    for side in range(2):
+        sgn = -1.0 if side == 0 else 1.0
+        for k in range(nc):
+            j = gjoint[geom1[k]] if side == 0 else gjoint[geom2[k]]
+            if j == 0:
+                continue
+            sj = slot[j]
+            p0, p1, p2 = pos[k, 0], pos[k, 1], pos[k, 2]
+            r0, r1, r2 = p0 - oM[j, 9], p1 - oM[j, 10], p2 - oM[j, 11]
+            fs0, fs1, fs2 = sgn * fw[k, 0], sgn * fw[k, 1], sgn * fw[k, 2]
+            w0, w1, w2 = ov[j, 3], ov[j, 4], ov[j, 5]
+            for c in range(nv):
+                a0, a1, a2 = Jl[sj, 3, c], Jl[sj, 4, c], Jl[sj, 5, c]
+                Jp[0, c] = Jl[sj, 0, c] - (r1 * a2 - r2 * a1)
+                Jp[1, c] = Jl[sj, 1, c] - (r2 * a0 - r0 * a2)
+                Jp[2, c] = Jl[sj, 2, c] - (r0 * a1 - r1 * a0)
+                x0 = fs1 * a2 - fs2 * a1
+                x1 = fs2 * a0 - fs0 * a2
+                x2 = fs0 * a1 - fs1 * a0
+                if moving[k]:
+                    x0 = sgn * df[k, 0, c] + x0
+                    x1 = sgn * df[k, 1, c] + x1
+                    x2 = sgn * df[k, 2, c] + x2
+                X[0, c] = x0
+                X[1, c] = x1
+                X[2, c] = x2
+                e0 = dp[k, 0, c] - Jp[0, c]
+                e1 = dp[k, 1, c] - Jp[1, c]
+                e2 = dp[k, 2, c] - Jp[2, c]
+                Y[0, c] = fs1 * e2 - fs2 * e1
+                Y[1, c] = fs2 * e0 - fs0 * e2
+                Y[2, c] = fs0 * e1 - fs1 * e0
+                # d(point velocity)/dq + w x dp
+                b0, b1, b2 = dV[sj, 3, c], dV[sj, 4, c], dV[sj, 5, c]
+                g0, g1, g2 = dp[k, 0, c], dp[k, 1, c], dp[k, 2, c]
+                dvrel[k, 0, c] += sgn * ((dV[sj, 0, c] - (p1 * b2 - p2 * b1)) + (w1 * g2 - w2 * g1))
+                dvrel[k, 1, c] += sgn * ((dV[sj, 1, c] - (p2 * b0 - p0 * b2)) + (w2 * g0 - w0 * g2))
+                dvrel[k, 2, c] += sgn * ((dV[sj, 2, c] - (p0 * b1 - p1 * b0)) + (w0 * g1 - w1 * g0))
+            for i in range(3):
+                acc = 0.0
+                for c in range(nv):
+                    acc += Jp[i, c] * v1[c]
+                vrel[k, i] += sgn * acc
+            for a in range(nv):
+                for b in range(nv):
+                    acc = 0.0
+                    for i in range(3):
+                        acc += Jp[i, a] * X[i, b] - Jl[sj, 3 + i, a] * Y[i, b]
+                    corr[a, b] += acc
+
+    # Dq_extra: R^T d vrel (+ dR^T vrel), Baumgarte on the normal rows
+    for k in range(nc):
+        gain = 1.0 / dt if cdist[k] > skin else erp / dt
+        for i in range(3):
+            for c in range(nv):
+                acc = frames[k, 0, i] * dvrel[k, 0, c] + frames[k, 1, i] * dvrel[k, 1, c] \
+                    + frames[k, 2, i] * dvrel[k, 2, c]
+                if moving[k]:
+                    acc = (dR[k, 0, i, c] * vrel[k, 0] + dR[k, 1, i, c] * vrel[k, 1]
+                           + dR[k, 2, i, c] * vrel[k, 2]) + acc
+                Dq[3 * k + i, c] = acc
+        for c in range(nv):
+            Dq[3 * k + 2, c] += gain * dd[k, c]
+    return corr, Dq, True
+
+
+@njit
+def mode_system(lam, sigma, modes, limit_active, G, nc, mu):
+    """A = dF/dlam and the weights W of d sigma in dF (``derivatives._mode_system``)."""
+    m = G.shape[0]
+    A = np.zeros((m, m))
+    W = np.zeros((m, m))
+    for i in range(nc):
+        r = 3 * i
+        mode = modes[i]
+        if mode == BREAKING:
+            for a in range(3):
+                A[r + a, r + a] = 1.0
+        elif mode == STICKING:
+            for a in range(3):
+                for b in range(m):
+                    A[r + a, b] = G[r + a, b]
+                W[r + a, r + a] = 1.0
+        else:
+            for b in range(m):
+                A[r + 2, b] = G[r + 2, b]
+            W[r + 2, r + 2] = 1.0
+            s0, s1 = sigma[r], sigma[r + 1]
+            nst = np.sqrt(s0 * s0 + s1 * s1)
+            if mu[i] == 0.0 or nst < 1e-14:
+                A[r, r] = 1.0
+                A[r + 1, r + 1] = 1.0
+                continue
+            u0, u1 = s0 / nst, s1 / nst
+            f = mu[i] * lam[r + 2] / nst
+            P00 = f * (1.0 - u0 * u0)
+            P01 = f * (0.0 - u0 * u1)
+            P10 = f * (0.0 - u1 * u0)
+            P11 = f * (1.0 - u1 * u1)
+            A[r, r] = 1.0
+            A[r + 1, r + 1] = 1.0
+            A[r, r + 2] = mu[i] * u0
+            A[r + 1, r + 2] = mu[i] * u1
+            for b in range(m):
+                A[r, b] += P00 * G[r, b] + P01 * G[r + 1, b]
+                A[r + 1, b] += P10 * G[r, b] + P11 * G[r + 1, b]
+            W[r, r] = P00
+            W[r, r + 1] = P01
+            W[r + 1, r] = P10
+            W[r + 1, r + 1] = P11
+    for jl in range(m - 3 * nc):
+        k = 3 * nc + jl
+        if limit_active[jl]:
+            for b in range(m):
+                A[k, b] = G[k, b]
+            W[k, k] = 1.0
+        else:
+            A[k, k] = 1.0
+    return A, W
+
+
+@njit
+def _all_finite(x):
+    for i in range(x.shape[0]):
+        for k in range(x.shape[1]):
+            if not np.isfinite(x[i, k]):
+                return False
+    return True
+
+
+@njit
+def _mm(A, B):
+    """A @ B (plain loops, C-ordered result), skipping the zeros of A (the same sums for a
+    finite B: the callers check that their inputs are finite)."""
+    n, k = A.shape
+    m = B.shape[1]
+    C = np.zeros((n, m))
+    for i in range(n):
+        for l in range(k):
+            a = A[i, l]
+            if a == 0.0:
+                continue
+            for j in range(m):
+                C[i, j] += a * B[l, j]
+    return C
+
+
+@njit
+def _householder(R, k, col, B, vv, acc):
+    """Reflect rows k: of R (columns col+1:) and of B so that R[k:, col] becomes (alpha, 0, ...);
+    returns alpha. vv: the reflector (scratch, R.shape[0]); acc: scratch (max of the widths)."""
+    m = R.shape[0]
+    nrm2 = 0.0
+    for i in range(k, m):
+        nrm2 += R[i, col] * R[i, col]
+    x0 = R[k, col]
+    nrm = np.sqrt(nrm2)
+    alpha = -nrm if x0 >= 0.0 else nrm
+    v0 = x0 - alpha
+    vtv = nrm2 - x0 * x0 + v0 * v0
+    vv[k] = v0
+    for i in range(k + 1, m):
+        vv[i] = R[i, col]
+        R[i, col] = 0.0
+    R[k, col] = alpha
+    if vtv == 0.0:
+        return alpha
+    _reflect(R, k, col + 1, vv, vtv, acc)
+    if B.shape[1]:
+        _reflect(B, k, 0, vv, vtv, acc)
+    return alpha
+
+
+@njit
+def _reflect(B, k, c0, vv, vtv, acc):
+    """B[k:, c0:] -= (2 / vtv) vv[k:] (vv[k:]^T B[k:, c0:]) (row-wise loops; acc: scratch of at
+    least B.shape[1])."""
+    m, n = B.shape
+    if n <= c0:
+        return
+    acc[c0:n] = 0.0
+    for i in range(k, m):
+        a = vv[i]
+        for c in range(c0, n):
+            acc[c] += a * B[i, c]
+    for c in range(c0, n):
+        acc[c] *= 2.0 / vtv
+    for i in range(k, m):
+        a = vv[i]
+        for c in range(c0, n):
+            B[i, c] -= acc[c] * a
+
+
+@njit
+def _qr_min_norm(A, B):
+    """(X, status) for square A: QR with column pivoting; status 0: X solves A X = B (full
+    rank, |r_mm| > 1e-6 |r_11|) or is the minimum-norm least-squares solution of the clear rank
+    r (trailing |r_kk| < 1e-14 |r_11|, complete orthogonal decomposition); status 1: neither
+    (a rank that is not clear), X unset."""
+    m, n = A.shape
+    nb = B.shape[1]
+    R = A.copy()
+    Bt = B.copy()
+    piv = np.arange(n)
+    vv = np.zeros(max(m, n))
+    acc = np.zeros(max(n, nb))
+    d = np.zeros(n)
+    cn = np.zeros(n)
+    for k in range(n):
+        cn[k:] = 0.0
+        for i in range(k, m):
+            for c in range(k, n):
+                cn[c] += R[i, c] * R[i, c]
+        best = -1.0
+        jb = k
+        for c in range(k, n):
+            if cn[c] > best:
+                best = cn[c]
+                jb = c
+        if jb != k:
+            for i in range(m):
+                t = R[i, k]
+                R[i, k] = R[i, jb]
+                R[i, jb] = t
+            t2 = piv[k]
+            piv[k] = piv[jb]
+            piv[jb] = t2
+        if best == 0.0:
+            break
+        d[k] = abs(_householder(R, k, k, Bt, vv, acc))
+    X = np.zeros((n, nb))
+    d0 = d[0]
+    if d0 == 0.0:
+        return X, 0                                   # A = 0: the minimum-norm solution is 0
+    if d[n - 1] > 1e-6 * d0:                          # full rank: back substitution
+        Y = np.zeros((n, nb))
+        for i in range(n - 1, -1, -1):
+            for c in range(nb):
+                Y[i, c] = Bt[i, c]
+            for l in range(i + 1, n):
+                a = R[i, l]
+                for c in range(nb):
+                    Y[i, c] -= a * Y[l, c]
+            for c in range(nb):
+                Y[i, c] /= R[i, i]
+        for i in range(n):
+            for c in range(nb):
+                X[piv[i], c] = Y[i, c]
+        return X, 0
+    r = 0
+    while r < n and d[r] > 1e-6 * d0:
+        r += 1
+    for k in range(r, n):
+        if d[k] >= 1e-14 * d0:
+            return X, 1
+    # rank r: R1 = R[:r] (r x n) = T^T Q2^T with R1^T = Q2 [T; 0]; y = Q2 [T^-T c; 0]
+    R1t = np.ascontiguousarray(R[:r].T)               # (n, r)
+    vs = np.zeros((r, n))
+    nrm = np.zeros(r)
+    vn = np.zeros(n)
+    noB = np.zeros((n, 0))
+    for k in range(r):
+        _householder(R1t, k, k, noB, vn, acc)
+        for i in range(k, n):
+            vs[k, i] = vn[i]
+        s2 = 0.0
+        for i in range(k, n):
+            s2 += vn[i] * vn[i]
+        nrm[k] = s2
+    Z = np.zeros((n, nb))
+    for i in range(r):                                # T^T z = c (T^T lower triangular)
+        for c in range(nb):
+            Z[i, c] = Bt[i, c]
+        for l in range(i):
+            a = R1t[l, i]
+            for c in range(nb):
+                Z[i, c] -= a * Z[l, c]
+        for c in range(nb):
+            Z[i, c] /= R1t[i, i]
+    for k in range(r - 1, -1, -1):                    # y = H_1 ... H_r z
+        if nrm[k] != 0.0:
+            _reflect(Z, k, 0, vs[k], nrm[k], acc)
+    for i in range(n):
+        for c in range(nb):
+            X[piv[i], c] = Z[i, c]
+    return X, 0
+
+
+@njit
+def dynamics_terms(ddq_dq, ddq_dv, Minv_u, kstiff, has_stiff, damping, damped, dt,
+                   Jc, G, corr, Dq, lam, sigma, modes, limit_active, mu, nc, dI_dq, dI_dv):
+    """``(status, dq_dq, dq_dv, dq_dtau, dv_dq, dv_dv, dv_dtau)`` from the ABA derivatives
+    (Minv_u: only its upper triangle is read), the contact terms and pinocchio's dIntegrate.
+
+    status 0: done. 1: non-finite data (the caller takes the reference route). 2: the pivoted QR
+    leaves the rank of the mode system in doubt; the six arrays are then ``(A, W D, J M^-1, Vq,
+    Vv, Vt)`` and the caller finishes with the reference's LAPACK solve (numpy)."""
+    nv = ddq_dq.shape[0]
+    m = Jc.shape[0]
+    if not (_all_finite(ddq_dq) and _all_finite(ddq_dv) and _all_finite(Minv_u)
+            and _all_finite(corr) and _all_finite(Dq) and _all_finite(Jc) and _all_finite(G)
+            and _all_finite(dI_dq) and _all_finite(dI_dv)):
+        z = np.zeros((0, 0))
+        return 1, z, z, z, z, z, z
+    M = np.empty((nv, nv))
+    for i in range(nv):
+        for k in range(nv):
+            M[i, k] = Minv_u[i, k] if k >= i else Minv_u[k, i]
+    Vq = np.empty((nv, nv))
+    Vv = np.empty((nv, nv))
+    Vt = np.empty((nv, nv))
+    for i in range(nv):
+        for k in range(nv):
+            if has_stiff:
+                Vq[i, k] = dt * (ddq_dq[i, k] + M[i, k] * kstiff[k])
+            else:
+                Vq[i, k] = dt * ddq_dq[i, k]
+            e = 1.0 if i == k else 0.0
+            if damped:
+                Vv[i, k] = e + dt * (ddq_dv[i, k] - M[i, k] * damping[k])
+            else:
+                Vv[i, k] = e + dt * ddq_dv[i, k]
+            Vt[i, k] = dt * M[i, k]
+    if m:
+        Vq = Vq + _mm(M, corr)
+        JM = _mm(Jc, M)                   # J M^-1 = (M^-1 J^T)^T
+        JVq = _mm(Jc, Vq)
+        JVv = _mm(Jc, Vv)
+        D = np.empty((m, 3 * nv))         # [J Vq + Dq_extra, J Vv, J Vt]
+        for i in range(m):
+            for c in range(nv):
+                D[i, c] = JVq[i, c] + Dq[i, c]
+                D[i, nv + c] = JVv[i, c]
+                D[i, 2 * nv + c] = dt * JM[i, c]
+        A, W = mode_system(lam, sigma, modes, limit_active, G, nc, mu)
+        WD = _mm(W, D)
+        if not (_all_finite(A) and _all_finite(WD)):
+            z = np.zeros((0, 0))
+            return 1, z, z, z, z, z, z
+        # M^-1 J^T d lam with d lam = A^+ (-W D): where the pivoted QR of A^T settles the rank,
+        # (A^+)^T (M^-1 J^T)^T = (A^T)^+ (J M^-1) is solved (nv right-hand sides instead of
+        # 3 nv) and applied to W D; else d lam as the reference computes it (LAPACK)
+        YT, status = _qr_min_norm(np.ascontiguousarray(A.T), JM)
+        if status != 0:
+            return 2, A, WD, JM, Vq, Vv, Vt
+        if not _all_finite(YT):
+            z = np.zeros((0, 0))
+            return 1, z, z, z, z, z, z
+        MJd = _mm(YT.T, WD)               # = -M^-1 J^T d lam
+        dv_dq = Vq - MJd[:, :nv]
+        dv_dv = Vv - MJd[:, nv:2 * nv]
+        dv_dtau = Vt - MJd[:, 2 * nv:]
+    else:
+        dv_dq, dv_dv, dv_dtau = Vq, Vv, Vt
+    Iv = dt * dI_dv
+    dq_dq = dI_dq + _mm(Iv, dv_dq)
+    dq_dv = _mm(Iv, dv_dv)
+    dq_dtau = _mm(Iv, dv_dtau)
+    return 0, dq_dq, dq_dv, dq_dtau, dv_dq, dv_dv, dv_dtau
