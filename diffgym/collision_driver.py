@@ -29,6 +29,7 @@ import numpy as np
 import pinocchio as pin
 
 from .frames import tangent_frames
+from .pinviews import gather_placements, placement_view
 from .model import SimModel
 from .collision_kernels import BROAD_SLACK as _BROAD_SLACK, KIND_CODES, detect_closed_form
 from .plane_contacts import ANALYTIC_KINDS, shape_points
@@ -185,7 +186,8 @@ class CollisionDriver:
                 jm = model.joints[jj]
                 self._support[s, jm.idx_v:jm.idx_v + jm.nv] = True
                 jj = model.parents[jj]
-        self._H0 = np.zeros((0, 4, 4))
+        self._mj_arr = np.array(self._mj, dtype=np.int64)
+        self._views: tuple | None = None           # (data, placement view or None, buffer)
         self._no_speed = np.zeros(0)
         self._empty = Contacts.empty()     # (returned when nothing touches; never written to)
         self._no_J = np.zeros((6, 0), order="F")      # (the layout of pinocchio's data.J)
@@ -275,6 +277,17 @@ class CollisionDriver:
             zax[i] = M.rotation[:, 2]
         return pos, zax
 
+    def _placements(self, data: pin.Data) -> np.ndarray:
+        """Joint placements (njoints, 12) of data: a view of its memory (pinviews), made once
+        per Data, or a copy where no view can be made."""
+        v = self._views
+        if v is None or v[0] is not data:
+            view = placement_view(self.sm.model, data) if self._mj else None
+            v = self._views = (data, view, np.zeros((self.sm.model.njoints, 12)))
+        if v[1] is not None:
+            return v[1]
+        return gather_placements(data, v[2])
+
     def _joint_state(self, data: pin.Data) -> tuple[np.ndarray, np.ndarray]:
         """Placements (m, 4, 4) and local spatial velocities (m, 6) of the moving joints."""
         oMi, vel = data.oMi, data.v
@@ -344,9 +357,8 @@ class CollisionDriver:
         if not self._npairs:
             return self._empty
         from_jacobian = v is not None
+        oM = self._placements(data)
         if self._mj:
-            oMi = data.oMi
-            H = np.array([oMi[j].homogeneous for j in self._mj])
             if from_jacobian:
                 lin = ang = self._no_speed
                 Jw = data.J.reshape(6, -1)
@@ -356,10 +368,10 @@ class CollisionDriver:
                 lin, ang = _norms(V[:, :3]), _norms(V[:, 3:])
                 Jw, v = self._no_J, self._no_speed
         else:
-            H, lin, ang, Jw, v, from_jacobian = (self._H0, self._no_speed, self._no_speed,
-                                                 self._no_J, self._no_speed, False)
+            lin, ang, Jw, v, from_jacobian = (self._no_speed, self._no_speed, self._no_J,
+                                              self._no_speed, False)
         W, margin, cand, rows = detect_closed_form(
-            H, Jw, v, self._support, lin, ang, from_jacobian, self._gslot, self._W0, self._reach,
+            oM, self._mj_arr, Jw, v, self._support, lin, ang, from_jacobian, self._gslot, self._W0, self._reach,
             self.pairs, self.base_margin, dt, self._rest, self._hp, self._hp_pl, self._hp_ot,
             self._hp_ext_vec, self._hp_ext_const, self._hp_use_rot, self._np, self._np_a,
             self._np_b, self._np_rad, self._box_pair, self._box_geom, self._box_other,

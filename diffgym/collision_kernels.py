@@ -58,15 +58,15 @@ def joint_speeds(Jw, v, support, origins):
 
 
 @njit
-def placements_and_bounds(H, lin, ang, gslot, W0, reach, pairs, base_margin, dt,
+def placements_and_bounds(oM, mj, lin, ang, gslot, W0, reach, pairs, base_margin, dt,
                           rest, hp_k, hp_pl, hp_ot, ext_vec, ext_const, use_rot,
                           np_k, np_a, np_b, np_rad, box_pair, box_geom, box_other, box_half,
                           box_orad):
     """World placements W (ngeom, 4, 4), pair margins (npairs,) and the candidate pairs among
     ``rest`` (the pairs without a closed form) whose distance lower bound is below their
-    margin (+ BROAD_SLACK). ``H`` (m, 4, 4): placements of the moving joints; ``gslot``: each
-    geom's moving-joint slot (-1: static, W0 is then its world placement, else its placement
-    in the joint frame)."""
+    margin (+ BROAD_SLACK). ``oM`` (njoints, 12): joint placements (rotation column-major, then
+    translation; ``pinviews``), ``mj``: the moving joints; ``gslot``: each geom's index in mj
+    (-1: static, W0 is then its world placement, else its placement in the joint frame)."""
     ng = gslot.shape[0]
     W = np.empty((ng, 4, 4))
     speed = np.zeros(ng)
@@ -75,10 +75,13 @@ def placements_and_bounds(H, lin, ang, gslot, W0, reach, pairs, base_margin, dt,
         if s < 0:
             W[gi] = W0[gi]
             continue
-        for r in range(4):
+        j = mj[s]
+        for r in range(3):
             for c in range(4):
-                W[gi, r, c] = (H[s, r, 0] * W0[gi, 0, c] + H[s, r, 1] * W0[gi, 1, c]
-                               + H[s, r, 2] * W0[gi, 2, c] + H[s, r, 3] * W0[gi, 3, c])
+                W[gi, r, c] = (oM[j, r] * W0[gi, 0, c] + oM[j, 3 + r] * W0[gi, 1, c]
+                               + oM[j, 6 + r] * W0[gi, 2, c] + oM[j, 9 + r] * W0[gi, 3, c])
+        for c in range(4):
+            W[gi, 3, c] = W0[gi, 3, c]
         speed[gi] = lin[s] + ang[s] * reach[gi]
     npairs = pairs.shape[0]
     margin = np.empty(npairs)
@@ -334,7 +337,7 @@ def merge_rows(A, B):
 
 
 @njit
-def detect_closed_form(H, Jw, v, support, lin, ang, from_jacobian, gslot, W0, reach, pairs,
+def detect_closed_form(oM, mj, Jw, v, support, lin, ang, from_jacobian, gslot, W0, reach, pairs,
                        base_margin, dt, rest, hp_k, hp_pl, hp_ot, ext_vec, ext_const, use_rot,
                        np_k, np_a, np_b, np_rad, box_pair, box_geom, box_other, box_half,
                        box_orad, friction, max_points, bp_pair, bp_kind, bp_geom, bp_n, bp_off,
@@ -343,9 +346,13 @@ def detect_closed_form(H, Jw, v, support, lin, ang, from_jacobian, gslot, W0, re
     ``v`` when ``from_jacobian``, else the given ``lin``, ``ang``), placements, margins and
     broad-phase candidates, then the closed-form points. Returns (W, margin, cand, rows)."""
     if from_jacobian:
-        lin, ang = joint_speeds(Jw, v, support, H[:, :3, 3])
+        origins = np.empty((mj.shape[0], 3))
+        for s in range(mj.shape[0]):
+            for a in range(3):
+                origins[s, a] = oM[mj[s], 9 + a]
+        lin, ang = joint_speeds(Jw, v, support, origins)
     W, margin, gap, cand = placements_and_bounds(
-        H, lin, ang, gslot, W0, reach, pairs, base_margin, dt, rest, hp_k, hp_pl, hp_ot, ext_vec,
+        oM, mj, lin, ang, gslot, W0, reach, pairs, base_margin, dt, rest, hp_k, hp_pl, hp_ot, ext_vec,
         ext_const, use_rot, np_k, np_a, np_b, np_rad, box_pair, box_geom, box_other, box_half,
         box_orad)
     rows = plane_points(W, margin, pairs, friction, max_points, bp_pair, bp_kind, bp_geom, bp_n,

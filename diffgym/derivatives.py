@@ -44,7 +44,9 @@ from dataclasses import dataclass
 import numpy as np
 import pinocchio as pin
 
+from . import derivative_kernels as K
 from .constraint import baumgarte_gain
+from .pinviews import addr as _addr, raw_rows as _raw_rows
 from .solver import BREAKING, STICKING
 
 collision_fd_eps = 1e-7
@@ -519,26 +521,6 @@ _ARG0, _ARG1 = pin.ArgumentPosition.ARG0, pin.ArgumentPosition.ARG1
 _KERNEL_KINDS = ("sphere", "capsule", "box", "mesh")
 
 
-def _raw_rows(addrs: list[int], width: int) -> np.ndarray | None:
-    """A (len(addrs), width) float64 view of the memory at addrs (equally spaced rows of width
-    doubles, e.g. the elements of a pinocchio std::vector), or None where they are not."""
-    n = len(addrs)
-    if n == 0:
-        return None
-    stride = addrs[1] - addrs[0] if n > 1 else 8 * width
-    if stride < 8 * width or stride % 8 or any(a != addrs[0] + i * stride
-                                               for i, a in enumerate(addrs)):
-        return None
-    import ctypes
-    size = stride * (n - 1) + 8 * width
-    buf = (ctypes.c_char * size).from_address(addrs[0])
-    return np.ndarray((n, width), dtype=np.float64, buffer=buf, strides=(stride, 8))
-
-
-def _addr(a: np.ndarray) -> int:
-    return a.__array_interface__["data"][0]
-
-
 class _CompiledState:
     """Per-simulator constants and buffers of the compiled route: its own pinocchio Data, views
     of its placements (oMi), velocities (ov) and of a std::vector of external forces, support
@@ -663,7 +645,6 @@ def _compiled_state(sim) -> _CompiledState:
 
 
 def _step_jacobian_compiled(sim) -> StepJacobian | None:
-    from . import derivative_kernels as K
     st = _compiled_state(sim)
     if not st.ok:
         return None

@@ -18,6 +18,7 @@ import pinocchio as pin
 
 from .collision_driver import CollisionDriver, Contacts
 from .constraint import ConstraintBuilder, Constraints
+from .derivatives import step_jacobian
 from .jit import njit
 from .model import ModelError, SimModel
 from .solver import MODE_NAMES, NCPSolver, SolverResult, SolverSettings
@@ -451,7 +452,6 @@ class Simulator:
         self.cache = dict(q=q, v=v, tau=tau, tau_total=tau_total, a_free=a_free, v_free=v_free,
                           cons=cons, res=res, Minv=Minv, G=G, g=g, v1=v1, q1=q1)
         if jacobian:
-            from .derivatives import step_jacobian
             return q1, v1, step_jacobian(self)
         return q1, v1
 

@@ -92,6 +92,8 @@ MODE_NAMES = ("breaking", "sticking", "sliding")
 
 _R3 = np.arange(3)
 _EMPTY_F = np.zeros(0)
+_F64 = np.dtype(np.float64)
+_I64 = np.dtype(np.int64)
 _EMPTY_I = np.zeros(0, dtype=np.int64)
 _LinAlgError = np.linalg.LinAlgError
 
@@ -1010,20 +1012,30 @@ class NCPSolver:
         (modes0: nc contact modes, then optionally one 0/1 per limit)."""
         s = self.settings
         if s.compiled:
-            # stage 1 compiled, preamble included: a thin wrapper (the common case)
-            G = np.ascontiguousarray(G, dtype=np.float64)
+            # stage 1 compiled, preamble included: a thin wrapper (the common case). The step's
+            # own arrays (C-contiguous float64) go to the kernel as they are.
+            if not (type(G) is np.ndarray and G.dtype == _F64 and G.flags.c_contiguous
+                    and type(g) is np.ndarray and g.dtype == _F64 and g.flags.c_contiguous
+                    and type(mu) is np.ndarray and mu.dtype == _F64 and mu.flags.c_contiguous
+                    and G.ndim == 2 and g.ndim == 1 and mu.ndim == 1
+                    and (lam0 is None or (type(lam0) is np.ndarray and lam0.dtype == _F64
+                                          and lam0.ndim == 1 and lam0.flags.c_contiguous))
+                    and (modes0 is None or (type(modes0) is np.ndarray and modes0.dtype == _I64
+                                            and modes0.ndim == 1 and modes0.flags.c_contiguous))):
+                G = np.ascontiguousarray(G, dtype=np.float64)
+                g = np.ascontiguousarray(g, dtype=np.float64).reshape(G.shape[0])
+                mu = np.ascontiguousarray(mu, dtype=np.float64).reshape(int(nc))
+                if lam0 is not None:
+                    lam0 = np.ascontiguousarray(lam0, dtype=np.float64).reshape(G.shape[0])
+                if modes0 is not None:
+                    modes0 = np.ascontiguousarray(modes0, dtype=np.int64).reshape(-1)
             m = G.shape[0]
             if m:
                 nc = int(nc)
                 out = _sk.solve_stage1(
-                    G, np.ascontiguousarray(g, dtype=np.float64).reshape(m), nc,
-                    np.ascontiguousarray(mu, dtype=np.float64).reshape(nc),
-                    _EMPTY_F if lam0 is None
-                    else np.ascontiguousarray(lam0, dtype=np.float64).reshape(m),
-                    _EMPTY_I if modes0 is None
-                    else np.ascontiguousarray(modes0, dtype=np.int64).reshape(-1),
-                    modes0 is not None, float(s.tol), float(s.mode_tol), int(s.newton_iter),
-                    int(s.mode_rounds), int(s.newton_budget))
+                    G, g, nc, mu, _EMPTY_F if lam0 is None else lam0,
+                    _EMPTY_I if modes0 is None else modes0, modes0 is not None, s.tol,
+                    s.mode_tol, s.newton_iter, s.mode_rounds, s.newton_budget)
                 if out[0]:
                     return SolverResult(out[1], out[2], out[3], out[4], out[5], out[6], True,
                                         "newton")
