@@ -253,7 +253,14 @@ class CollisionDriver:
         self._box_orad = self.radius[self._box_other] if len(ent_pair) else np.zeros(0)
         self._np, self._np_a, self._np_b = (x.astype(np.int64) for x in (self._np, self._np_a, self._np_b))
         self._rest = self._rest.astype(np.int64)
-        self._mesh_pairs = {k: (pl, ot, pts, sw) for k, pl, ot, pts, sw in self._hp_mesh}
+        # the same, flat for the kernel
+        hm = self._hp_mesh
+        self._mesh = (np.array([e[0] for e in hm], dtype=np.int64),
+                      np.array([e[1] for e in hm], dtype=np.int64),
+                      np.array([e[2] for e in hm], dtype=np.int64),
+                      np.array([e[4] for e in hm], dtype=float),
+                      np.cumsum([0] + [len(e[3]) for e in hm]).astype(np.int64),
+                      np.concatenate([e[3] for e in hm]).reshape(-1, 3) if hm else np.zeros((0, 3)))
         # narrow phase tables
         self._analytic_list = self.analytic.tolist()
         self._pl_list = [int(x) for x in self.pair_plane]
@@ -370,28 +377,16 @@ class CollisionDriver:
         else:
             lin, ang, Jw, v, from_jacobian = (self._no_speed, self._no_speed, self._no_J,
                                               self._no_speed, False)
-        W, margin, cand, rows = detect_closed_form(
+        margin, cand, rows = detect_closed_form(
             oM, self._mj_arr, Jw, v, self._support, lin, ang, from_jacobian, self._gslot, self._W0, self._reach,
             self.pairs, self.base_margin, dt, self._rest, self._hp, self._hp_pl, self._hp_ot,
             self._hp_ext_vec, self._hp_ext_const, self._hp_use_rot, self._np, self._np_a,
             self._np_b, self._np_rad, self._box_pair, self._box_geom, self._box_other,
-            self._box_half, self._box_orad, self._friction, self.max_points, *self._bp, *self._ss)
+            self._box_half, self._box_orad, *self._mesh, self._friction, self.max_points, *self._bp,
+            *self._ss)
         if not len(cand):
             return Contacts(*rows) if len(rows[0]) else self._empty
         blocks = [(rows[0], rows[3], rows[4], rows[5], rows[6], rows[8])] if len(rows[0]) else []
-        if self._mesh_pairs and len(cand):
-            # meshes against a plane: the lowest vertex of the convex hull bounds the height
-            keep = []
-            for k, mk in zip(cand.tolist(), margin[cand].tolist()):
-                ent = self._mesh_pairs.get(k)
-                if ent is not None:
-                    pl, ot, pts, sw = ent
-                    n = W[pl, :3, 2]
-                    low = float(np.min(pts @ (W[ot, :3, :3].T @ n)))
-                    if float(n @ (W[ot, :3, 3] - W[pl, :3, 3])) + low - sw >= mk + _BROAD_SLACK:
-                        continue
-                keep.append(k)
-            cand = np.array(keep, dtype=np.int64)
         if not len(cand):
             return self._assemble(blocks)
         # narrow phase

@@ -61,7 +61,7 @@ def joint_speeds(Jw, v, support, origins):
 def placements_and_bounds(oM, mj, lin, ang, gslot, W0, reach, pairs, base_margin, dt,
                           rest, hp_k, hp_pl, hp_ot, ext_vec, ext_const, use_rot,
                           np_k, np_a, np_b, np_rad, box_pair, box_geom, box_other, box_half,
-                          box_orad):
+                          box_orad, mesh_k, mesh_pl, mesh_ot, mesh_sw, hull_off, hull_pts):
     """World placements W (ngeom, 4, 4), pair margins (npairs,) and the candidate pairs among
     ``rest`` (the pairs without a closed form) whose distance lower bound is below their
     margin (+ BROAD_SLACK). ``oM`` (njoints, 12): joint placements (rotation column-major, then
@@ -100,6 +100,28 @@ def placements_and_bounds(oM, mj, lin, ang, gslot, W0, reach, pairs, base_margin
             ext = ext_const[i]
         gap[hp_k[i]] = (z0 * (W[ot, 0, 3] - W[pl, 0, 3]) + z1 * (W[ot, 1, 3] - W[pl, 1, 3])
                         + z2 * (W[ot, 2, 3] - W[pl, 2, 3])) - ext
+    # a mesh against a plane, where the bound above does not clear it: the lowest vertex of the
+    # mesh's convex hull (hull_pts[hull_off[i]:hull_off[i + 1]], in the geom frame) gives the
+    # exact height of the mesh above the plane
+    for i in range(mesh_k.shape[0]):
+        k = mesh_k[i]
+        if not gap[k] < margin[k] + BROAD_SLACK:
+            continue
+        pl, ot = mesh_pl[i], mesh_ot[i]
+        z0, z1, z2 = W[pl, 0, 2], W[pl, 1, 2], W[pl, 2, 2]
+        # the plane normal in the mesh frame
+        m0 = W[ot, 0, 0] * z0 + W[ot, 1, 0] * z1 + W[ot, 2, 0] * z2
+        m1 = W[ot, 0, 1] * z0 + W[ot, 1, 1] * z1 + W[ot, 2, 1] * z2
+        m2 = W[ot, 0, 2] * z0 + W[ot, 1, 2] * z1 + W[ot, 2, 2] * z2
+        low = np.inf
+        for t in range(hull_off[i], hull_off[i + 1]):
+            h = hull_pts[t, 0] * m0 + hull_pts[t, 1] * m1 + hull_pts[t, 2] * m2
+            if h < low:
+                low = h
+        exact = (z0 * (W[ot, 0, 3] - W[pl, 0, 3]) + z1 * (W[ot, 1, 3] - W[pl, 1, 3])
+                 + z2 * (W[ot, 2, 3] - W[pl, 2, 3])) + low - mesh_sw[i]
+        if exact > gap[k]:
+            gap[k] = exact
     # two shapes: their bounding spheres
     for i in range(np_k.shape[0]):
         a, b = np_a[i], np_b[i]
@@ -340,11 +362,12 @@ def merge_rows(A, B):
 def detect_closed_form(oM, mj, Jw, v, support, lin, ang, from_jacobian, gslot, W0, reach, pairs,
                        base_margin, dt, rest, hp_k, hp_pl, hp_ot, ext_vec, ext_const, use_rot,
                        np_k, np_a, np_b, np_rad, box_pair, box_geom, box_other, box_half,
-                       box_orad, friction, max_points, bp_pair, bp_kind, bp_geom, bp_n, bp_off,
-                       bp_N, bp_frames, bp_size, ss_k, ss_r1, ss_r2):
+                       box_orad, mesh_k, mesh_pl, mesh_ot, mesh_sw, hull_off, hull_pts, friction,
+                       max_points, bp_pair, bp_kind, bp_geom, bp_n, bp_off, bp_N, bp_frames,
+                       bp_size, ss_k, ss_r1, ss_r2):
     """The three kernels above in one call (one dispatch from Python): speeds (from ``Jw`` and
     ``v`` when ``from_jacobian``, else the given ``lin``, ``ang``), placements, margins and
-    broad-phase candidates, then the closed-form points. Returns (W, margin, cand, rows)."""
+    broad-phase candidates, then the closed-form points. Returns (margin, cand, rows)."""
     if from_jacobian:
         origins = np.empty((mj.shape[0], 3))
         for s in range(mj.shape[0]):
@@ -354,9 +377,9 @@ def detect_closed_form(oM, mj, Jw, v, support, lin, ang, from_jacobian, gslot, W
     W, margin, gap, cand = placements_and_bounds(
         oM, mj, lin, ang, gslot, W0, reach, pairs, base_margin, dt, rest, hp_k, hp_pl, hp_ot, ext_vec,
         ext_const, use_rot, np_k, np_a, np_b, np_rad, box_pair, box_geom, box_other, box_half,
-        box_orad)
+        box_orad, mesh_k, mesh_pl, mesh_ot, mesh_sw, hull_off, hull_pts)
     rows = plane_points(W, margin, pairs, friction, max_points, bp_pair, bp_kind, bp_geom, bp_n,
                         bp_off, bp_N, bp_frames, bp_size)
     if ss_k.shape[0]:
         rows = merge_rows(rows, sphere_pairs(W, margin, pairs, friction, ss_k, ss_r1, ss_r2))
-    return W, margin, cand, rows
+    return margin, cand, rows

@@ -191,6 +191,7 @@ class ConstraintBuilder:
             self.support[j] = self.support[model.parents[j]]
             self.support[j, jm.idx_v:jm.idx_v + jm.nv] = True
         self._no_limits = (np.zeros(0, dtype=np.int64), np.zeros(0))
+        self.has_limits = bool(len(self.lim_q))
         # each dof's kinematic tree (the subtree of a child of the world), as the range of its
         # dofs, where M^-1 is block diagonal; one dense block if a tree's dofs are not contiguous
         self.tree_lo = np.zeros(self.nv, dtype=np.int64)

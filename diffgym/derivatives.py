@@ -519,6 +519,8 @@ COMPILED = True
 
 _ARG0, _ARG1 = pin.ArgumentPosition.ARG0, pin.ArgumentPosition.ARG1
 _KERNEL_KINDS = ("sphere", "capsule", "box", "mesh")
+_VECTOR_JOINTS = frozenset(f"JointModel{n}" for n in (
+    "RX", "RY", "RZ", "RevoluteUnaligned", "PX", "PY", "PZ", "PrismaticUnaligned", "Translation"))
 
 
 class _CompiledState:
@@ -532,6 +534,10 @@ class _CompiledState:
         self.ok = getattr(model, "nvExtended", nv) == nv       # no mimic joints
         data = self.data = model.createData()
         self.zero = np.zeros(nv)
+        # every joint a revolute or prismatic one (not unbounded) or a translation: the
+        # configuration space is a vector space and dIntegrate is the identity
+        self.eye = np.eye(nv) if all(model.joints[j].shortname() in _VECTOR_JOINTS
+                                     for j in range(1, nj)) else None
         dof_joint = np.zeros(nv, dtype=np.int64)
         for j in range(1, nj):
             jm = model.joints[j]
@@ -689,8 +695,11 @@ def _step_jacobian_compiled(sim) -> StepJacobian | None:
             st.no_act, st.no_f
     ddq_dq, ddq_dv, Minv = pin.computeABADerivatives(model, data, q, v, C["tau_total"], st.fext_vec)
     v1dt = v1 * dt
-    dI_dq = pin.dIntegrate(model, q, v1dt, _ARG0)
-    dI_dv = pin.dIntegrate(model, q, v1dt, _ARG1)
+    if st.eye is not None:                 # vector-space joints: integrate is q + dq
+        dI_dq = dI_dv = st.eye
+    else:
+        dI_dq = pin.dIntegrate(model, q, v1dt, _ARG0)
+        dI_dv = pin.dIntegrate(model, q, v1dt, _ARG1)
     status, dq_dq, dq_dv, dq_dtau, dv_dq, dv_dv, dv_dtau = K.dynamics_terms(
         ddq_dq, ddq_dv, Minv, st.kstiff, st.has_stiff, sim.sm.damping, st.damped, dt,
         Jc, G, corr, Dq, lam, sigma, modes, act, mu, nc, dI_dq, dI_dv)

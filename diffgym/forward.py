@@ -17,15 +17,20 @@ import numpy as np
 import pinocchio as pin
 
 from .collision_driver import CollisionDriver, Contacts
-from .constraint import ConstraintBuilder, Constraints
+from .constraint import ConstraintBuilder, Constraints, _active_limits, assemble_problem
 from .derivatives import step_jacobian
 from .jit import njit
 from .model import ModelError, SimModel
 from .solver import MODE_NAMES, NCPSolver, SolverResult, SolverSettings
+from .solver_kernels import solve_stage1
+from .frames import tangent_frames
 
 
 _add = np.add.reduce          # (ndarray.sum without its Python wrapper: the same sums)
 # the solver result of a step without constraints (what sim.last reports then)
+_NO_FRAMES = np.zeros((0, 3, 3))
+_NO_WARM = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0),
+            np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.bool_))
 _NO_RESULT = SolverResult(np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64),
                           np.zeros(0, dtype=bool), 0, 0.0, True, "none")
 
@@ -114,6 +119,55 @@ class Contact:
     impulse: np.ndarray      # in the contact frame (t1, t2, n); n from geom1 to geom2
     impulse_world: np.ndarray
     mode: str
+
+
+@njit
+def _constrained_velocity(pos, frames, geom1, geom2, geom_joint, dist, mu, pair, point, Jw, support,
+                          tree_lo, tree_hi,
+                          q, v, lim_q, lim_v, lim_bound, lim_sign, limit_margin, dt, erp, skin,
+                          Minv, v_free, warm, pair_w, point_w, lam_w, modes_w, limits_w, lim_act_w,
+                          tol, mode_tol, newton_iter, mode_rounds, budget):
+    """The constrained part of the step in one compiled call: the active joint limits, the
+    problem (constraint.assemble_problem), the warm start (_match_warm_start), stage 1 of the
+    NCP solve (solver_kernels.solve_stage1) and ``v1 = v_free + M^-1 J^T lam``.
+
+    Returns (ok, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, lim_act, its, res, v1) (each
+    returned array costs a Python object: only those the step keeps); ``ok`` False: stage 1
+    failed (the caller runs the later stages on G, g), ``v1`` is then v_free."""
+    nc = pos.shape[0]
+    j1 = np.empty(nc, dtype=np.int64)
+    j2 = np.empty(nc, dtype=np.int64)
+    for k in range(nc):
+        j1[k] = geom_joint[geom1[k]]
+        j2[k] = geom_joint[geom2[k]]
+    if lim_q.shape[0]:
+        lim_idx, lim_dist = _active_limits(q, v, lim_q, lim_v, lim_bound, lim_sign, limit_margin, dt)
+    else:
+        lim_idx, lim_dist = np.zeros(0, dtype=np.int64), np.zeros(0)
+    J, b, G, g, MJt, Ms = assemble_problem(pos, frames, j1, j2, dist, Jw, support, tree_lo,
+                                           tree_hi, lim_idx, lim_dist, lim_v, lim_sign, dt, erp,
+                                           skin, Minv, v_free)
+    m = G.shape[0]
+    found = False
+    if warm:
+        lam0, modes0, found = _match_warm_start(pair_w, point_w, lam_w, modes_w, limits_w,
+                                                lim_act_w, pair, point, dist, lim_idx, lim_dist)
+    if not found:
+        lam0, modes0 = np.zeros(0), np.zeros(0, dtype=np.int64)
+    v1 = v_free.copy()
+    if m == 0:
+        return (True, lim_idx, lim_dist, J, b, G, g, np.zeros(0), np.zeros(0),
+                np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.bool_), 0, 0.0, v1)
+    ok, lam, sigma, modes, lim_act, its, res = solve_stage1(G, g, nc, mu, lam0, modes0, found, tol,
+                                                           mode_tol, newton_iter, mode_rounds,
+                                                           budget)
+    if ok:
+        for i in range(v1.shape[0]):
+            acc = 0.0
+            for r in range(m):
+                acc += MJt[i, r] * lam[r]
+            v1[i] += acc
+    return ok, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, lim_act, its, res, v1
 
 
 _LAZY_FIELDS = frozenset(("contact_points", "contact_normals", "contact_distances",
@@ -427,20 +481,53 @@ class Simulator:
         a_free = pin.aba(model, data, q, v, tau_total)
         v_free = v + dt * a_free
 
-        limits = self.constraints.active_limits_fast(q, v, dt)
-        if len(contacts) or len(limits[0]):
+        cb = self.constraints
+        solver = self.solver
+        nc = len(contacts)
+        if (nc or cb.has_limits) and type(solver) is NCPSolver and solver.settings.compiled:
+            # the constrained part in one compiled call (limits, assembly, warm start, stage 1)
             Minv = pin.computeMinverse(model, data, q)     # only its upper triangle is filled
             if nv == 1:
                 Minv = Minv.reshape(1, 1)
-            cons, G, g, MJt, Minv = self.constraints.assemble(Jw, contacts, limits, dt, Minv, v_free)
-            lam0, modes0 = self._warm_start(cons)
-            try:
-                res = self.solver.solve(G, g, cons.nc, cons.mu, lam0, modes0)
-            except np.linalg.LinAlgError as exc:     # LAPACK gave up on a degenerate problem
-                raise SimulationError(f"the contact solver failed on a degenerate problem ({exc}); "
-                                      f"{cons.nc} contacts, |v| = {np.linalg.norm(v):.3g}") from exc
-            v1 = v_free + MJt @ res.lam
+            frames = contacts.frames
+            if frames is None:
+                frames = tangent_frames(contacts.normal) if nc else _NO_FRAMES
+            w = self._warm
+            st = solver.settings
+            (ok, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, lim_act, its, resid,
+             v1) = _constrained_velocity(
+                contacts.pos, frames, contacts.geom1, contacts.geom2, cb.geom_joint, contacts.dist,
+                contacts.mu, contacts.pair, contacts.point, Jw, cb.support, cb.tree_lo, cb.tree_hi,
+                q, v, cb.lim_q, cb.lim_v, cb.lim_bound, cb.lim_sign, cb.limit_margin, dt, cb.erp,
+                cb.skin, Minv, v_free, w is not None, *(w if w is not None else _NO_WARM),
+                st.tol, st.mode_tol, st.newton_iter, st.mode_rounds, st.newton_budget)
+            if G.shape[0]:
+                cons = Constraints(J, b, nc, contacts.mu, frames, contacts, lim_idx, lim_dist,
+                                   contacts.dist)
+                if ok:
+                    res = SolverResult(lam, sigma, modes, lim_act, its, resid, True, "newton")
+                else:                              # (rare) stages 2-4 in Python
+                    lam0, modes0 = self._warm_start(cons)
+                    res = self._solve(solver, G, g, cons, lam0, modes0, v, later_stages=True)
+                    Ms = np.where(np.triu(np.ones((nv, nv), dtype=bool)), Minv, Minv.T)
+                    v1 = v_free + Ms @ (J.T @ res.lam)
+            else:
+                cons, res, Minv, G, g = None, None, None, None, None
+        elif nc or cb.has_limits:
+            # any other solver (or the Python reference): stage by stage
+            limits = cb.active_limits_fast(q, v, dt)
+            cons = None
+            if nc or len(limits[0]):
+                Minv = pin.computeMinverse(model, data, q)
+                if nv == 1:
+                    Minv = Minv.reshape(1, 1)
+                cons, G, g, MJt, Minv = cb.assemble(Jw, contacts, limits, dt, Minv, v_free)
+                lam0, modes0 = self._warm_start(cons)
+                res = self._solve(solver, G, g, cons, lam0, modes0, v)
+                v1 = v_free + MJt @ res.lam
         else:
+            cons = None
+        if cons is None:
             cons, res, Minv, G, g = None, None, None, None, None
             v1 = v_free
         q1 = pin.integrate(model, q, v1 * dt)
@@ -449,11 +536,24 @@ class Simulator:
             raise SimulationError("the step produced a non-finite state (the simulation diverged); "
                                   f"|v| = {np.linalg.norm(v):.3g}, |tau| = {np.linalg.norm(tau):.3g}")
         self._record(cons, res)
+        # (Minv: pinocchio's computeMinverse, of which only the upper triangle is filled)
         self.cache = dict(q=q, v=v, tau=tau, tau_total=tau_total, a_free=a_free, v_free=v_free,
                           cons=cons, res=res, Minv=Minv, G=G, g=g, v1=v1, q1=q1)
         if jacobian:
             return q1, v1, step_jacobian(self)
         return q1, v1
+
+    @staticmethod
+    def _solve(solver, G, g, cons: Constraints, lam0, modes0, v, later_stages: bool = False):
+        """The NCP solve (``later_stages``: stage 1 already failed compiled, from stage 2 on),
+        LAPACK failures reported as a SimulationError."""
+        try:
+            if later_stages:
+                return solver._solve(G, g, cons.nc, cons.mu, lam0, modes0, stage1=False)
+            return solver.solve(G, g, cons.nc, cons.mu, lam0, modes0)
+        except np.linalg.LinAlgError as exc:     # LAPACK gave up on a degenerate problem
+            raise SimulationError(f"the contact solver failed on a degenerate problem ({exc}); "
+                                  f"{cons.nc} contacts, |v| = {np.linalg.norm(v):.3g}") from exc
 
     def _warm_start(self, cons: Constraints):
         """Impulses and modes of the previous step for the contacts (same pair and point) and

@@ -181,3 +181,61 @@ def test_compiled_sphere_pairs_equal_coal():
         kinds = [(sim.sm.geoms[int(g1)].kind, sim.sm.geoms[int(g2)].kind) for g1, g2 in zip(b.geom1, b.geom2)]
         balls += kinds.count(("sphere", "sphere"))
     assert balls > 100
+
+
+def test_kernels_run_as_plain_python_with_the_same_results(tmp_path):
+    """DIFFGYM_JIT=0 (debugging the kernels with pdb) runs the same loops uncompiled: a hopper
+    landing with its step Jacobians gives the compiled results."""
+    import json
+    import os
+    import subprocess
+    import sys
+    script = tmp_path / "run.py"
+    script.write_text(
+        "import json, sys, numpy as np, diffgym\n"
+        "from diffgym.resources import asset_path\n"
+        "sim = diffgym.Simulator.from_file(asset_path('hopper.xml'))\n"
+        "q, v = sim.q0, np.zeros(sim.nv)\n"
+        "for _ in range(80):\n"
+        "    q, v = sim.step(q, v, 0.3 * np.ones(sim.nv))\n"
+        "q, v, jac = sim.step(q, v, np.ones(sim.nv), jacobian=True)\n"
+        "json.dump([q.tolist(), v.tolist(), jac.state.tolist(), sim.last.num_contacts], sys.stdout)\n")
+    out = {}
+    for flag in ("0", "1"):
+        env = dict(os.environ, DIFFGYM_JIT=flag)
+        r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env,
+                           check=True, timeout=600)
+        out[flag] = json.loads(r.stdout)
+    assert out["1"][3] > 0
+    for a, b in zip(out["0"][:3], out["1"][:3]):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("model", ["hopper.xml", "go1.urdf", "billiards.xml"])
+def test_fused_constrained_step_equals_the_stage_by_stage_one(model):
+    """The step's single compiled call for limits, assembly, warm start and solve
+    (forward._constrained_velocity) against the stage-by-stage path it stands in for (taken
+    for a solver of any other type)."""
+    from diffgym.solver import NCPSolver
+
+    class Staged(NCPSolver):
+        pass
+
+    sims = [diffgym.Simulator.from_file(asset_path(model)) for _ in range(2)]
+    sims[1].solver = Staged(sims[1].solver.settings)
+    rng = np.random.default_rng(2)
+    states = [(s.q0, np.zeros(s.nv)) for s in sims]
+    nv = sims[0].nv
+    constrained = 0
+    for t in range(150):
+        tau = rng.normal(0.0, 5.0, nv) if t % 3 else np.zeros(nv)
+        for i, s in enumerate(sims):
+            states[i] = s.step(*states[i], tau)
+        a, b = (s.last for s in sims)
+        assert a.contact_modes == b.contact_modes and a.method == b.method
+        np.testing.assert_array_equal(a.limit_active, b.limit_active)
+        np.testing.assert_allclose(states[0][1], states[1][1], rtol=1e-9, atol=1e-10)
+        np.testing.assert_allclose(states[0][0], states[1][0], rtol=1e-9, atol=1e-12)
+        constrained += a.num_contacts + int(np.sum(a.limit_active)) > 0
+        states[1] = tuple(x.copy() for x in states[0])     # (the same state for both next)
+    assert constrained > 50

@@ -37,15 +37,15 @@ def reference():
 # -- recorded problems ---------------------------------------------------------------------
 def _record(sim, name, out):
     """Record every solve() call of ``sim``'s solver: (name, G, g, nc, mu, lam0, modes0)."""
-    orig = sim.solver.solve
+    class Recording(NCPSolver):
+        # (a solver of another type: the step then calls solve() instead of its fused kernel)
+        def solve(self, G, g, nc, mu, lam0=None, modes0=None):
+            out.append((name, np.array(G), np.array(g), int(nc), np.array(mu, dtype=float),
+                        None if lam0 is None else np.array(lam0, dtype=float),
+                        None if modes0 is None else np.array(modes0)))
+            return super().solve(G, g, nc, mu, lam0, modes0)
 
-    def rec(G, g, nc, mu, lam0=None, modes0=None):
-        out.append((name, np.array(G), np.array(g), int(nc), np.array(mu, dtype=float),
-                    None if lam0 is None else np.array(lam0, dtype=float),
-                    None if modes0 is None else np.array(modes0)))
-        return orig(G, g, nc, mu, lam0, modes0)
-
-    sim.solver.solve = rec
+    sim.solver = Recording(sim.solver.settings)
 
 
 def _recorded_problems():
