@@ -484,7 +484,9 @@ class Simulator:
         cb = self.constraints
         solver = self.solver
         nc = len(contacts)
-        if (nc or cb.has_limits) and type(solver) is NCPSolver and solver.settings.compiled:
+        if not nc and cb.has_limits and not len(cb.active_limits_fast(q, v, dt)[0]):
+            cons = None                          # (no contact, no limit within reach)
+        elif (nc or cb.has_limits) and type(solver) is NCPSolver and solver.settings.compiled:
             # the constrained part in one compiled call (limits, assembly, warm start, stage 1)
             Minv = pin.computeMinverse(model, data, q)     # only its upper triangle is filled
             if nv == 1:
@@ -528,7 +530,7 @@ class Simulator:
         else:
             cons = None
         if cons is None:
-            cons, res, Minv, G, g = None, None, None, None, None
+            res, Minv, G, g = None, None, None, None
             v1 = v_free
         q1 = pin.integrate(model, q, v1 * dt)
         total = float(_add(v1)) + float(_add(q1))
