@@ -400,6 +400,23 @@ class Simulator:
     def reset_warmstart(self) -> None:
         self._warm = None
 
+    def warm_start_state(self):
+        """The warm start the next step will use (the last step's impulses and modes per
+        contact and limit), as a tuple of arrays, or None; ``set_warm_start_state`` restores it
+        (checkpoints: a resumed run then solves its first step from the same point)."""
+        w = self._warm
+        return None if w is None else tuple(np.array(a) for a in w)
+
+    def set_warm_start_state(self, w) -> None:
+        if w is None:
+            self._warm = None
+            return
+        if len(w) != 6:
+            raise ValueError(f"a warm start is 6 arrays (pair, point, impulses, modes, limits, "
+                             f"limit modes), got {len(w)}")
+        dtypes = (np.int64, np.int64, np.float64, np.int64, np.int64, np.bool_)
+        self._warm = tuple(np.ascontiguousarray(a, dtype=d) for a, d in zip(w, dtypes))
+
     # -- input checking ------------------------------------------------------------------
     @staticmethod
     def _vector(x, n: int, name: str) -> np.ndarray:

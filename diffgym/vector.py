@@ -122,6 +122,18 @@ class DiffVectorEnv(gym.vector.VectorEnv):
             env.set_state(x)
         self._needs_reset = False
 
+    def snapshot(self) -> list[dict]:
+        """Each copy's ``snapshot()`` (state, episode step count, reset RNG, warm start)."""
+        return [e.snapshot() for e in self.envs]
+
+    def restore(self, snaps: list[dict]) -> None:
+        if len(snaps) != self.num_envs:
+            raise ValueError(f"the snapshot holds {len(snaps)} environments, this vector env has "
+                             f"{self.num_envs}")
+        for e, snap in zip(self.envs, snaps):
+            e.restore(snap)
+        self._needs_reset = False
+
     def tangent_maps(self, X=None) -> np.ndarray:
         X = self.get_state() if X is None else np.asarray(X, dtype=float)
         return np.stack([env.tangent_map(x) for env, x in zip(self.envs, X)])

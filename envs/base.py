@@ -166,6 +166,23 @@ class DiffEnv(gym.Env):
         self._x = x.copy()
         self.sim.reset_warmstart()
 
+    def snapshot(self) -> dict:
+        """Everything this environment carries from one step to the next, for an exact resume:
+        the state, the step count of the episode, the reset RNG and the contact solver's warm
+        start. ``restore`` puts it back."""
+        return {"state": self.get_state(), "elapsed": int(self._elapsed),
+                "np_random": self.np_random.bit_generator.state,
+                "warm_start": self.sim.warm_start_state()}
+
+    def restore(self, snap: dict) -> None:
+        missing = {"state", "elapsed", "np_random"} - set(snap)
+        if missing:
+            raise KeyError(f"{type(self).__name__}.restore: snapshot lacks {sorted(missing)}")
+        self.set_state(snap["state"])
+        self._elapsed = int(snap["elapsed"])
+        self.np_random.bit_generator.state = snap["np_random"]
+        self.sim.set_warm_start_state(snap.get("warm_start"))   # (absent in old checkpoints)
+
     def tangent_map(self, x=None) -> np.ndarray:
         """P (state_size, n_x) with x (+) dx = x + P dx to first order (zero rows for constants)."""
         x = self._x if x is None else np.asarray(x, dtype=float)

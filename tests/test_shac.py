@@ -214,4 +214,10 @@ def test_resume_continues_exactly(tmp_path):
         for k, v in ck_full[part].items():
             assert torch.equal(v, ck_res[part][k]), (part, k)
     assert torch.equal(ck_full["obs_rms"]["mean"], ck_res["obs_rms"]["mean"])
-    assert np.array_equal(ck_full["env"]["state"], ck_res["env"]["state"])
+    for a, b in zip(ck_full["env"], ck_res["env"]):          # every copy's snapshot
+        assert np.array_equal(a["state"], b["state"]) and a["elapsed"] == b["elapsed"]
+        assert a["np_random"] == b["np_random"]
+        wa, wb = a["warm_start"], b["warm_start"]
+        assert (wa is None) == (wb is None)
+        if wa is not None:
+            assert all(np.array_equal(x, y) for x, y in zip(wa, wb))

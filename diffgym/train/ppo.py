@@ -112,20 +112,18 @@ def _sb3_vec_env_class():
 
         # -- the rollout state, for checkpoints -----------------------------------------------
         def snapshot(self) -> dict:
-            envs = self.venv.envs
-            return {"state": self.venv.get_state(),
-                    "elapsed": np.array([e._elapsed for e in envs]),
-                    "np_random": [e.np_random.bit_generator.state for e in envs],
-                    "ep_ret": self.ep_ret.copy(), "ep_len": self.ep_len.copy()}
+            return {"envs": self.venv.snapshot(), "ep_ret": self.ep_ret.copy(),
+                    "ep_len": self.ep_len.copy()}
 
         def restore(self, snap: dict) -> None:
-            if snap["state"].shape[0] != self.num_envs:
-                raise ValueError(f"the checkpoint holds {snap['state'].shape[0]} environments, the "
+            envs = snap.get("envs")
+            if envs is None:       # (checkpoints written before per-copy snapshots)
+                envs = [{"state": x, "elapsed": el, "np_random": rng} for x, el, rng in
+                        zip(snap["state"], snap["elapsed"], snap["np_random"])]
+            if len(envs) != self.num_envs:
+                raise ValueError(f"the checkpoint holds {len(envs)} environments, the "
                                  f"config asks for env.num_envs={self.num_envs}")
-            self.venv.set_state(snap["state"])
-            for e, el, rng in zip(self.venv.envs, snap["elapsed"], snap["np_random"]):
-                e._elapsed = int(el)
-                e.np_random.bit_generator.state = rng
+            self.venv.restore(envs)
             self.ep_ret[:] = snap["ep_ret"]
             self.ep_len[:] = snap["ep_len"]
 

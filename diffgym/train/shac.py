@@ -226,18 +226,17 @@ def td_lambda_targets(rewards: torch.Tensor, next_values: torch.Tensor, dones: t
 # --------------------------------------------------------------------------------------------
 # Bookkeeping helpers: episode statistics and exact environment snapshots
 # --------------------------------------------------------------------------------------------
-def _env_snapshot(venv) -> dict:
-    """Everything an environment copy carries between steps (state, episode clock, reset RNG)."""
-    return {"state": venv.get_state(),
-            "elapsed": np.array([e._elapsed for e in venv.envs]),
-            "np_random": [e.np_random.bit_generator.state for e in venv.envs]}
+def _env_snapshot(venv) -> list[dict]:
+    """Everything an environment copy carries between steps (state, episode clock, reset RNG,
+    contact warm start)."""
+    return venv.snapshot()
 
 
-def _env_restore(venv, snap: dict) -> None:
-    venv.set_state(snap["state"])
-    for e, el, rng in zip(venv.envs, snap["elapsed"], snap["np_random"]):
-        e._elapsed = int(el)
-        e.np_random.bit_generator.state = rng
+def _env_restore(venv, snap) -> None:
+    if isinstance(snap, dict):     # (checkpoints written before per-copy snapshots)
+        snap = [{"state": x, "elapsed": el, "np_random": rng}
+                for x, el, rng in zip(snap["state"], snap["elapsed"], snap["np_random"])]
+    venv.restore(snap)
 
 
 def _lr_at(base: float, iteration: int, total: int, schedule: str) -> float:
@@ -306,9 +305,11 @@ def train_shac(cfg: "TrainConfig", run: "Run") -> dict:
         if ckpt.get("algo") != "shac":
             raise ValueError(f"--resume: the checkpoint in {run.dir} is not a SHAC checkpoint "
                              f"(algo {ckpt.get('algo')!r})")
-        if ckpt["env"]["state"].shape != (N, venv.state_size):
-            raise ValueError(f"--resume: the checkpoint holds {ckpt['env']['state'].shape[0]} "
-                             f"environments, env.num_envs is {N}")
+        env_snap = ckpt["env"]
+        n_ck = len(env_snap["state"]) if isinstance(env_snap, dict) else len(env_snap)
+        if n_ck != N:
+            raise ValueError(f"--resume: the checkpoint holds {n_ck} environments, "
+                             f"env.num_envs is {N}")
         tenv.reset(seed=cfg.seed)
         _env_restore(venv, ckpt["env"])
         obs = ckpt["obs"].clone()
