@@ -10,7 +10,9 @@
   security margin, so that contacts about to close within this step are found (speculative
   contacts: a 10 m/s ball cannot tunnel through a 2 cm wall);
 * contact patches (``pinocchio.computeContactPatch``): a face or edge contact gives a polygon,
-  reduced to at most ``max_points`` (4) points that span it, so a box lies flat without rocking.
+  reduced to at most ``max_points`` (4) points that span it, so a box lies flat without rocking;
+* closed form, without coal (``collision_kernels``): spheres, capsules and boxes on a static
+  plane, sphere-sphere and sphere-box pairs (a ball against a cushion).
 
 The margin of a pair is ``base_margin + dt * (speed bound of geom 1 + speed bound of geom 2)``.
 Normals point from geom 1 to geom 2; ``dist`` is the signed distance (negative in penetration).
@@ -231,6 +233,30 @@ class CollisionDriver:
         self._ss = (np.flatnonzero(ss).astype(np.int64),
                     np.array([float(self.sm.geoms[int(a)].size[0]) for a in p[ss, 0]]).reshape(-1),
                     np.array([float(self.sm.geoms[int(b)].size[0]) for b in p[ss, 1]]).reshape(-1))
+        # sphere-box pairs (a box without a swept-sphere radius): closed form in the compiled
+        # pass too (collision_kernels.sphere_box_pairs)
+        sb = np.zeros(len(p), dtype=bool)
+        sb_box, sb_sph, sb_half, sb_r = [], [], [], []
+        for k in range(len(p)):
+            if not self.batch_plane_pairs:
+                break
+            a, b = int(p[k, 0]), int(p[k, 1])
+            for box, sph in ((a, b), (b, a)):
+                shape = gm.geometryObjects[box].geometry
+                if kinds[box] == "box" and kinds[sph] == "sphere" and isinstance(shape, coal.Box):
+                    sw = shape.getSweptSphereRadius() if hasattr(shape, "getSweptSphereRadius") else 0.0
+                    ssh = gm.geometryObjects[sph].geometry
+                    sws = ssh.getSweptSphereRadius() if hasattr(ssh, "getSweptSphereRadius") else 0.0
+                    if sw == 0.0 and sws == 0.0 and isinstance(ssh, coal.Sphere):
+                        sb[k] = True
+                        sb_box.append(box); sb_sph.append(sph)
+                        sb_half.append(np.asarray(shape.halfSide, float))
+                        sb_r.append(float(ssh.radius))
+                    break
+        self._sb = (np.flatnonzero(sb).astype(np.int64), np.array(sb_box, dtype=np.int64),
+                    np.array(sb_sph, dtype=np.int64), np.array(sb_half, dtype=float).reshape(-1, 3),
+                    np.array(sb_r, dtype=float))
+        ss = ss | sb
         batch = batch | ss
         nonplane = (self.pair_plane < 0) & ~ss
         self._np = np.flatnonzero(nonplane)
@@ -383,7 +409,7 @@ class CollisionDriver:
             self._hp_ext_vec, self._hp_ext_const, self._hp_use_rot, self._np, self._np_a,
             self._np_b, self._np_rad, self._box_pair, self._box_geom, self._box_other,
             self._box_half, self._box_orad, *self._mesh, self._friction, self.max_points, *self._bp,
-            *self._ss)
+            *self._ss, *self._sb)
         if not len(cand):
             return Contacts(*rows) if len(rows[0]) else self._empty
         blocks = [(rows[0], rows[3], rows[4], rows[5], rows[6], rows[8])] if len(rows[0]) else []

@@ -1,6 +1,6 @@
 """Compiled per-step collision work (see ``collision_driver.py`` for the algorithm).
 
-Three kernels, called once per step with the driver's constant tables:
+The kernels, called once per step with the driver's constant tables:
 
 * ``joint_speeds``: the speed of each moving joint's origin and its angular speed, from
   pinocchio's world-frame joint Jacobians ``data.J`` and ``v`` (no per-joint Python reads);
@@ -10,7 +10,9 @@ Three kernels, called once per step with the driver's constant tables:
 * ``plane_points``: the closed-form contacts of every sphere, capsule and box resting on a
   static plane (``plane_contacts.py`` describes the points), with their normals and frames;
 * ``sphere_pairs``: the closed-form contacts of sphere-sphere pairs (exact: the broad-phase
-  distance of two spheres is their distance).
+  distance of two spheres is their distance);
+* ``sphere_box_pairs``: the closed-form contacts of sphere-box pairs (the box point closest to
+  the sphere centre, or the face of least penetration with the centre inside).
 
 They are plain loops over floats, compiled with numba (``jit.py``).
 """
@@ -364,8 +366,8 @@ def detect_closed_form(oM, mj, Jw, v, support, lin, ang, from_jacobian, gslot, W
                        np_k, np_a, np_b, np_rad, box_pair, box_geom, box_other, box_half,
                        box_orad, mesh_k, mesh_pl, mesh_ot, mesh_sw, hull_off, hull_pts, friction,
                        max_points, bp_pair, bp_kind, bp_geom, bp_n, bp_off, bp_N, bp_frames,
-                       bp_size, ss_k, ss_r1, ss_r2):
-    """The three kernels above in one call (one dispatch from Python): speeds (from ``Jw`` and
+                       bp_size, ss_k, ss_r1, ss_r2, sb_k, sb_box, sb_sph, sb_half, sb_r):
+    """The kernels above in one call (one dispatch from Python): speeds (from ``Jw`` and
     ``v`` when ``from_jacobian``, else the given ``lin``, ``ang``), placements, margins and
     broad-phase candidates, then the closed-form points. Returns (margin, cand, rows)."""
     if from_jacobian:
@@ -382,4 +384,111 @@ def detect_closed_form(oM, mj, Jw, v, support, lin, ang, from_jacobian, gslot, W
                         bp_off, bp_N, bp_frames, bp_size)
     if ss_k.shape[0]:
         rows = merge_rows(rows, sphere_pairs(W, margin, pairs, friction, ss_k, ss_r1, ss_r2))
+    if sb_k.shape[0]:
+        rows = merge_rows(rows, sphere_box_pairs(W, margin, pairs, friction, sb_k, sb_box, sb_sph,
+                                                 sb_half, sb_r))
     return margin, cand, rows
+
+
+@njit
+def sphere_box_pairs(W, margin, pairs, friction, sb_k, sb_box, sb_sph, sb_half, sb_r):
+    """Closed-form contacts of sphere-box pairs ``sb_k`` (box geom sb_box with half sizes
+    sb_half, sphere geom sb_sph of radius sb_r) closer than their margins. In the box frame the
+    closest box point to the sphere centre c is c clamped to the half sizes; with c outside the
+    box the normal points from that point to c and dist = |c - p| - r; with c inside, the face
+    of least penetration gives the normal (its outward normal) and dist = -penetration - r.
+    Normals from geom 1 to geom 2, the point is the midpoint of the box and sphere surface
+    points (point index 0), frames as ``frames.tangent_frames``. Rows as ``plane_points``."""
+    n_sb = sb_k.shape[0]
+    hit = np.zeros(n_sb, dtype=np.bool_)
+    tpos = np.empty((n_sb, 3))
+    tnrm = np.empty((n_sb, 3))
+    tdist = np.empty(n_sb)
+    x = np.empty(3)
+    p = np.empty(3)
+    m = np.empty(3)
+    total = 0
+    for i in range(n_sb):
+        k = sb_k[i]
+        b, s, r = sb_box[i], sb_sph[i], sb_r[i]
+        d0 = W[s, 0, 3] - W[b, 0, 3]
+        d1 = W[s, 1, 3] - W[b, 1, 3]
+        d2 = W[s, 2, 3] - W[b, 2, 3]
+        outside = False
+        for a in range(3):
+            x[a] = W[b, 0, a] * d0 + W[b, 1, a] * d1 + W[b, 2, a] * d2
+            h = sb_half[i, a]
+            if x[a] > h:
+                p[a] = h
+                outside = True
+            elif x[a] < -h:
+                p[a] = -h
+                outside = True
+            else:
+                p[a] = x[a]
+        if outside:
+            e0, e1, e2 = x[0] - p[0], x[1] - p[1], x[2] - p[2]
+            L = np.sqrt(e0 * e0 + e1 * e1 + e2 * e2)
+            m[0], m[1], m[2] = e0 / L, e1 / L, e2 / L
+            dist = L - r
+        else:                               # centre inside: the face of least penetration
+            ax = 0
+            best = np.inf
+            for a in range(3):
+                pen = sb_half[i, a] - abs(x[a])
+                if pen < best:
+                    best = pen
+                    ax = a
+            m[0] = m[1] = m[2] = 0.0
+            sg = 1.0 if x[ax] >= 0.0 else -1.0
+            m[ax] = sg
+            p[ax] = sg * sb_half[i, ax]
+            dist = -best - r
+        if not dist < margin[k]:
+            continue
+        hit[i] = True
+        total += 1
+        sgn = 1.0 if b == pairs[k, 0] else -1.0     # the normal from geom 1 to geom 2
+        for c in range(3):
+            nw = W[b, c, 0] * m[0] + W[b, c, 1] * m[1] + W[b, c, 2] * m[2]
+            pb = W[b, c, 3] + W[b, c, 0] * p[0] + W[b, c, 1] * p[1] + W[b, c, 2] * p[2]
+            # box surface point and sphere surface point c - r n (n out of the box)
+            tpos[i, c] = 0.5 * (pb + (W[s, c, 3] - r * nw))
+            tnrm[i, c] = sgn * nw
+        tdist[i] = dist
+    pair = np.empty(total, dtype=np.int64)
+    g1 = np.empty(total, dtype=np.int64)
+    g2 = np.empty(total, dtype=np.int64)
+    point = np.zeros(total, dtype=np.int64)
+    pos = np.empty((total, 3))
+    normal = np.empty((total, 3))
+    dist_o = np.empty(total)
+    mu = np.empty(total)
+    frames = np.empty((total, 3, 3))
+    # rows ordered by pair (sb_k is sorted)
+    r = 0
+    for i in range(n_sb):
+        if not hit[i]:
+            continue
+        k = sb_k[i]
+        pair[r], g1[r], g2[r] = k, pairs[k, 0], pairs[k, 1]
+        dist_o[r] = tdist[i]
+        mu[r] = friction[k]
+        n0, n1, n2 = tnrm[i, 0], tnrm[i, 1], tnrm[i, 2]
+        for c in range(3):
+            pos[r, c] = tpos[i, c]
+            normal[r, c] = tnrm[i, c]
+        # t1 = helper x n (helper e_x where |n_x| < 0.9, else e_y), t2 = n x t1
+        if abs(n0) < 0.9:
+            t0, t1_, t2_ = 0.0, -n2, n1
+        else:
+            t0, t1_, t2_ = n2, 0.0, -n0
+        tn = np.sqrt(t0 * t0 + t1_ * t1_ + t2_ * t2_)
+        t0, t1_, t2_ = t0 / tn, t1_ / tn, t2_ / tn
+        frames[r, 0, 0], frames[r, 1, 0], frames[r, 2, 0] = t0, t1_, t2_
+        frames[r, 0, 1] = n1 * t2_ - n2 * t1_
+        frames[r, 1, 1] = n2 * t0 - n0 * t2_
+        frames[r, 2, 1] = n0 * t1_ - n1 * t0
+        frames[r, 0, 2], frames[r, 1, 2], frames[r, 2, 2] = n0, n1, n2
+        r += 1
+    return pair, g1, g2, point, pos, normal, dist_o, mu, frames

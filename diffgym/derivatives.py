@@ -23,9 +23,10 @@ Jacobian of the smooth piece the current state lies on); no smoothing is applied
 Collision geometry (how contact points, normals and distances move with q) is closed form for
 a static plane against every shape (``_plane_contacts``: sphere and capsule roll about their
 centre or segment point, box and mesh witness points are body-fixed vertices, a tilted
-cylinder's witness is the lowest point of its cap rim, an ellipsoid's its support point) and for
-sphere-sphere. Every other pair (box-box, capsule-capsule, sphere-box, anything on a moving
-plane, mesh-mesh, ...) falls back to a central difference of the collision output alone
+cylinder's witness is the lowest point of its cap rim, an ellipsoid's its support point), for
+sphere-sphere and for sphere-box (``_sphere_box``: face, edge, corner and centre-inside
+regions; either body static or moving). Every other pair (box-box, capsule-capsule, anything on
+a moving plane, mesh-mesh, ...) falls back to a central difference of the collision output alone
 (``_collision_fd``, step ``collision_fd_eps``), never of the dynamics; ``closed_form_pair``
 says which. ``tests/test_gradients.py`` checks both routes against central differences of the
 whole step.
@@ -249,7 +250,60 @@ def closed_form_pair(kind1: str, static1: bool, kind2: str, static2: bool) -> bo
         return True
     if kind2 == "plane" and static2 and kind1 in PLANE_CLOSED_FORM:
         return True
-    return kind1 == "sphere" and kind2 == "sphere"
+    return (kind1 == "sphere" and kind2 == "sphere") or {kind1, kind2} == {"sphere", "box"}
+
+
+def _swept(sim, g: int) -> float:
+    shape = sim.geom_model.geometryObjects[g].geometry
+    return shape.getSweptSphereRadius() if hasattr(shape, "getSweptSphereRadius") else 0.0
+
+
+def _sphere_box(sim, kin: _Kin, k: int, gb: int, gs: int, jb: int, js: int, sgn: float,
+                dp, dn, dd) -> None:
+    """Closed form for contact k of box geom gb (joint jb) and sphere geom gs (joint js); sgn
+    = +1 when the box is geom 1 (the normal points out of the box), else -1.
+
+    In the box frame (R, t) the sphere centre is x = R^T (c - t) and the box point closest to
+    it p = clamp(x, -h, h): on a face one coordinate is clamped, on an edge two, at a corner
+    three. Its variation is dx = R^T (dc - dc_B), dc_B the velocity Jacobian of the point c
+    carried by the box. Outside the box (e = x - p, L = |e|, m = e / L) the clamped
+    coordinates Q of p stay put while the free ones P = I - Q follow x: dp = P dx,
+    dm = (Q - m m^T) dx / L, d dist = m . dx. With the centre inside the box, m is the outward
+    normal of the face of least penetration (body-fixed), p is x projected on that face
+    (P = I - m m^T) and d dist = m . dx again. In the world n = R m turns with the box
+    (dn = w x n + R dm), the box point moves with the box and slides by R dp, the sphere point
+    is c - r n, and the contact point is their midpoint."""
+    Mb, Ms = sim.geom_data.oMg[gb], sim.geom_data.oMg[gs]
+    R, t, c = Mb.rotation, Mb.translation, Ms.translation
+    half = np.asarray(sim.geom_model.geometryObjects[gb].geometry.halfSide, float)
+    r = float(sim.geom_model.geometryObjects[gs].geometry.radius)
+    x = R.T @ (c - t)
+    p = np.clip(x, -half, half)
+    clamped = np.abs(x) > half
+    if clamped.any():
+        e = x - p
+        L = np.linalg.norm(e)
+        m = e / L
+        Q = np.diag(clamped.astype(float))
+        P = np.eye(3) - Q
+        Dm = (Q - np.outer(m, m)) / L
+    else:
+        ax = int(np.argmin(half - np.abs(x)))
+        m = np.zeros(3)
+        m[ax] = 1.0 if x[ax] >= 0.0 else -1.0
+        p[ax] = m[ax] * half[ax]
+        P = np.eye(3) - np.outer(m, m)
+        Dm = np.zeros((3, 3))
+    nw = R @ m
+    pb = t + R @ p
+    dc = kin.point_jacobian(js, c)
+    w = kin.J[jb][3:] if jb else np.zeros((3, kin.nv))
+    dx = R.T @ (dc - kin.point_jacobian(jb, c))
+    dnw = -_skew(nw) @ w + R @ (Dm @ dx)
+    dpb = kin.point_jacobian(jb, pb) + R @ (P @ dx)
+    dd[k] = m @ dx
+    dn[k] = sgn * dnw
+    dp[k] = 0.5 * (dpb + dc - r * dnw)
 
 
 def geometry_derivatives(sim, kin: _Kin, cons) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -268,6 +322,13 @@ def geometry_derivatives(sim, kin: _Kin, cons) -> tuple[np.ndarray, np.ndarray, 
         j1, j2 = int(gjoint[g1]), int(gjoint[g2])
         if not closed_form_pair(k1, j1 == 0, k2, j2 == 0):
             fallback.append(k)
+        elif {k1, k2} == {"sphere", "box"}:
+            if _swept(sim, g1) or _swept(sim, g2):       # (coal's rounded box: no closed form)
+                fallback.append(k)
+            elif k1 == "box":
+                _sphere_box(sim, kin, k, g1, g2, j1, j2, 1.0, dp, dn, dd)
+            else:
+                _sphere_box(sim, kin, k, g2, g1, j2, j1, -1.0, dp, dn, dd)
         elif k1 == "sphere" and k2 == "sphere":
             n = c.normal[k]
             c1 = sim.geom_data.oMg[g1].translation

@@ -277,3 +277,66 @@ def test_collision_fd_fallback(ground, geom, euler, v, modes, points, monkeypatc
     sim.reset_warmstart()
     _, _, bad = sim.step(q, v, np.zeros(6), jacobian=True)
     assert np.abs(bad.dv_dq - jac.dv_dq).max() > 1e-3 * np.abs(jac.dv_dq).max()
+
+
+# -- sphere-box: closed form (derivatives._sphere_box), a static wall and a moving box -------
+WALL = """<mujoco><option timestep="0.01"/><worldbody>
+<geom type="plane" size="5 5 .1" friction="0.5"/>
+<geom type="box" pos="0.3 0 0.1" size="0.1 0.5 0.1" friction="0.4"/>
+<body name="ball" pos="0 0 0.05"><freejoint/><geom type="sphere" size="0.05" mass="0.2" friction="0.5"/></body>
+</worldbody></mujoco>"""
+
+
+@pytest.mark.parametrize("centre, v", [
+    # on the floor against the wall's face, rolling into it and sliding along it
+    ([0.15 + 2e-5, 0.0, 0.05 - 2e-5], [0.5, 0.3, 0, 0, 0, 2.0]),
+    # on the wall's top edge (no floor contact) and on its corner, sliding along them
+    ([0.2 - 0.6 * (0.05 - 2e-5), 0.1, 0.2 + 0.8 * (0.05 - 2e-5)], [0.3, 3.0, -0.2, 1.0, 0, 0]),
+    (list(np.array([0.2, 0.5, 0.2]) + (0.05 - 2e-5) * np.array([-0.5, 0.6, 0.7]) / np.sqrt(1.1)),
+     list(2.0 * np.array([0.6, 0.5, 0.0]) - 0.2 * np.array([-0.5, 0.6, 0.7]) / np.sqrt(1.1)) + [0, 1.0, 0.5]),
+], ids=["face", "edge", "corner"])
+def test_sphere_against_static_box_closed_form(centre, v, monkeypatch):
+    from diffgym import derivatives
+    monkeypatch.setattr(derivatives, "_collision_fd", lambda *a: pytest.fail("fallback used"))
+    sim = diffgym.Simulator.from_string(WALL)
+    q = sim.q0
+    q[:3] = centre
+    assert_jacobian_matches(sim, q, np.array(v, float), np.zeros(6))
+    assert "sliding" in sim.last.contact_modes
+    c = sim.cache["cons"].contacts
+    kinds = [(sim.sm.geoms[int(a)].kind, sim.sm.geoms[int(b)].kind) for a, b in zip(c.geom1, c.geom2)]
+    assert ("box", "sphere") in kinds, (kinds, sim.last)
+
+
+@pytest.mark.parametrize("region", ["face", "edge", "corner"])
+def test_moving_box_against_sphere_closed_form(region, monkeypatch):
+    """A free box, turned at random, and a free ball (no gravity) pressed together: the contact
+    on a face, an edge or a corner of the box; both bodies move."""
+    from diffgym import derivatives
+    monkeypatch.setattr(derivatives, "_collision_fd", lambda *a: pytest.fail("fallback used"))
+    sim = diffgym.Simulator.from_string("""<mujoco><option timestep="0.01" gravity="0 0 0"/><worldbody>
+      <body name="ball" pos="1 0 0"><freejoint/><geom type="sphere" size="0.05" mass="0.3" friction="0.5"/></body>
+      <body name="box"><freejoint/><geom type="box" size="0.1 0.15 0.2" mass="1" friction="0.5"/></body>
+      </worldbody></mujoco>""")
+    rng = np.random.default_rng(["face", "edge", "corner"].index(region))
+    half = np.array([0.1, 0.15, 0.2])
+    k = ["face", "edge", "corner"].index(region) + 1
+    axes = rng.permutation(3)[:k]
+    sgn = rng.choice([-1.0, 1.0], 3)
+    p = rng.uniform(-0.8, 0.8, 3) * half
+    p[axes] = sgn[axes] * half[axes]
+    n = np.zeros(3)
+    n[axes] = sgn[axes] * rng.uniform(0.4, 1.0, k)
+    n /= np.linalg.norm(n)
+    R = pin.Quaternion(*rng.normal(size=4)).normalized().toRotationMatrix()
+    t = np.array([0.1, -0.2, 0.3])
+    q = sim.q0
+    q[7:10], q[10:14] = t, pin.Quaternion(R).coeffs()
+    q[:3] = t + R @ (p + (0.05 - 2e-5) * n)
+    nw = R @ n
+    tw = np.cross(nw, rng.normal(size=3))
+    tw /= np.linalg.norm(tw)
+    # pressed together and sliding past each other
+    v = np.r_[-0.4 * nw + 1.5 * tw, 0.5, -1.0, 0.3, 0.3 * nw - 0.5 * tw, 0.4, 0.2, -0.6]
+    assert_jacobian_matches(sim, q, v, np.zeros(12), expect_modes={"sliding"})
+    assert sim.last.num_contacts == 1
