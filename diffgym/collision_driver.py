@@ -148,15 +148,11 @@ class CollisionDriver:
         slot[self.moving_joints] = np.arange(len(self._mj))
         # slot of the joint of each geom in the moving-joint arrays (-1: static geom)
         self._gslot = np.where(self.static, -1, slot[self.parent_joint])
-        self._moving_geoms = np.flatnonzero(~self.static)
-        self._mg_slot = self._gslot[self._moving_geoms]
         # reach of each geom from its joint origin (speed bound = |v_o| + |w| * reach)
         self._reach = np.linalg.norm(self.local_pos, axis=1) + np.where(self.is_plane, 0.0, self.radius)
-        self._reach_moving = self._reach[self._moving_geoms]
         # world placements (homogeneous) of the static geoms, which never change, and the local
-        # placements of the moving ones: W[moving] = oMi[joint] @ L each step
+        # placements of the moving ones: W[moving] = oMi[joint] @ W0 each step
         self._W0 = np.array([g.placement.homogeneous for g in gm.geometryObjects]).reshape(-1, 4, 4)
-        self._L_moving = self._W0[self._moving_geoms].copy()
         # shape-on-static-plane pairs of spheres, capsules and boxes: closed-form points for all
         # of them in one compiled pass (no broad phase: the closed form is as cheap as a bound)
         kinds = [g.kind for g in self.sm.geoms]
@@ -193,7 +189,6 @@ class CollisionDriver:
         self._no_speed = np.zeros(0)
         self._empty = Contacts.empty()     # (returned when nothing touches; never written to)
         self._no_J = np.zeros((6, 0), order="F")      # (the layout of pinocchio's data.J)
-        self._batched = batch
         # broad phase (pairs not batched above), plane pairs and sphere pairs
         hp = (self.pair_plane >= 0) & ~batch
         self._hp = np.flatnonzero(hp)
@@ -301,15 +296,6 @@ class CollisionDriver:
                 self._plane_frame[pl] = (n_plane, float(n_plane @ M.translation))
 
     # -- per-step kinematics ---------------------------------------------------------------
-    def geom_frames(self, gdata: pin.GeometryData) -> tuple[np.ndarray, np.ndarray]:
-        """World positions (ngeom, 3) and z axes (ngeom, 3) of every geom."""
-        pos = np.empty((self.ngeom, 3))
-        zax = np.empty((self.ngeom, 3))
-        for i, M in enumerate(gdata.oMg):
-            pos[i] = M.translation
-            zax[i] = M.rotation[:, 2]
-        return pos, zax
-
     def _placements(self, data: pin.Data) -> np.ndarray:
         """Joint placements (njoints, 12) of data: a view of its memory (pinviews), made once
         per Data, or a copy where no view can be made."""
@@ -321,26 +307,21 @@ class CollisionDriver:
             return v[1]
         return gather_placements(data, v[2])
 
-    def _joint_state(self, data: pin.Data) -> tuple[np.ndarray, np.ndarray]:
-        """Placements (m, 4, 4) and local spatial velocities (m, 6) of the moving joints."""
-        oMi, vel = data.oMi, data.v
-        H = np.array([oMi[j].homogeneous for j in self._mj])
-        V = np.array([vel[j].vector for j in self._mj])
-        return H, V
-
-    def _speeds(self, V: np.ndarray) -> np.ndarray:
-        speed = np.zeros(self.ngeom)
-        lin = _norms(V[:, :3])
-        ang = _norms(V[:, 3:])
-        s = self._mg_slot
-        speed[self._moving_geoms] = lin[s] + ang[s] * self._reach_moving
-        return speed
+    def _joint_speeds(self, data: pin.Data) -> tuple[np.ndarray, np.ndarray]:
+        """Speed of each moving joint's origin and its angular speed, from data.v."""
+        vel = data.v
+        V = np.array([vel[j].vector for j in self._mj]).reshape(-1, 6)
+        return _norms(V[:, :3]), _norms(V[:, 3:])
 
     def speed_bounds(self, data: pin.Data) -> np.ndarray:
-        """Upper bound on the speed of any point of each geom (from the joint velocities)."""
-        if not len(self._mj):
-            return np.zeros(self.ngeom)
-        return self._speeds(self._joint_state(data)[1])
+        """Upper bound on the speed of any point of each geom (from the joint velocities):
+        ``|v_o| + |w| * reach``, as the margins use it."""
+        speed = np.zeros(self.ngeom)
+        if self._mj:
+            lin, ang = self._joint_speeds(data)
+            s = self._gslot[~self.static]
+            speed[~self.static] = lin[s] + ang[s] * self._reach[~self.static]
+        return speed
 
     # -- narrow phase, closed form ---------------------------------------------------------
     def _plane_pair(self, k, gdata, margin, rows_pair, rows_pt, rows_pos, rows_n, rows_d) -> None:
@@ -396,9 +377,7 @@ class CollisionDriver:
                 lin = ang = self._no_speed
                 Jw = data.J.reshape(6, -1)
             else:
-                vel = data.v
-                V = np.array([vel[j].vector for j in self._mj])
-                lin, ang = _norms(V[:, :3]), _norms(V[:, 3:])
+                lin, ang = self._joint_speeds(data)
                 Jw, v = self._no_J, self._no_speed
         else:
             lin, ang, Jw, v, from_jacobian = (self._no_speed, self._no_speed, self._no_J,

@@ -160,6 +160,32 @@ def placements_and_bounds(oM, mj, lin, ang, gslot, W0, reach, pairs, base_margin
 
 
 @njit
+def _new_rows(n):
+    """Empty contact rows (pair, geom1, geom2, point, pos, normal, dist, mu, frames) for n
+    points; point indices zero."""
+    return (np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64), np.empty(n, dtype=np.int64),
+            np.zeros(n, dtype=np.int64), np.empty((n, 3)), np.empty((n, 3)), np.empty(n),
+            np.empty(n), np.empty((n, 3, 3)))
+
+
+@njit
+def _set_frame(frames, r, n0, n1, n2):
+    """frames[r] = frames.tangent_frames of the unit normal n: t1 = helper x n / |.| (helper e_x
+    where |n_x| < 0.9, else e_y), t2 = n x t1, columns (t1, t2, n)."""
+    if abs(n0) < 0.9:
+        t0, t1, t2 = 0.0, -n2, n1
+    else:
+        t0, t1, t2 = n2, 0.0, -n0
+    tn = np.sqrt(t0 * t0 + t1 * t1 + t2 * t2)
+    t0, t1, t2 = t0 / tn, t1 / tn, t2 / tn
+    frames[r, 0, 0], frames[r, 1, 0], frames[r, 2, 0] = t0, t1, t2
+    frames[r, 0, 1] = n1 * t2 - n2 * t1
+    frames[r, 1, 1] = n2 * t0 - n0 * t2
+    frames[r, 2, 1] = n0 * t1 - n1 * t0
+    frames[r, 0, 2], frames[r, 1, 2], frames[r, 2, 2] = n0, n1, n2
+
+
+@njit
 def _witness(kind, size, W, gi, n, j, x):
     """Witness point j of shape ``gi`` (placement W[gi]) against a plane of normal n into x."""
     if kind == SPHERE:
@@ -230,15 +256,7 @@ def plane_points(W, margin, pairs, friction, max_points, bp_pair, bp_kind, bp_ge
             sel = max_points
         npt[i] = sel
         total += sel
-    pair = np.empty(total, dtype=np.int64)
-    g1 = np.empty(total, dtype=np.int64)
-    g2 = np.empty(total, dtype=np.int64)
-    point = np.empty(total, dtype=np.int64)
-    pos = np.empty((total, 3))
-    normal = np.empty((total, 3))
-    dist = np.empty(total)
-    mu = np.empty(total)
-    frames = np.empty((total, 3, 3))
+    pair, g1, g2, point, pos, normal, dist, mu, frames = _new_rows(total)
     r = 0
     for i in range(nb):
         k = bp_pair[i]
@@ -278,15 +296,7 @@ def sphere_pairs(W, margin, pairs, friction, ss_k, ss_r1, ss_r2):
         if np.sqrt(d0 * d0 + d1 * d1 + d2 * d2) - ss_r1[i] - ss_r2[i] < margin[k]:
             hit[i] = True
             total += 1
-    pair = np.empty(total, dtype=np.int64)
-    g1 = np.empty(total, dtype=np.int64)
-    g2 = np.empty(total, dtype=np.int64)
-    point = np.zeros(total, dtype=np.int64)
-    pos = np.empty((total, 3))
-    normal = np.empty((total, 3))
-    dist = np.empty(total)
-    mu = np.empty(total)
-    frames = np.empty((total, 3, 3))
+    pair, g1, g2, point, pos, normal, dist, mu, frames = _new_rows(total)
     r = 0
     for i in range(n_ss):
         if not hit[i]:
@@ -309,18 +319,7 @@ def sphere_pairs(W, margin, pairs, friction, ss_k, ss_r1, ss_r2):
             # surface points c_a + r1 n and c_b - r2 n; their midpoint
             pos[r, c] = 0.5 * ((W[a, c, 3] + ss_r1[i] * nn[c]) + (W[b, c, 3] - ss_r2[i] * nn[c]))
             normal[r, c] = nn[c]
-        # t1 = helper x n (helper e_x where |n_x| < 0.9, else e_y), t2 = n x t1
-        if abs(n0) < 0.9:
-            t0, t1_, t2_ = 0.0, -n2, n1
-        else:
-            t0, t1_, t2_ = n2, 0.0, -n0
-        tn = np.sqrt(t0 * t0 + t1_ * t1_ + t2_ * t2_)
-        t0, t1_, t2_ = t0 / tn, t1_ / tn, t2_ / tn
-        frames[r, 0, 0], frames[r, 1, 0], frames[r, 2, 0] = t0, t1_, t2_
-        frames[r, 0, 1] = n1 * t2_ - n2 * t1_
-        frames[r, 1, 1] = n2 * t0 - n0 * t2_
-        frames[r, 2, 1] = n0 * t1_ - n1 * t0
-        frames[r, 0, 2], frames[r, 1, 2], frames[r, 2, 2] = n0, n1, n2
+        _set_frame(frames, r, n0, n1, n2)
         r += 1
     return pair, g1, g2, point, pos, normal, dist, mu, frames
 
@@ -335,15 +334,7 @@ def merge_rows(A, B):
     if na == 0:
         return B
     n = na + nb
-    pair = np.empty(n, dtype=np.int64)
-    g1 = np.empty(n, dtype=np.int64)
-    g2 = np.empty(n, dtype=np.int64)
-    point = np.empty(n, dtype=np.int64)
-    pos = np.empty((n, 3))
-    normal = np.empty((n, 3))
-    dist = np.empty(n)
-    mu = np.empty(n)
-    frames = np.empty((n, 3, 3))
+    pair, g1, g2, point, pos, normal, dist, mu, frames = _new_rows(n)
     i = j = 0
     for r in range(n):
         take_a = j >= nb or (i < na and A[0][i] <= B[0][j])
@@ -456,15 +447,7 @@ def sphere_box_pairs(W, margin, pairs, friction, sb_k, sb_box, sb_sph, sb_half, 
             tpos[i, c] = 0.5 * (pb + (W[s, c, 3] - r * nw))
             tnrm[i, c] = sgn * nw
         tdist[i] = dist
-    pair = np.empty(total, dtype=np.int64)
-    g1 = np.empty(total, dtype=np.int64)
-    g2 = np.empty(total, dtype=np.int64)
-    point = np.zeros(total, dtype=np.int64)
-    pos = np.empty((total, 3))
-    normal = np.empty((total, 3))
-    dist_o = np.empty(total)
-    mu = np.empty(total)
-    frames = np.empty((total, 3, 3))
+    pair, g1, g2, point, pos, normal, dist_o, mu, frames = _new_rows(total)
     # rows ordered by pair (sb_k is sorted)
     r = 0
     for i in range(n_sb):
@@ -478,17 +461,6 @@ def sphere_box_pairs(W, margin, pairs, friction, sb_k, sb_box, sb_sph, sb_half, 
         for c in range(3):
             pos[r, c] = tpos[i, c]
             normal[r, c] = tnrm[i, c]
-        # t1 = helper x n (helper e_x where |n_x| < 0.9, else e_y), t2 = n x t1
-        if abs(n0) < 0.9:
-            t0, t1_, t2_ = 0.0, -n2, n1
-        else:
-            t0, t1_, t2_ = n2, 0.0, -n0
-        tn = np.sqrt(t0 * t0 + t1_ * t1_ + t2_ * t2_)
-        t0, t1_, t2_ = t0 / tn, t1_ / tn, t2_ / tn
-        frames[r, 0, 0], frames[r, 1, 0], frames[r, 2, 0] = t0, t1_, t2_
-        frames[r, 0, 1] = n1 * t2_ - n2 * t1_
-        frames[r, 1, 1] = n2 * t0 - n0 * t2_
-        frames[r, 2, 1] = n0 * t1_ - n1 * t0
-        frames[r, 0, 2], frames[r, 1, 2], frames[r, 2, 2] = n0, n1, n2
+        _set_frame(frames, r, n0, n1, n2)
         r += 1
     return pair, g1, g2, point, pos, normal, dist_o, mu, frames

@@ -23,7 +23,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-import pinocchio as pin
 
 from .collision_driver import Contacts
 from .jit import njit
@@ -47,7 +46,7 @@ class Constraints:
         return int(self.J.shape[0])
 
 
-from .frames import _I1, _I2, _row_norms, tangent_frames  # noqa: E402,F401  (re-exported)
+from .frames import tangent_frames  # noqa: E402
 
 
 @njit
@@ -73,6 +72,7 @@ def _active_limits(q, v, lim_q, lim_v, lim_bound, lim_sign, limit_margin, dt):
 
 @njit
 def _offset(d, dt, erp, skin):
+    """The Baumgarte / speculative offset b of a signed distance d (module docstring)."""
     return (d - skin) / dt + erp * skin / dt if d > skin else erp * d / dt
 
 
@@ -160,10 +160,6 @@ def assemble_problem(pos, frames, j1, j2, dist, Jw, support, tree_lo, tree_hi, l
     return J, b, G, g, MJt, Ms
 
 
-def baumgarte(dist: np.ndarray, dt: float, erp: float, skin: float) -> np.ndarray:
-    return np.where(dist > skin, (dist - skin) / dt + erp * skin / dt, erp * dist / dt)
-
-
 def baumgarte_gain(dist: np.ndarray, dt: float, erp: float, skin: float) -> np.ndarray:
     """d b / d dist."""
     return np.where(dist > skin, 1.0 / dt, erp / dt)
@@ -209,8 +205,9 @@ class ConstraintBuilder:
                     self.tree_lo[dofs] = min(dofs)
                     self.tree_hi[dofs] = max(dofs) + 1
 
-    def active_limits_fast(self, q: np.ndarray, v: np.ndarray, dt: float):
-        """``active_limits`` compiled (the same rows and distances)."""
+    def active_limits(self, q: np.ndarray, v: np.ndarray, dt: float):
+        """Indices (into SimModel.limits) and signed distances of the limits within reach of
+        this step: ``sign (q - bound) < limit_margin + dt |v|``."""
         if not len(self.lim_q):
             return self._no_limits
         return _active_limits(q, v, self.lim_q, self.lim_v, self.lim_bound, self.lim_sign,
@@ -227,111 +224,7 @@ class ConstraintBuilder:
             frames = tangent_frames(contacts.normal) if nc else np.zeros((0, 3, 3))
         J, b, G, g, MJt, Ms = assemble_problem(
             contacts.pos, frames, self.geom_joint[contacts.geom1], self.geom_joint[contacts.geom2],
-            contacts.dist, Jw, self.support, self.tree_lo, self.tree_hi, lim_idx, lim_dist, self.lim_v, self.lim_sign, dt,
-            self.erp, self.skin, Minv, v_free)
+            contacts.dist, Jw, self.support, self.tree_lo, self.tree_hi, lim_idx, lim_dist,
+            self.lim_v, self.lim_sign, dt, self.erp, self.skin, Minv, v_free)
         cons = Constraints(J, b, nc, contacts.mu, frames, contacts, lim_idx, lim_dist, contacts.dist)
         return cons, G, g, MJt, Ms
-
-    def active_limits(self, q: np.ndarray, v: np.ndarray, dt: float) -> tuple[np.ndarray, np.ndarray]:
-        if not len(self.lim_q):
-            return np.zeros(0, dtype=np.int64), np.zeros(0)
-        dist = self.lim_sign * (q[self.lim_q] - self.lim_bound)
-        active = np.nonzero(dist < self.limit_margin + dt * np.abs(v[self.lim_v]))[0]
-        return active, dist[active]
-
-    def point_jacobians(self, model: pin.Model, data: pin.Data, joints: np.ndarray,
-                        points: np.ndarray) -> np.ndarray:
-        """Linear velocity Jacobians (k, 3, nv) of world points rigidly attached to joints."""
-        joints = np.asarray(joints)
-        k = len(joints)
-        if not k:
-            return np.zeros((0, 3, self.nv))
-        # distinct joints and each point's slot (0: the world, zero), cached per joint list
-        key = joints.tobytes()
-        cache = self.__dict__.setdefault("_pj_cache", {})
-        ent = cache.get(key)
-        if ent is None:
-            jl = joints.tolist()
-            slot_of: dict[int, int] = {0: 0}
-            for j in jl:
-                if j not in slot_of:
-                    slot_of[j] = len(slot_of)
-            if len(cache) > 256:
-                cache.clear()
-            ent = cache[key] = ([(j, s) for j, s in slot_of.items() if j],
-                                np.array([slot_of[j] for j in jl], dtype=np.int64),
-                                0 in jl, len(slot_of))
-        js, slot, world, ns = ent
-        if ns == 2 and not world:
-            # every point on one joint (a foot, a box): no table (the same numbers)
-            j = js[0][0]
-            J6 = pin.getJointJacobian(model, data, j, pin.LOCAL_WORLD_ALIGNED)
-            r = points - data.oMi[j].translation
-            W = J6[3:]
-            return J6[:3] - (r[:, _I1, None] * W[_I2] - r[:, _I2, None] * W[_I1])
-        # one pinocchio Jacobian per distinct joint (slot 0: the world, zero)
-        table = np.zeros((ns, 6, self.nv))
-        origin = np.zeros((ns, 3))
-        oMi = data.oMi
-        for j, s in js:
-            table[s] = pin.getJointJacobian(model, data, j, pin.LOCAL_WORLD_ALIGNED)
-            origin[s] = oMi[j].translation
-        Jj = table[slot]
-        r = points - origin[slot]
-        W = Jj[:, 3:]
-        # v_p = v_o + w x r = v_o - r x w  (r x w component by component, as np.cross does)
-        out = Jj[:, :3] - (r[:, _I1, None] * W[:, _I2] - r[:, _I2, None] * W[:, _I1])
-        if world:
-            out[slot == 0] = 0.0
-        return out
-
-    def build(self, model: pin.Model, data: pin.Data, q: np.ndarray, v: np.ndarray,
-              contacts: Contacts, dt: float,
-              limits: tuple[np.ndarray, np.ndarray] | None = None) -> Constraints:
-        """Assemble J and b. ``data`` must hold joint Jacobians at q (computeJointJacobians).
-
-        ``limits``: the ``active_limits(q, v, dt)`` result when the caller already has it.
-        """
-        nc = len(contacts)
-        lim_idx, lim_dist = self.active_limits(q, v, dt) if limits is None else limits
-        nl = len(lim_idx)
-        nv = self.nv
-        J = np.zeros((3 * nc + nl, nv))
-        b = np.zeros(3 * nc + nl)
-        if nc:
-            frames = contacts.frames
-            if frames is None:
-                frames = tangent_frames(contacts.normal)
-            j1 = self.geom_joint[contacts.geom1]
-            j2 = self.geom_joint[contacts.geom2]
-            if j1.any():
-                Jp = self.point_jacobians(model, data, np.concatenate([j1, j2]),
-                                          np.concatenate([contacts.pos, contacts.pos]))
-                Jrel = Jp[nc:] - Jp[:nc]                               # (nc, 3, nv)
-            else:                                  # geom 1 is static (the world) everywhere
-                Jrel = self.point_jacobians(model, data, j2, contacts.pos)
-            np.einsum("kai,kab->kib", frames, Jrel, out=J[:3 * nc].reshape(nc, 3, nv))
-        else:
-            frames = np.zeros((0, 3, 3))
-        if nc + nl <= 16:
-            # the Baumgarte offsets on Python floats (the arithmetic of baumgarte())
-            erp, skin = self.erp, self.skin
-            c1 = erp * skin / dt
-            off = [(d - skin) / dt + c1 if d > skin else erp * d / dt
-                   for d in contacts.dist.tolist() + lim_dist.tolist()]
-            if nc:
-                b[2:3 * nc:3] = off[:nc]
-            if nl:
-                b[3 * nc:] = off[nc:]
-        elif nc and nl:
-            off = baumgarte(np.concatenate([contacts.dist, lim_dist]), dt, self.erp, self.skin)
-            b[2:3 * nc:3] = off[:nc]
-            b[3 * nc:] = off[nc:]
-        elif nc:
-            b[2:3 * nc:3] = baumgarte(contacts.dist, dt, self.erp, self.skin)
-        elif nl:
-            b[3 * nc:] = baumgarte(lim_dist, dt, self.erp, self.skin)
-        if nl:
-            J[np.arange(3 * nc, 3 * nc + nl), self.lim_v[lim_idx]] = self.lim_sign[lim_idx]
-        return Constraints(J, b, nc, contacts.mu.copy(), frames, contacts, lim_idx, lim_dist,
-                           contacts.dist.copy())

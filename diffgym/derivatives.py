@@ -47,7 +47,7 @@ import pinocchio as pin
 
 from . import derivative_kernels as K
 from .constraint import baumgarte_gain
-from .pinviews import addr as _addr, raw_rows as _raw_rows
+from .pinviews import addr as _addr, gather_placements, placement_view, raw_rows as _raw_rows
 from .solver import BREAKING, STICKING
 
 collision_fd_eps = 1e-7
@@ -603,13 +603,8 @@ class _CompiledState:
         for j in range(1, nj):
             jm = model.joints[j]
             dof_joint[jm.idx_v:jm.idx_v + jm.nv] = j
-        supp = np.zeros((nj, nv), dtype=np.bool_)
-        for j in range(1, nj):
-            for i in model.supports[j]:
-                if i > 0:
-                    jm = model.joints[i]
-                    supp[j, jm.idx_v:jm.idx_v + jm.nv] = True
-        self.dof_joint, self.supp = dof_joint, supp
+        # per joint, the velocity components that move it (the constraint builder's table)
+        self.dof_joint, self.supp = dof_joint, sim.constraints.support
         self.parents = np.array([int(p) for p in model.parents], dtype=np.int64)
         # external forces: one std::vector for every call, updated in place
         fv = self.fext_vec = pin.StdVec_Force()
@@ -623,19 +618,14 @@ class _CompiledState:
             qr = pin.integrate(model, pin.neutral(model), rng.uniform(-1.0, 1.0, nv))
             pin.computeForwardKinematicsDerivatives(model, data, qr, rng.normal(size=nv), self.zero)
 
-        def same_oM(oM):
-            return all(_addr(data.oMi[j].translation) == _addr(data.oMi[j].rotation) + 72
-                       and np.array_equal(oM[j, :9], data.oMi[j].rotation.ravel(order="F"))
-                       and np.array_equal(oM[j, 9:], data.oMi[j].translation) for j in range(nj))
-
         def same_ov(ov):
             return all(np.array_equal(ov[j], data.ov[j].vector) for j in range(nj))
 
         random_kinematics()
-        oM = _raw_rows([_addr(data.oMi[j].rotation) for j in range(nj)], 12)
+        oM = placement_view(model, data)
         ov = _raw_rows([_addr(data.ov[j].vector) for j in range(nj)], 6)
         for _ in range(2):                 # twice: the views follow pinocchio's own memory
-            if oM is not None and not same_oM(oM):
+            if oM is not None and not np.array_equal(oM, gather_placements(data, np.empty((nj, 12)))):
                 oM = None
             if ov is not None and not same_ov(ov):
                 ov = None
@@ -693,10 +683,8 @@ class _CompiledState:
 
     def gather_kinematics(self) -> None:
         data = self.data
+        gather_placements(data, self.oM)
         for j in range(self.model.njoints):
-            M = data.oMi[j]
-            self.oM[j, :9] = M.rotation.ravel(order="F")
-            self.oM[j, 9:] = M.translation
             self.ov[j] = data.ov[j].vector
 
     def scatter_forces(self) -> None:

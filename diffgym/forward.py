@@ -315,6 +315,15 @@ class Simulator:
         self._stiff_ref = np.array([v[1] for v in getattr(sm, "stiffness", {}).values()])
         self._stiff_q = np.array([self._idx_q_of_v(i) for i in self._stiff_idx], dtype=np.int64)
         self.cache: dict = {}
+        # the rows of q holding unit quaternions (free-flyer and spherical joints), 4 each
+        rows = []
+        for j in range(1, self.model.njoints):
+            jm = self.model.joints[j]
+            name = jm.shortname()
+            if name in ("JointModelFreeFlyer", "JointModelSpherical"):
+                s0 = jm.idx_q + (3 if name == "JointModelFreeFlyer" else 0)
+                rows.extend(range(s0, s0 + 4))
+        self._quat_rows = np.array(rows, dtype=np.int64)
 
     def _idx_q_of_v(self, iv: int) -> int:
         for j in range(1, self.model.njoints):
@@ -463,16 +472,7 @@ class Simulator:
         # Input checks. Fast path: float64 vectors of the right shapes whose sums are finite
         # (so every entry is) and unit quaternions; anything else takes the full checks, which
         # raise the detailed errors. Both give the same q, v, tau.
-        qrows = self.__dict__.get("_step_qrows")
-        if qrows is None:
-            rows = []
-            for j in range(1, model.njoints):
-                jm = model.joints[j]
-                name = jm.shortname()
-                if name in ("JointModelFreeFlyer", "JointModelSpherical"):
-                    s0 = jm.idx_q + (3 if name == "JointModelFreeFlyer" else 0)
-                    rows.extend(range(s0, s0 + 4))
-            qrows = self._step_qrows = np.array(rows, dtype=np.int64)
+        qrows = self._quat_rows
         fast = False
         if (type(q) is np.ndarray and type(v) is np.ndarray and type(tau) is np.ndarray
                 and q.dtype == np.float64 and v.dtype == np.float64 and tau.dtype == np.float64
@@ -501,7 +501,7 @@ class Simulator:
         cb = self.constraints
         solver = self.solver
         nc = len(contacts)
-        if not nc and cb.has_limits and not len(cb.active_limits_fast(q, v, dt)[0]):
+        if not nc and cb.has_limits and not len(cb.active_limits(q, v, dt)[0]):
             cons = None                          # (no contact, no limit within reach)
         elif (nc or cb.has_limits) and type(solver) is NCPSolver and solver.settings.compiled:
             # the constrained part in one compiled call (limits, assembly, warm start, stage 1)
@@ -534,7 +534,7 @@ class Simulator:
                 cons, res, Minv, G, g = None, None, None, None, None
         elif nc or cb.has_limits:
             # any other solver (or the Python reference): stage by stage
-            limits = cb.active_limits_fast(q, v, dt)
+            limits = cb.active_limits(q, v, dt)
             cons = None
             if nc or len(limits[0]):
                 Minv = pin.computeMinverse(model, data, q)

@@ -65,8 +65,6 @@ from dataclasses import dataclass
 import numpy as np
 from math import sqrt as _sqrt
 
-from scipy.linalg.lapack import dpotrf as _dpotrf
-
 from . import solver_kernels as _sk
 
 try:      # numpy's own LAPACK solve without np.linalg.solve's Python wrapper (same numbers)
@@ -252,15 +250,8 @@ class NCPSolver:
         self.settings = settings or SolverSettings()
 
     # -- linear algebra ----------------------------------------------------------------------
-    @staticmethod
-    def _rank_deficient(Gaa: np.ndarray) -> bool:
-        """Whether the (PSD) Delassus block of the active rows is (numerically) singular."""
-        L, info = _dpotrf(Gaa, lower=1, clean=0)
-        if info:
-            return True
-        dl = np.diagonal(L)
-        lo, hi = float(dl.min()), float(dl.max())
-        return not (lo * lo > 1e-11 * hi * hi)
+    # whether the Delassus block of the active rows is (numerically) singular
+    _rank_deficient = staticmethod(_sk.rank_deficient_reference)
 
     @staticmethod
     def _lin_solve(A: np.ndarray, F: np.ndarray, x: np.ndarray, deficient: bool,

@@ -21,6 +21,7 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from scipy.linalg.lapack import dpotrf as _dpotrf
 
 from .jit import ENABLED, njit
 
@@ -76,6 +77,18 @@ def _cone(x0, x1, xn, mu):
 
 
 # -- linear algebra --------------------------------------------------------------------------
+def rank_deficient_reference(A) -> bool:
+    """Whether the (PSD) Delassus block A of the active rows is numerically singular: its
+    Cholesky factorization (scipy's LAPACK dpotrf, lower) breaks down or its diagonal spans
+    more than sqrt(1e11). The Python solver's test, and this module's without JIT."""
+    L, info = _dpotrf(A, lower=1, clean=0)
+    if info:
+        return True
+    dl = np.diagonal(L)
+    lo, hi = float(dl.min()), float(dl.max())
+    return not (lo * lo > 1e-11 * hi * hi)
+
+
 if ENABLED:
     # scipy's LAPACK dpotrf (the routine the reference calls through scipy.linalg.lapack), through
     # numba's own binding (numba.np.linalg, as np.linalg.cholesky uses it): the same factorization
@@ -109,14 +122,7 @@ if ENABLED:
                 hi = d
         return not (lo * lo > 1e-11 * hi * hi)
 else:                                       # DIFFGYM_JIT=0: plain Python
-    def _rank_deficient(A):
-        from scipy.linalg.lapack import dpotrf
-        L, info = dpotrf(A, lower=1, clean=0)
-        if info:
-            return True
-        dl = np.diagonal(L)
-        lo, hi = float(dl.min()), float(dl.max())
-        return not (lo * lo > 1e-11 * hi * hi)
+    _rank_deficient = rank_deficient_reference
 
 
 @njit
