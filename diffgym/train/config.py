@@ -222,10 +222,9 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like key=value (dotted keys: shac.actor_lr=1e-3)")
         key, raw = item.split("=", 1)
-        try:
-            value = yaml.safe_load(raw)
-        except yaml.YAMLError as exc:
-            raise ConfigError(f"override {key}: cannot read value {raw!r}: {exc}") from None
+        if len(raw) > MAX_YAML_BYTES:
+            raise ConfigError(f"override {key}: the value is longer than {MAX_YAML_BYTES} characters")
+        value = yaml_load(raw, where=f"override {key}: cannot read value {raw[:80]!r}: ")
         node = data
         parts = key.strip().split(".")
         for p in parts[:-1]:
@@ -236,21 +235,193 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
+# Limits of the YAML reader: a configuration is a few hundred values, so these refuse only
+# hostile or broken files (an alias "billion laughs" bomb, thousands of nested brackets, a
+# multi-megabyte file) before they can hang or crash the reader or the training behind it.
+MAX_YAML_BYTES = 1 << 20            # 1 MiB
+MAX_YAML_DEPTH = 64                 # nested mappings / sequences
+MAX_YAML_NODES = 100_000            # values after expanding every alias
+MAX_YAML_ALIASES = 1_000            # *alias references
+
+
+class _YAMLLimitError(yaml.YAMLError):
+    pass
+
+
+class _LimitedLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` with the limits above, checked while the document is composed (before
+    anything is built): the nesting depth, the number of aliases, and the size of the document
+    once every alias is expanded (counted, never materialized). Errors give the dotted key path."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._path: list[str] = []
+        self._sizes: dict[int, int] = {}        # id(node) -> expanded size (node kept alive by the tree)
+        self._aliases = 0
+
+    def fetch_flow_collection_start(self, TokenClass):
+        # the scanner looks far ahead inside brackets: refuse deep [[[... before it gets slow
+        if self.flow_level >= MAX_YAML_DEPTH:
+            mark = self.get_mark()
+            raise _YAMLLimitError(f"brackets nested deeper than {MAX_YAML_DEPTH} levels "
+                                  f"(line {mark.line + 1}, column {mark.column + 1})")
+        super().fetch_flow_collection_start(TokenClass)
+
+    def _where(self) -> str:
+        key = ".".join(p for p in self._path if p).replace(".[", "[")
+        return f"at {key}" if key else "at the top level"
+
+    def compose_node(self, parent, index):
+        if isinstance(index, yaml.ScalarNode):
+            self._path.append(str(index.value))
+        elif isinstance(index, int):
+            self._path.append(f"[{index}]")
+        else:                                   # the root, or a mapping key
+            self._path.append("" if parent is None else "<key>")
+        try:
+            if self.check_event(yaml.AliasEvent):
+                self._aliases += 1
+                event = self.peek_event()
+                if self._aliases > MAX_YAML_ALIASES:
+                    raise _YAMLLimitError(f"more than {MAX_YAML_ALIASES} aliases (*{event.anchor}) "
+                                          f"{self._where()} (line {event.start_mark.line + 1})")
+                target = self.anchors.get(event.anchor)
+                if target is not None and id(target) not in self._sizes:
+                    raise _YAMLLimitError(f"alias *{event.anchor} {self._where()} refers to a value that "
+                                          f"contains it (line {event.start_mark.line + 1})")
+                return super().compose_node(parent, index)
+            if len(self._path) > MAX_YAML_DEPTH + 1:
+                mark = self.peek_event().start_mark
+                raise _YAMLLimitError(f"nesting deeper than {MAX_YAML_DEPTH} levels {self._where()} "
+                                      f"(line {mark.line + 1})")
+            node = super().compose_node(parent, index)
+            if isinstance(node, yaml.SequenceNode):
+                size = 1 + sum(self._sizes[id(n)] for n in node.value)
+            elif isinstance(node, yaml.MappingNode):
+                size = 1 + sum(self._sizes[id(k)] + self._sizes[id(v)] for k, v in node.value)
+            else:
+                size = 1
+            if size > MAX_YAML_NODES:
+                raise _YAMLLimitError(f"more than {MAX_YAML_NODES} values {self._where()} once its aliases "
+                                      f"are expanded (an alias bomb?) (line {node.start_mark.line + 1})")
+            self._sizes[id(node)] = size
+            return node
+        finally:
+            self._path.pop()
+
+
+def yaml_load(text: str, where: str = ""):
+    """One YAML document read safely (plain data only) within the reader's limits."""
+    loader = _LimitedLoader(text)
+    try:
+        return loader.get_single_data()
+    except _YAMLLimitError as exc:
+        raise ConfigError(f"{where}refused: {exc}") from None
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{where}not valid YAML: {exc}") from None
+    finally:
+        loader.dispose()
+
+
 def read_yaml_mapping(path: str) -> dict:
     """A YAML file whose top level is a mapping (an empty file is {}); errors name the file."""
     try:
-        with open(path) as f:
-            data = yaml.safe_load(f) or {}
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{path}: not valid YAML: {exc}") from None
+        size = os.path.getsize(path)
+        if size > MAX_YAML_BYTES:
+            raise ConfigError(f"{path}: refused: {size} bytes, more than the {MAX_YAML_BYTES} a "
+                              "configuration may have")
+        with open(path, "rb") as f:
+            raw = f.read(MAX_YAML_BYTES + 1)
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    if len(raw) > MAX_YAML_BYTES:
+        raise ConfigError(f"{path}: refused: more than the {MAX_YAML_BYTES} bytes a configuration may have")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not a UTF-8 text file ({exc.reason} at byte {exc.start})") from None
+    data = yaml_load(text, where=f"{path}: ")
+    if data is None:
+        data = {}
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: the top level must be a mapping, got {type(data).__name__}")
     return data
 
 
-def config_from_dict(data: dict, overrides: list[str] | None = None, where: str = "") -> TrainConfig:
+def _did_you_mean(name: str, choices) -> str:
+    import difflib
+    close = difflib.get_close_matches(str(name), sorted(choices), n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def _constructor_params(creator) -> set[str] | None:
+    """The keyword arguments ``creator`` (an environment class or factory) accepts; a class's
+    ``**kwargs`` are followed up its bases. None when it takes arbitrary keywords."""
+    import inspect
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    inits = ([k.__dict__["__init__"] for k in creator.__mro__ if "__init__" in k.__dict__]
+             if inspect.isclass(creator) else [creator])
+    names: set[str] = set()
+    for init in inits:
+        if init is object.__init__:
+            return None
+        try:
+            params = list(inspect.signature(init).parameters.values())
+        except (TypeError, ValueError):
+            return None
+        if inspect.isclass(creator) and params:
+            params = params[1:]                        # self
+        names |= {p.name for p in params if p.kind in kinds}
+        if not any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params):
+            return names
+    return None
+
+
+def check_env(cfg: TrainConfig, where: str = "") -> None:
+    """``env.id`` is a registered diffgym environment and its constructor accepts every key of
+    ``env.kwargs`` (and ``env.episode_steps``), checked before anything is created; errors name
+    the key and suggest the closest valid name."""
+    import gymnasium as gym
+    from gymnasium.envs.registration import load_env_creator
+
+    import diffgym  # noqa: F401  (registers the ids)
+    import diffgym.envs  # noqa: F401
+    from diffgym.envs.base import DiffEnv
+    env_id = cfg.env.id
+    ours = sorted(i for i, spec in gym.registry.items()
+                  if isinstance(spec.entry_point, str) and spec.entry_point.startswith("diffgym."))
+    if env_id not in gym.registry:
+        raise ConfigError(f"{where}env.id: unknown environment {env_id!r}{_did_you_mean(env_id, gym.registry)}; "
+                          f"diffgym's environments: {', '.join(ours)}")
+    spec = gym.registry[env_id]
+    try:
+        creator = load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str) else spec.entry_point
+    except Exception as exc:           # noqa: BLE001
+        raise ConfigError(f"{where}env.id: {env_id} is registered but its entry point {spec.entry_point!r} "
+                          f"cannot be loaded: {type(exc).__name__}: {exc}") from None
+    if not (isinstance(creator, type) and issubclass(creator, DiffEnv)):
+        raise ConfigError(f"{where}env.id: {env_id} is not a differentiable diffgym environment (training "
+                          f"needs diffgym's DiffEnv API); diffgym's environments: {', '.join(ours)}")
+    params = _constructor_params(creator)
+    if params is None:
+        return
+    for key in cfg.env.kwargs:
+        if key not in params:
+            valid = sorted(params - {"episode_steps"})
+            raise ConfigError(f"{where}env.kwargs.{key}: {env_id} has no parameter {key!r}"
+                              f"{_did_you_mean(key, valid)}; its parameters: {', '.join(valid)}")
+    if cfg.env.episode_steps is not None and "episode_steps" not in params:
+        raise ConfigError(f"{where}env.episode_steps: {env_id} takes no episode length")
+
+
+def config_from_dict(data: dict, overrides: list[str] | None = None, where: str = "",
+                     check_environment: bool = True) -> TrainConfig:
+    """A validated :class:`TrainConfig` (``check_environment``: also :func:`check_env`)."""
     data = apply_overrides(dict(data or {}), overrides or [])
-    return _build(TrainConfig, data, "", where)
+    cfg = _build(TrainConfig, data, "", where)
+    if check_environment:
+        check_env(cfg, where)
+    return cfg
 
 
 def load_config(path: str | os.PathLike, overrides: list[str] | None = None) -> TrainConfig:
