@@ -52,11 +52,15 @@ def _train(args: argparse.Namespace) -> int:
     from .train import default_run_dir
     run_dir = run_dir or cfg.run_dir or default_run_dir(cfg)
     print(f"{'resuming' if args.resume else 'training'} {cfg.algo} on {cfg.env.id} in {run_dir}", file=sys.stderr)
+    from .train.run import CheckpointError
     try:
         out = train(cfg, run_dir, resume=bool(args.resume))
     except KeyboardInterrupt:
         print("\ninterrupted; continue with: diffgym train --resume <run dir>", file=sys.stderr)
         return 130
+    except (ConfigError, CheckpointError) as exc:     # nothing was trained; the message says why
+        print(f"diffgym train: {exc}", file=sys.stderr)
+        return 2
     ev = out.get("eval") or {}
     print(f"run directory: {out['run_dir']}")
     if ev:

@@ -13,8 +13,14 @@ def default_run_dir(cfg: TrainConfig) -> str:
 
 
 def train(cfg: TrainConfig, run_dir: str | None = None, resume: bool = False) -> dict:
-    """Run one training job into ``run_dir`` (created), resuming from its checkpoint if asked."""
-    from .run import Run
+    """Run one training job into ``run_dir`` (created), resuming from its checkpoint if asked.
+
+    The environment is checked (``env.id``, ``env.kwargs``) and built once before the run
+    directory is created: a config error leaves nothing behind."""
+    from .config import check_env
+    from .run import Run, prepare_env
+    check_env(cfg)                        # before anything is created
+    prepare_env(cfg, jacobian=cfg.algo == "shac")
     run_dir = run_dir or cfg.run_dir or default_run_dir(cfg)
     run = Run(cfg, run_dir, resume=resume)
     if cfg.algo == "ppo":

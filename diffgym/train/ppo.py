@@ -12,25 +12,26 @@ setting.
 ``ppo.n_steps`` is the horizon per environment, so an iteration is ``n_steps * env.num_envs``
 environment steps, cut into minibatches of ``ppo.batch_size`` for ``ppo.n_epochs`` epochs.
 
-Checkpoints (every ``checkpoint_every`` iterations, at an iteration boundary) hold the SB3 model
-(``model.save``: policy, optimizer, counters), the VecNormalize statistics and its running
-discounted return, the rollout state SB3 keeps between iterations (the current normalized
-observations and episode-start flags), every environment's simulator state, episode clock,
-reset RNG and running episode return, and the global torch / numpy / random RNG states.
-``--resume`` restores all of it, so the resumed run continues exactly as if it had never stopped
-(the same losses and returns; tested). Saving a checkpoint also clears the contact solver's warm
-start, in both the saved and the resumed run, because a warm start is not part of the state.
+Checkpoints (every ``checkpoint_every`` iterations, at an iteration boundary) hold, as plain
+data (see :mod:`diffgym.train.run`; nothing in them is unpickled on resume): the policy's and
+its optimizer's state dicts and SB3's update counter, the VecNormalize statistics (mean, var,
+count) and its running discounted returns, the rollout state SB3 keeps between iterations (the
+current normalized observations and episode-start flags), every environment's simulator state,
+episode clock, reset RNG and running episode return, and the global torch / numpy / random RNG
+states. ``--resume`` builds the PPO model from the config and loads all of that into it, so the
+resumed run continues exactly as if it had never stopped (the same losses and returns; tested).
+Saving a checkpoint also clears the contact solver's warm start, in both the saved and the
+resumed run, because a warm start is not part of the state.
 
 At the end the run directory also gets ``ppo_model.zip`` and ``vecnormalize.pkl``, loadable with
-``PPO.load`` / ``VecNormalize.load`` for use outside diffgym.
+``PPO.load`` / ``VecNormalize.load`` for use outside diffgym. Those formats unpickle Python
+objects when loaded (SB3 stores parts of the model with cloudpickle), so load them only from
+runs you trust; ``diffgym train --resume`` never reads them.
 """
 from __future__ import annotations
 
-import io
 import os
-import pickle
 import random
-import tempfile
 import time
 from typing import Any
 
@@ -146,6 +147,55 @@ def _lr(pc):
     return pc.learning_rate
 
 
+def _rms_state(rms) -> dict | None:
+    """SB3's ``RunningMeanStd`` as plain data."""
+    if rms is None:
+        return None
+    return {"mean": np.array(rms.mean, dtype=np.float64), "var": np.array(rms.var, dtype=np.float64),
+            "count": float(rms.count)}
+
+
+def _set_rms(rms, state: dict, what: str) -> None:
+    mean, var = np.asarray(state["mean"], dtype=np.float64), np.asarray(state["var"], dtype=np.float64)
+    if mean.size != rms.mean.size or var.size != rms.var.size:      # (SB3 may widen () to (1,))
+        raise ValueError(f"{what}: the checkpoint's statistics have shape {mean.shape}, the environment's "
+                         f"{rms.mean.shape}")
+    rms.mean, rms.var, rms.count = mean.copy(), var.copy(), float(state["count"])
+
+
+def _restore(run: Run, ckpt: dict, model, env, venv) -> None:
+    """Put a checkpoint's state into a PPO model built from the config (module doc)."""
+    import torch
+    where = f"--resume {run.dir}"
+    try:
+        env.restore(ckpt["env"])
+        model.policy.load_state_dict(ckpt["policy"])
+        model.policy.optimizer.load_state_dict(ckpt["optimizer"])
+        vn = ckpt["vecnormalize"]
+        if vn["obs_rms"] is not None and getattr(venv, "obs_rms", None) is not None:
+            _set_rms(venv.obs_rms, vn["obs_rms"], f"{where}: vecnormalize.obs_rms")
+        _set_rms(venv.ret_rms, vn["ret_rms"], f"{where}: vecnormalize.ret_rms")
+        returns = np.asarray(vn["returns"], dtype=np.float64)
+        if returns.shape != venv.returns.shape:
+            raise ValueError(f"{where}: the checkpoint holds {returns.shape[0]} running returns, "
+                             f"env.num_envs is {venv.returns.shape[0]}")
+        venv.returns = returns.copy()
+        model.num_timesteps = int(ckpt["env_steps"])
+        model._n_updates = int(ckpt.get("n_updates", 0))
+        model._last_obs = np.array(ckpt["last_obs"], copy=True)       # (the dtype it was saved with)
+        model._last_episode_starts = np.array(ckpt["last_episode_starts"], copy=True)
+        # the PPO constructor seeded the global RNGs: put the run's streams back
+        torch.set_rng_state(ckpt["rng"]["torch"])
+        np.random.set_state(ckpt["rng"]["numpy"])
+        random.setstate(ckpt["rng"]["python"])
+    except KeyError as exc:
+        raise ValueError(f"{where}: the checkpoint lacks {exc}; it was not written by this diffgym "
+                         "version's PPO trainer") from None
+    except RuntimeError as exc:          # state dicts of other network sizes
+        raise ValueError(f"{where}: the checkpoint does not fit the config's networks: "
+                         f"{str(exc).splitlines()[0]}") from None
+
+
 def train_ppo(cfg: TrainConfig, run: Run) -> dict:
     import torch
     from stable_baselines3 import PPO
@@ -158,38 +208,24 @@ def train_ppo(cfg: TrainConfig, run: Run) -> dict:
     venv = VecNormalize(env, norm_obs=pc.normalize_obs, norm_reward=pc.normalize_reward, gamma=pc.gamma)
     ckpt = run.load_checkpoint()
     policy_kwargs = dict(net_arch=list(pc.net_arch), log_std_init=pc.log_std_init)
+    if ckpt is not None and ckpt.get("algo") != "ppo":
+        raise ValueError(f"--resume {run.dir}: the checkpoint is from algo {ckpt.get('algo')!r}, not ppo")
+    model = PPO("MlpPolicy", venv, n_steps=pc.n_steps, batch_size=pc.batch_size, n_epochs=pc.n_epochs,
+                learning_rate=_lr(pc), gamma=pc.gamma, gae_lambda=pc.gae_lambda,
+                clip_range=pc.clip_range, ent_coef=pc.ent_coef, vf_coef=pc.vf_coef,
+                max_grad_norm=pc.max_grad_norm, target_kl=pc.target_kl, seed=cfg.seed,
+                device="cpu", verbose=0, policy_kwargs=policy_kwargs)
     if ckpt is not None:
-        if ckpt.get("algo") != "ppo":
-            raise ValueError(f"--resume {run.dir}: the checkpoint is from algo {ckpt.get('algo')!r}, not ppo")
-        env.restore(ckpt["env"])
-        vn = pickle.loads(ckpt["vecnormalize"])
-        venv.obs_rms, venv.ret_rms, venv.returns = vn["obs_rms"], vn["ret_rms"], vn["returns"]
-        model = PPO.load(io.BytesIO(ckpt["model"]), env=venv, device="cpu", force_reset=False,
-                         learning_rate=_lr(pc), target_kl=pc.target_kl)
-        model._last_obs = ckpt["last_obs"]
-        model._last_episode_starts = ckpt["last_episode_starts"]
-        # PPO.load re-seeds the global RNGs from the saved seed: put the run's streams back
-        torch.set_rng_state(ckpt["rng"]["torch"])
-        np.random.set_state(ckpt["rng"]["numpy"])
-        random.setstate(ckpt["rng"]["python"])
-    else:
-        model = PPO("MlpPolicy", venv, n_steps=pc.n_steps, batch_size=pc.batch_size, n_epochs=pc.n_epochs,
-                    learning_rate=_lr(pc), gamma=pc.gamma, gae_lambda=pc.gae_lambda,
-                    clip_range=pc.clip_range, ent_coef=pc.ent_coef, vf_coef=pc.vf_coef,
-                    max_grad_norm=pc.max_grad_norm, target_kl=pc.target_kl, seed=cfg.seed,
-                    device="cpu", verbose=0, policy_kwargs=policy_kwargs)
+        _restore(run, ckpt, model, env, venv)
 
     def save(iteration: int) -> None:
         env.venv.set_state(env.venv.get_state())     # a warm start is not state (module doc)
-        with tempfile.TemporaryDirectory() as d:
-            path = os.path.join(d, "model.zip")
-            model.save(path)
-            with open(path, "rb") as f:
-                blob = f.read()
         run.save_checkpoint({
-            "algo": "ppo", "env_steps": int(model.num_timesteps), "model": blob,
-            "vecnormalize": pickle.dumps({"obs_rms": venv.obs_rms, "ret_rms": venv.ret_rms,
-                                          "returns": venv.returns.copy()}),
+            "algo": "ppo", "env_steps": int(model.num_timesteps),
+            "policy": model.policy.state_dict(), "optimizer": model.policy.optimizer.state_dict(),
+            "n_updates": int(model._n_updates),
+            "vecnormalize": {"obs_rms": _rms_state(getattr(venv, "obs_rms", None)),
+                             "ret_rms": _rms_state(venv.ret_rms), "returns": venv.returns.copy()},
             "env": env.snapshot(), "last_obs": np.array(model._last_obs, copy=True),
             "last_episode_starts": np.array(model._last_episode_starts, copy=True),
             "rng": {"torch": torch.get_rng_state(), "numpy": np.random.get_state(),
@@ -207,7 +243,10 @@ def train_ppo(cfg: TrainConfig, run: Run) -> dict:
             self.bar = None
 
         def _on_training_start(self):
-            self.bar = run.progress(cfg.total_env_steps)
+            # SB3 runs whole iterations until num_timesteps >= total: the bar's total is what they add up to
+            per_iter = pc.n_steps * cfg.env.num_envs
+            n0 = self.model.num_timesteps
+            self.bar = run.progress(n0 + -(-(cfg.total_env_steps - n0) // per_iter) * per_iter)
             self.t_last, self.steps_last = time.perf_counter(), self.model.num_timesteps
 
         def _on_step(self) -> bool:

@@ -5,6 +5,7 @@
         metrics.csv          one row per logged iteration (env_steps, wall_time, iteration, ...)
         tb/                  the same scalars for TensorBoard
         checkpoint_last.pt   written atomically every ``checkpoint_every`` iterations
+        checkpoint_prev.pt   the checkpoint before it (the fallback if the last one is damaged)
         checkpoint_best.pt   a copy of the checkpoint with the best training return so far
         checkpoint_best.json (its iteration, env_steps and episode_return)
         learning_curve.png   episode return against environment steps and wall-clock
@@ -13,8 +14,16 @@
 
 ``Run(cfg, run_dir, resume=True)`` reopens a directory: ``load_checkpoint()`` returns the last
 checkpoint and the CSV (and TensorBoard, through ``purge_step``) is cut back to it, so a run
-killed half-way loses only the unfinished iteration and its curve stays continuous. Without
-``resume`` an existing directory's metrics, checkpoints and TensorBoard events are replaced.
+killed half-way loses only the unfinished iteration and its curve stays continuous. A damaged
+last checkpoint (empty, truncated, overwritten) is reported by name and the run resumes from
+``checkpoint_prev.pt`` instead, cut back the same way. Without ``resume`` an existing
+directory's metrics, checkpoints and TensorBoard events are replaced.
+
+Loading a checkpoint never runs code: checkpoints hold plain data only (tensors, numbers,
+strings, lists, tuples and dicts; numpy arrays are stored as tensors with their dtype, see
+:func:`to_plain`) and are read with ``torch.load(weights_only=True)``, which refuses anything
+else. A file that references Python objects (a crafted checkpoint, or one written by diffgym
+before checkpoint format 2) is refused with an error naming the file and what it references.
 """
 from __future__ import annotations
 
@@ -25,12 +34,142 @@ import os
 import shutil
 import sys
 import time
+from collections import OrderedDict
 from typing import Callable
 
 import numpy as np
 import yaml
 
 from .config import TrainConfig, config_to_dict
+
+
+CHECKPOINT_FORMAT = 2        # 2: plain data read with weights_only=True (1: pickled numpy/SB3 objects)
+
+
+class CheckpointError(RuntimeError):
+    """A checkpoint cannot be resumed from; the message names the file and why."""
+
+
+class _Damaged(CheckpointError):
+    """The file is not a whole checkpoint (empty, truncated, overwritten): fall back."""
+
+
+_ND = "__ndarray__"
+
+
+def to_plain(obj, key: str = "checkpoint"):
+    """``obj`` as data ``torch.load(weights_only=True)`` reads back: tensors, None, bool, int,
+    float, str, and lists, tuples and dicts (str or int keys) of them. A numpy array becomes
+    ``{"__ndarray__": tensor, "dtype": "<f8"}`` (unsigned integers stored bit for bit in the signed
+    type of the same size); numpy scalars become Python numbers. Anything else raises TypeError
+    naming the key, so no Python object ever gets into a checkpoint."""
+    import torch
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, torch.Tensor):
+        return obj.detach()
+    if isinstance(obj, np.ndarray):
+        if obj.dtype.kind not in "biuf":
+            raise TypeError(f"{key}: a numpy array of dtype {obj.dtype} cannot go into a checkpoint")
+        a = np.ascontiguousarray(obj)
+        stored = a.view(f"i{a.dtype.itemsize}") if a.dtype.kind == "u" and a.dtype.itemsize > 1 else a
+        return {_ND: torch.from_numpy(stored.copy()), "dtype": a.dtype.str}
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, dict):
+        bad = [k for k in obj if not isinstance(k, (str, int)) or isinstance(k, bool)]
+        if bad:
+            raise TypeError(f"{key}: key {bad[0]!r} is not a string or an integer")
+        out = type(obj)() if type(obj) in (dict, OrderedDict) else {}
+        for k, v in obj.items():
+            out[k] = to_plain(v, f"{key}.{k}")
+        meta = getattr(obj, "_metadata", None)           # a module state_dict's version numbers
+        if isinstance(out, OrderedDict) and meta is not None:
+            out._metadata = to_plain(dict(meta), f"{key}._metadata")
+        return out
+    if type(obj) in (list, tuple):
+        return type(obj)(to_plain(v, f"{key}[{i}]") for i, v in enumerate(obj))
+    raise TypeError(f"{key}: {type(obj).__name__} is not plain data (tensors, numbers, strings, lists, "
+                    "dicts, numpy arrays) and cannot go into a checkpoint")
+
+
+def from_plain(obj):
+    """The inverse of :func:`to_plain` (numpy arrays back from their tensors)."""
+    if isinstance(obj, dict):
+        if _ND in obj and set(obj) == {_ND, "dtype"}:
+            dtype = np.dtype(obj["dtype"])
+            a = obj[_ND].numpy()
+            return (a.view(dtype) if dtype.kind == "u" and dtype.itemsize > 1 else a.astype(dtype)).copy()
+        out = type(obj)()
+        for k, v in obj.items():
+            out[k] = from_plain(v)
+        if isinstance(obj, OrderedDict) and hasattr(obj, "_metadata"):
+            out._metadata = obj._metadata
+        return out
+    if type(obj) in (list, tuple):
+        return type(obj)(from_plain(v) for v in obj)
+    return obj
+
+
+def _referenced_globals(path: str) -> list[str]:
+    """The Python callables a checkpoint's pickle references (read without unpickling)."""
+    try:
+        from torch.serialization import get_unsafe_globals_in_checkpoint
+        return sorted(get_unsafe_globals_in_checkpoint(path))
+    except Exception:          # noqa: BLE001  (only for the message)
+        return []
+
+
+# what diffgym wrote before checkpoint format 2: numpy arrays and RNG states, SB3's pickled statistics
+_OLD_FORMAT_GLOBALS = ("numpy.", "stable_baselines3.", "_codecs.encode", "builtins.bytearray")
+
+
+def read_checkpoint(path: str) -> dict:
+    """A checkpoint written by :meth:`Run.save_checkpoint`, read without running any code.
+
+    Raises ``_Damaged`` (a :class:`CheckpointError`) for a file that is not a whole checkpoint and
+    :class:`CheckpointError` for one that references Python objects or has another format."""
+    import pickle
+    import zipfile
+
+    import torch
+    size = os.path.getsize(path)
+    if size == 0:
+        raise _Damaged(f"{path}: empty (0 bytes)")
+    if not zipfile.is_zipfile(path):
+        raise _Damaged(f"{path}: damaged or truncated ({size} bytes that are not a torch checkpoint archive)")
+    try:
+        with zipfile.ZipFile(path) as z:
+            bad = z.testzip()
+        if bad is not None:
+            raise _Damaged(f"{path}: damaged (member {bad} fails its checksum)")
+    except (zipfile.BadZipFile, OSError, EOFError, ValueError) as exc:
+        raise _Damaged(f"{path}: damaged or truncated ({exc})") from None
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as exc:
+        refs = _referenced_globals(path)
+        if "weights only" not in str(exc).lower() and not refs:
+            raise _Damaged(f"{path}: damaged ({str(exc).splitlines()[0]})") from None
+        if refs and all(r.startswith(_OLD_FORMAT_GLOBALS) for r in refs):
+            raise CheckpointError(
+                f"{path}: written by an older diffgym version (checkpoint format 1, which stores pickled "
+                f"Python objects: {', '.join(refs[:4])}). Loading it could run code, so diffgym no longer "
+                "does; start the run over (diffgym train CONFIG --run-dir DIR), or resume it with the "
+                "diffgym version that wrote it") from None
+        what = ", ".join(refs[:6]) if refs else str(exc).splitlines()[0]
+        raise CheckpointError(
+            f"{path}: refused: the file references Python objects ({what}) that would run code when "
+            "loaded; a diffgym checkpoint holds only tensors, numbers and strings. Do not resume from "
+            "this directory unless you know where it came from") from None
+    except (RuntimeError, EOFError, OSError, ValueError, KeyError) as exc:
+        raise _Damaged(f"{path}: damaged or truncated ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+    if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
+        fmt = ckpt.get("format") if isinstance(ckpt, dict) else None
+        raise CheckpointError(
+            f"{path}: not a diffgym checkpoint of format {CHECKPOINT_FORMAT} (format {fmt!r}"
+            f"{', written by an older diffgym version' if fmt is None else ''}); start the run over")
+    return from_plain(ckpt)
 
 
 class Run:
@@ -41,10 +180,12 @@ class Run:
         os.makedirs(self.dir, exist_ok=True)
         self.csv_path = os.path.join(self.dir, "metrics.csv")
         self.ckpt_path = os.path.join(self.dir, "checkpoint_last.pt")
+        self.prev_path = os.path.join(self.dir, "checkpoint_prev.pt")
         self.best_path = os.path.join(self.dir, "checkpoint_best.pt")
         self.best_json = os.path.join(self.dir, "checkpoint_best.json")
         if not resume:
-            for name in ("metrics.csv", "checkpoint_last.pt", "checkpoint_best.pt", "checkpoint_best.json",
+            for name in ("metrics.csv", "checkpoint_last.pt", "checkpoint_prev.pt", "checkpoint_best.pt",
+                         "checkpoint_last.pt.tmp", "checkpoint_best.json",
                          "eval.json", "learning_curve.png", "policy.gif", "ppo_model.zip", "vecnormalize.pkl"):
                 p = os.path.join(self.dir, name)
                 if os.path.exists(p):
@@ -56,8 +197,14 @@ class Run:
         self._wall0 = time.perf_counter() - (float(self._rows[-1]["wall_time"]) if self._rows else 0.0)
         self._best = None
         if resume and os.path.isfile(self.best_json):
-            with open(self.best_json) as f:
-                self._best = json.load(f)
+            try:
+                with open(self.best_json) as f:
+                    best = json.load(f)
+                self._best = {"iteration": int(best["iteration"]), "env_steps": int(best["env_steps"]),
+                              "episode_return": float(best["episode_return"])}
+            except (OSError, ValueError, TypeError, KeyError) as exc:
+                print(f"{self.best_json}: unreadable ({exc}); the best checkpoint is tracked afresh",
+                      file=sys.stderr)
         self._ckpt_steps = 0                 # env_steps of the last checkpoint (for "best")
         self._use_tb, self._tb, self._purge_step = tensorboard, None, None
 
@@ -107,23 +254,28 @@ class Run:
                     tb.add_scalar(k, v, int(env_steps))
             tb.flush()
 
-    def progress(self, total_env_steps: int):
-        from tqdm.auto import tqdm
+    def progress(self, total_env_steps: int) -> "Progress":
+        """The progress bar of the environment steps, from the resumed count to
+        ``total_env_steps`` (give the steps the run will actually take: whole iterations)."""
         done = self._ckpt_steps if self.resume else 0
-        tty = hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
-        return tqdm(total=int(total_env_steps), initial=done, unit="step", unit_scale=True, dynamic_ncols=True,
-                    desc=f"{self.cfg.algo} {self.cfg.env.id}", mininterval=1.0 if tty else 30.0,
-                    smoothing=0.1)
+        self.last_progress = Progress(int(total_env_steps), done, f"{self.cfg.algo} {self.cfg.env.id}")
+        return self.last_progress
 
     # -- checkpoints -----------------------------------------------------------------------------
     def save_checkpoint(self, payload: dict, iteration: int) -> None:
-        """Write checkpoint_last.pt atomically; copy it to checkpoint_best.pt when the mean training
-        return logged since the previous checkpoint is the best so far."""
+        """Write checkpoint_last.pt atomically (the one it replaces becomes checkpoint_prev.pt);
+        copy it to checkpoint_best.pt when the mean training return logged since the previous
+        checkpoint is the best so far. ``payload`` must be plain data (see :func:`to_plain`)."""
         import torch
-        payload = dict(payload, iteration=int(iteration))
+        payload = to_plain(dict(payload, iteration=int(iteration), format=CHECKPOINT_FORMAT))
         tmp = self.ckpt_path + ".tmp"
-        torch.save(payload, tmp)
-        os.replace(tmp, self.ckpt_path)        # atomic: a kill leaves the previous checkpoint
+        with open(tmp, "wb") as f:
+            torch.save(payload, f)
+            f.flush()
+            os.fsync(f.fileno())
+        if os.path.isfile(self.ckpt_path):
+            os.replace(self.ckpt_path, self.prev_path)
+        os.replace(tmp, self.ckpt_path)        # atomic: a kill leaves a whole last or previous checkpoint
         steps = int(payload.get("env_steps", self._rows[-1]["env_steps"] if self._rows else 0))
         recent = [float(r["episode_return"]) for r in self._rows
                   if self._ckpt_steps < int(float(r["env_steps"])) <= steps
@@ -142,15 +294,33 @@ class Run:
     def load_checkpoint(self) -> dict | None:
         """The last checkpoint (resume only); metrics logged after it are dropped (CSV and TensorBoard).
 
-        Resuming a directory without a checkpoint starts the run over (its metrics are dropped)."""
+        A damaged last checkpoint is reported and the previous one is used instead. Resuming a
+        directory without a checkpoint starts the run over (its metrics are dropped); a directory
+        whose checkpoints are all damaged, or that holds a checkpoint referencing Python objects,
+        raises :class:`CheckpointError`."""
         if not self.resume:
             return None
-        ckpt, steps = None, 0
-        if os.path.isfile(self.ckpt_path):
-            import torch
-            ckpt = torch.load(self.ckpt_path, weights_only=False)
+        ckpt, steps, damaged = None, 0, []
+        for path in (self.ckpt_path, self.prev_path):
+            if not os.path.isfile(path):
+                continue
+            try:
+                ckpt = read_checkpoint(path)
+            except _Damaged as exc:
+                damaged.append(str(exc))
+                continue
             steps = int(ckpt.get("env_steps", 0))
-        else:
+            if path != self.ckpt_path:
+                why = (f"{damaged[0]}; " if damaged else f"{self.ckpt_path} is missing; ")
+                if damaged:     # set aside, so the next checkpoint keeps this one as the previous
+                    os.replace(self.ckpt_path, self.ckpt_path + ".damaged")
+                    why += f"(moved to {os.path.basename(self.ckpt_path)}.damaged) "
+                print(f"--resume: {why}resuming from the previous checkpoint {path} (iteration "
+                      f"{int(ckpt.get('iteration', 0))}, {steps} environment steps)", file=sys.stderr)
+            break
+        if ckpt is None and damaged:
+            raise CheckpointError("--resume: no usable checkpoint: " + "; ".join(damaged))
+        if ckpt is None:
             print(f"--resume {self.dir}: no checkpoint yet; starting the run over", file=sys.stderr)
         kept = [r for r in self._rows if int(float(r["env_steps"])) <= steps]
         if len(kept) != len(self._rows):
@@ -180,6 +350,96 @@ class Run:
         if self._tb is not None:
             self._tb.close()
             self._tb = None
+
+
+class Progress:
+    """A tqdm bar of environment steps whose rate and time estimate start after the first update.
+
+    The first iteration of a run includes one-time work (kernel compilation on a first run,
+    allocations) that would make the estimate predict hours; the bar shows only the count until
+    that iteration is done, then restarts its clock there. ``n`` and ``total`` are the counts
+    shown; the trainers set ``total`` to the steps their whole iterations take (a count past it
+    would move the total along; ``total_at_start`` keeps the first one)."""
+
+    def __init__(self, total: int, initial: int, desc: str):
+        self.total, self.n, self.desc = int(total), int(initial), desc
+        self.total_at_start = self.total
+        self._tty = hasattr(sys.stderr, "isatty") and sys.stderr.isatty()
+        self._bar = self._open(timed=False)
+        self._timed = False
+
+    def _open(self, timed: bool):
+        from tqdm.auto import tqdm
+        fmt = None if timed else "{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [first iteration{postfix}]"
+        return tqdm(total=self.total, initial=self.n, unit="step", unit_scale=True, dynamic_ncols=True,
+                    desc=self.desc, mininterval=1.0 if self._tty else 30.0, smoothing=0.1, bar_format=fmt,
+                    leave=timed)
+
+    def update(self, steps: int) -> None:
+        steps = int(steps)
+        self.n += steps
+        if self.n > self.total:      # never shown past its end (the trainers give the exact total)
+            self.total = self._bar.total = self.n
+        if not self._timed:          # the first update: restart the clock after the one-time work
+            self._bar.close()
+            self._bar = self._open(timed=True)
+            self._timed = True
+        else:
+            self._bar.update(steps)
+
+    def set_postfix(self, *args, **kwargs) -> None:
+        self._bar.set_postfix(*args, **kwargs)
+
+    def close(self) -> None:
+        self._bar.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def prepare_env(cfg: TrainConfig, jacobian: bool = False) -> None:
+    """Build one environment and step it once (with its Jacobian for SHAC) before a run starts.
+
+    A value in ``env.kwargs`` the environment rejects fails here, before the run directory is
+    created, as a :class:`ConfigError`; and the simulator's compiled kernels are loaded (or, on
+    a first run, compiled, announced after two seconds) here rather than inside the first timed
+    iteration. The environment's RNG is its own: the run's random streams are not touched."""
+    import threading
+
+    from .config import ConfigError
+    announced = threading.Event()
+
+    def announce():
+        announced.set()
+        print("compiling simulator kernels (one time: later runs load them from the cache)...",
+              file=sys.stderr, flush=True)
+
+    t0 = time.perf_counter()
+    timer = threading.Timer(2.0, announce)
+    timer.daemon = True
+    timer.start()
+    try:
+        try:
+            env = _make_env(cfg)
+        except (TypeError, ValueError) as exc:
+            given = dict(cfg.env.kwargs or {})
+            if cfg.env.episode_steps is not None:
+                given["episode_steps"] = cfg.env.episode_steps
+            raise ConfigError(f"env.kwargs: {cfg.env.id} rejects {given}: {exc}") from None
+        try:
+            env.reset(seed=cfg.seed)
+            a = np.zeros(env.action_space.shape)
+            step = getattr(env.unwrapped, "step_with_jacobian", None) if jacobian else None
+            (step or env.step)(a)
+        finally:
+            env.close()
+    finally:
+        timer.cancel()
+    if announced.is_set():
+        print(f"simulator kernels ready ({time.perf_counter() - t0:.0f} s)", file=sys.stderr, flush=True)
 
 
 def _make_env(cfg: TrainConfig, **extra):

@@ -350,7 +350,8 @@ def train_shac(cfg: "TrainConfig", run: "Run") -> dict:
     nonfinite = 0
     t_start = time.perf_counter()
     t_log, steps_log = t_start, env_steps
-    with run.progress(cfg.total_env_steps) as bar:        # starts at the resumed step count
+    # the bar counts whole iterations (the last may pass total_env_steps), from the resumed count
+    with run.progress(total_iters * steps_per_iter) as bar:
         while iteration < total_iters:
             actor_lr = _lr_at(sc.actor_lr, iteration, total_iters, sc.lr_schedule)
             critic_lr = _lr_at(sc.critic_lr, iteration, total_iters, sc.lr_schedule)

@@ -48,7 +48,6 @@ import traceback
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
-import yaml
 
 from .config import ConfigError, config_to_dict, load_config, read_yaml_mapping
 
@@ -216,8 +215,10 @@ def _same_config(run_dir: str, config: dict) -> bool:
     path = os.path.join(run_dir, "config.yaml")
     if not os.path.isfile(path):
         return False
-    with open(path) as f:
-        saved = yaml.safe_load(f) or {}
+    try:
+        saved = read_yaml_mapping(path)
+    except ConfigError:
+        return False
     strip = lambda d: {k: v for k, v in d.items() if k != "run_dir"}      # noqa: E731
     return json.loads(json.dumps(strip(saved))) == json.loads(json.dumps(strip(config)))
 
@@ -239,7 +240,7 @@ def run_trial(trial: Trial, restart: bool = False, quiet: bool = True) -> dict:
     os.makedirs(trial.run_dir, exist_ok=True)
     if os.path.exists(os.path.join(trial.run_dir, "error.txt")):
         os.remove(os.path.join(trial.run_dir, "error.txt"))
-    resume = (os.path.isfile(os.path.join(trial.run_dir, "checkpoint_last.pt"))
+    resume = (any(os.path.isfile(os.path.join(trial.run_dir, f"checkpoint_{k}.pt")) for k in ("last", "prev"))
               and _same_config(trial.run_dir, trial.config))
     t0 = time.perf_counter()
     with contextlib.ExitStack() as stack:
@@ -354,9 +355,10 @@ def _collect(t: Trial, exitcode: int | None) -> dict:
         with open(path) as f:
             return json.load(f)
     msg = f"the trial's process died (exit code {exitcode})"
-    os.makedirs(t.run_dir, exist_ok=True)
-    with open(os.path.join(t.run_dir, "error.txt"), "a") as f:
-        f.write(msg + "\n")
+    with contextlib.suppress(OSError):           # (a run directory that cannot be written)
+        os.makedirs(t.run_dir, exist_ok=True)
+        with open(os.path.join(t.run_dir, "error.txt"), "a") as f:
+            f.write(msg + "\n")
     return dict(_base_record(t), status="failed", error=msg)
 
 
