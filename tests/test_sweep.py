@@ -70,30 +70,66 @@ def test_sweep_errors(tmp_path, spec, match):
         expand(str(tmp_path / "missing.yaml"))
 
 
-def test_local_sweep_survives_a_failing_trial_and_continues(tmp_path, capsys):
+def test_local_sweep_survives_a_failing_trial_and_continues(tmp_path, capsys, monkeypatch):
+    """One trial raises (its environment rejects a value), one trial's process is killed (as by
+    the OOM killer): both are recorded as failed and the third finishes and is summarized."""
+    import multiprocessing.process
+    import signal
+    import threading
     from diffgym.cli import main
     spec = {"name": "smoke", "seeds": [0], "overrides": TINY, "target_return": -1e9,
             "trials": [{"base": "cartpole_shac.yaml"},
-                       {"base": "cartpole_ppo.yaml", "overrides": ["env.id=DiffNope-v0"]}]}
+                       {"base": "cartpole_ppo.yaml", "overrides": ["env.kwargs.frame_skip=0"]},
+                       {"base": "cartpole_shac.yaml", "label": "killed", "overrides": ["shac.horizon=2"]}]}
     out = tmp_path / "out"
-    assert main(["sweep", write(tmp_path, spec), "--workers", "2", "--out", str(out)]) == 1   # one failed
+    started, start = [], multiprocessing.process.BaseProcess.start
+
+    def recording_start(self):
+        start(self)
+        started.append(self)
+
+    def kill(name):
+        for _ in range(6000):
+            for p in list(started):
+                if p.name.startswith(name) and p.pid:
+                    os.kill(p.pid, signal.SIGKILL)
+                    return
+            threading.Event().wait(0.01)
+
+    monkeypatch.setattr(multiprocessing.process.BaseProcess, "start", recording_start)
+    killer = threading.Thread(target=kill, args=("t002_",), daemon=True)
+    killer.start()
+    assert main(["sweep", write(tmp_path, spec), "--workers", "3", "--out", str(out)]) == 1   # two failed
+    killer.join(timeout=60)
+    monkeypatch.undo()
     summary = {r["group"].split(":")[0]: r for r in read_csv(out / "summary.csv")}
     assert summary["shac"]["status"] == "ok" and summary["ppo"]["status"] == "failed"
-    assert "DiffNope" in summary["ppo"]["error"]
+    assert "frame_skip must be >= 1" in summary["ppo"]["error"]
     assert "Traceback" in open(os.path.join(summary["ppo"]["run_dir"], "error.txt")).read()
+    assert summary["killed"]["status"] == "failed" and "process died (exit code -9)" in summary["killed"]["error"]
     assert float(summary["shac"]["env_steps"]) == 16 and float(summary["shac"]["steps_to_target"]) == 16   # the first row with a finished episode
     assert os.path.getsize(os.path.join(summary["shac"]["run_dir"], "log.txt")) > 0     # the trial's output
     groups = {g["group"].split(":")[0]: g for g in read_csv(out / "groups.csv")}
     assert groups["shac"]["ok"] == "1" and groups["ppo"]["ok"] == "0" and groups["shac"]["reached_target"] == "1/1"
+    assert groups["killed"]["ok"] == "0"
     assert os.path.getsize(out / "comparison.png") > 1000 and os.path.isfile(out / "sweep.yaml")
-    assert "1/2 trials finished" in capsys.readouterr().out
-    # running it again keeps the finished trial (same result, not re-run) and retries the failed one
+    assert "1/3 trials finished" in capsys.readouterr().out
+    # running it again keeps the finished trial (same result, not re-run) and retries the others
     shac_dir = summary["shac"]["run_dir"]
     mtime = os.path.getmtime(os.path.join(shac_dir, "metrics.csv"))
-    recs = run_sweep(write(tmp_path, spec), workers=2, out=str(out))
-    assert [r["status"] for r in recs] == ["ok", "failed"]
+    recs = run_sweep(write(tmp_path, spec), workers=3, out=str(out))
+    assert [r["status"] for r in recs] == ["ok", "failed", "ok"]
     assert os.path.getmtime(os.path.join(shac_dir, "metrics.csv")) == mtime
     assert recs[0]["eval_return"] == float(summary["shac"]["eval_return"])
+
+
+def test_sweep_checks_environments_before_running(tmp_path):
+    spec = {"trials": [{"base": "cartpole_shac.yaml"},
+                       {"base": "cartpole_ppo.yaml", "overrides": ["env.id=DiffNope-v0"]}]}
+    with pytest.raises(ConfigError, match=r"trials\[1\] \(cartpole_ppo.yaml\): .*env\.id: unknown environment "
+                                          r"'DiffNope-v0'"):
+        expand(write(tmp_path, spec), out=str(tmp_path / "o"))
+    assert not os.path.exists(tmp_path / "o")
 
 
 def test_interrupted_trial_resumes_in_the_sweep(tmp_path):
@@ -155,7 +191,7 @@ def test_ray_sweep(tmp_path):
     ray = pytest.importorskip("ray")
     spec = {"name": "smoke_ray", "seeds": [0], "overrides": TINY,
             "trials": [{"base": "cartpole_shac.yaml"},
-                       {"base": "cartpole_ppo.yaml", "overrides": ["env.id=DiffNope-v0"]}]}
+                       {"base": "cartpole_ppo.yaml", "overrides": ["env.kwargs.frame_skip=0"]}]}
     ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
     try:
         recs = run_sweep(write(tmp_path, spec), use_ray=True, out=str(tmp_path / "out"))
@@ -163,7 +199,7 @@ def test_ray_sweep(tmp_path):
         ray.shutdown()
     by = {r["algo"]: r for r in recs}
     assert by["shac"]["status"] == "ok" and by["shac"]["env_steps"] == 16
-    assert by["ppo"]["status"] == "failed" and "DiffNope" in by["ppo"]["error"]
+    assert by["ppo"]["status"] == "failed" and "frame_skip must be >= 1" in by["ppo"]["error"]
     assert by["shac"]["curve"]["env_steps"][-1] == 16        # curves come back with the results
     assert os.path.isfile(tmp_path / "out" / "summary.csv") and os.path.isfile(tmp_path / "out" / "comparison.png")
     assert os.path.isfile(os.path.join(by["shac"]["run_dir"], "eval.json"))
