@@ -167,11 +167,22 @@ def _damage(path, how, marker):
 def test_damaged_last_checkpoint_falls_back_to_the_previous_one(shac_full, tmp_path, how, capsys):
     from diffgym.train import shac
     cfg, full = shac_full
+    _check_fallback(cfg, full, tmp_path, how, capsys, shac.train_shac, kill_at=32, per_iter=8)
+
+
+def test_damaged_ppo_checkpoint_falls_back_exactly(tmp_path, capsys):
+    from diffgym.train import ppo
+    cfg = load_config("cartpole_ppo.yaml", TINY["ppo"] + ["total_env_steps=96"])
+    train(cfg, str(tmp_path / "full"))
+    _check_fallback(cfg, tmp_path / "full", tmp_path, "truncated", capsys, ppo.train_ppo, kill_at=64, per_iter=16)
+
+
+def _check_fallback(cfg, full, tmp_path, how, capsys, fn, kill_at, per_iter):
     cut = tmp_path / "cut"
     run = KilledRun(cfg, str(cut))
-    run.kill_at = 32              # killed in iteration 4, before its checkpoint: last = 3, previous = 2
+    run.kill_at = kill_at         # killed in iteration 4, before its checkpoint: last = 3, previous = 2
     with pytest.raises(KeyboardInterrupt):
-        shac.train_shac(cfg, run)
+        fn(cfg, run)
     run.close()
     assert read_checkpoint(str(cut / "checkpoint_last.pt"))["iteration"] == 3
     assert read_checkpoint(str(cut / "checkpoint_prev.pt"))["iteration"] == 2
@@ -181,9 +192,9 @@ def test_damaged_last_checkpoint_falls_back_to_the_previous_one(shac_full, tmp_p
     out = train(cfg, str(cut), resume=True)
     err = capsys.readouterr().err
     assert "checkpoint_last.pt: " in err and ("empty" in err or "damaged" in err)
-    assert "resuming from the previous checkpoint" in err and "checkpoint_prev.pt (iteration 2, 16 environment steps)" in err
+    assert "resuming from the previous checkpoint" in err and f"checkpoint_prev.pt (iteration 2, {2 * per_iter} environment steps)" in err
     assert os.path.isfile(cut / "checkpoint_last.pt.damaged") and not marker.exists()
-    assert out["env_steps"] == 48
+    assert out["env_steps"] == cfg.total_env_steps
     a, b = rows(full), rows(cut)
     assert [r["env_steps"] for r in a] == [r["env_steps"] for r in b]        # cut back to iteration 2
     keys = sorted(set(a[0]) - NOT_REPRODUCIBLE)
@@ -192,6 +203,22 @@ def test_damaged_last_checkpoint_falls_back_to_the_previous_one(shac_full, tmp_p
     ea = EventAccumulator(str(cut / "tb"))
     ea.Reload()
     assert [e.step for e in ea.Scalars("iteration")] == [int(r["env_steps"]) for r in a]
+
+
+def test_first_run_kernel_preparation_is_announced(monkeypatch, capsys):
+    from diffgym.train import run as run_mod
+    make = run_mod._make_env
+
+    def slow_make(cfg, **kw):         # as slow as a first-run compile, relative to the notice delay
+        time.sleep(0.5)
+        return make(cfg, **kw)
+
+    monkeypatch.setattr(run_mod, "COMPILE_NOTICE_AFTER", 0.05)
+    monkeypatch.setattr(run_mod, "_make_env", slow_make)
+    run_mod.prepare_env(load_config("cartpole_shac.yaml", TINY["shac"]), jacobian=True)
+    err = capsys.readouterr().err
+    assert "preparing the simulator's compiled kernels for DiffCartPole-v0 (compiled once" in err
+    assert "simulator kernels ready" in err
 
 
 def test_no_usable_checkpoint_is_a_clear_error(shac_run, tmp_path, capsys):

@@ -400,6 +400,9 @@ class Progress:
         self.close()
 
 
+COMPILE_NOTICE_AFTER = 2.0         # seconds of environment preparation before saying what it is
+
+
 def prepare_env(cfg: TrainConfig, jacobian: bool = False) -> None:
     """Build one environment and step it once (with its Jacobian for SHAC) before a run starts.
 
@@ -414,11 +417,11 @@ def prepare_env(cfg: TrainConfig, jacobian: bool = False) -> None:
 
     def announce():
         announced.set()
-        print("compiling simulator kernels (one time: later runs load them from the cache)...",
-              file=sys.stderr, flush=True)
+        print(f"preparing the simulator's compiled kernels for {cfg.env.id} (compiled once on a first run, "
+              "then loaded from the cache)...", file=sys.stderr, flush=True)
 
     t0 = time.perf_counter()
-    timer = threading.Timer(2.0, announce)
+    timer = threading.Timer(COMPILE_NOTICE_AFTER, announce)
     timer.daemon = True
     timer.start()
     try:
