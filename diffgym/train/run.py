@@ -311,11 +311,12 @@ class Run:
                 continue
             steps = int(ckpt.get("env_steps", 0))
             if path != self.ckpt_path:
-                why = (f"{damaged[0]}; " if damaged else f"{self.ckpt_path} is missing; ")
                 if damaged:     # set aside, so the next checkpoint keeps this one as the previous
                     os.replace(self.ckpt_path, self.ckpt_path + ".damaged")
-                    why += f"(moved to {os.path.basename(self.ckpt_path)}.damaged) "
-                print(f"--resume: {why}resuming from the previous checkpoint {path} (iteration "
+                    why = f"{damaged[0]}; moved it to {os.path.basename(self.ckpt_path)}.damaged and"
+                else:
+                    why = f"{self.ckpt_path} is missing;"
+                print(f"--resume: {why} resuming from the previous checkpoint {path} (iteration "
                       f"{int(ckpt.get('iteration', 0))}, {steps} environment steps)", file=sys.stderr)
             break
         if ckpt is None and damaged:
@@ -426,7 +427,7 @@ def prepare_env(cfg: TrainConfig, jacobian: bool = False) -> None:
     timer.start()
     try:
         try:
-            env = _make_env(cfg)
+            env = _make_env(cfg, disable_env_checker=True)
         except (TypeError, ValueError) as exc:
             given = dict(cfg.env.kwargs or {})
             if cfg.env.episode_steps is not None:
