@@ -104,6 +104,22 @@ def test_ppo_resume_reads_no_sb3_pickles(tmp_path):
     assert [int(r["env_steps"]) for r in rows(run_dir)] == [16, 32, 48]
 
 
+@pytest.mark.parametrize("algo,override", [("shac", "shac.actor_mlp=[16]"), ("ppo", "ppo.net_arch=[16]")])
+def test_resume_with_a_config_the_checkpoint_does_not_fit(algo, override, tmp_path, capsys):
+    cfg = load_config(f"cartpole_{algo}.yaml", TINY[algo])
+    train(cfg, str(tmp_path))
+    from diffgym.cli import main
+    assert main(["train", "--resume", str(tmp_path), override]) == 2
+    err = capsys.readouterr().err
+    assert "the checkpoint does not fit this run" in err and "Traceback" not in err
+    assert load_config(tmp_path / "config.yaml") == cfg          # a refused resume leaves the config
+    assert main(["train", "--resume", str(tmp_path), "env.num_envs=3", "ppo.batch_size=8"]) == 2
+    assert "holds 2 environments" in capsys.readouterr().err.split("diffgym train: ")[-1]
+    assert load_config(tmp_path / "config.yaml") == cfg
+    assert main(["train", "--resume", str(tmp_path), f"total_env_steps={2 * cfg.total_env_steps}"]) == 0
+    assert load_config(tmp_path / "config.yaml").total_env_steps == 2 * cfg.total_env_steps
+
+
 def test_checkpoint_holds_plain_data_only(shac_run, tmp_path):
     cfg, run_dir = shac_run
     ckpt = torch.load(run_dir / "checkpoint_last.pt", weights_only=True)    # no pickled objects at all

@@ -158,14 +158,21 @@ def _rms_state(rms) -> dict | None:
 def _set_rms(rms, state: dict, what: str) -> None:
     mean, var = np.asarray(state["mean"], dtype=np.float64), np.asarray(state["var"], dtype=np.float64)
     if mean.size != rms.mean.size or var.size != rms.var.size:      # (SB3 may widen () to (1,))
-        raise ValueError(f"{what}: the checkpoint's statistics have shape {mean.shape}, the environment's "
+        from .run import CheckpointMismatchError
+        raise CheckpointMismatchError(f"{what}: the checkpoint's statistics have shape {mean.shape}, the environment's "
                          f"{rms.mean.shape}")
     rms.mean, rms.var, rms.count = mean.copy(), var.copy(), float(state["count"])
+
+
+def _model_desc(model) -> str:
+    return f"{model.env.num_envs} environments, networks {model.policy.net_arch}"
 
 
 def _restore(run: Run, ckpt: dict, model, env, venv) -> None:
     """Put a checkpoint's state into a PPO model built from the config (module doc)."""
     import torch
+
+    from .run import CheckpointMismatchError
     where = f"--resume {run.dir}"
     try:
         env.restore(ckpt["env"])
@@ -177,23 +184,30 @@ def _restore(run: Run, ckpt: dict, model, env, venv) -> None:
         _set_rms(venv.ret_rms, vn["ret_rms"], f"{where}: vecnormalize.ret_rms")
         returns = np.asarray(vn["returns"], dtype=np.float64)
         if returns.shape != venv.returns.shape:
-            raise ValueError(f"{where}: the checkpoint holds {returns.shape[0]} running returns, "
-                             f"env.num_envs is {venv.returns.shape[0]}")
+            raise CheckpointMismatchError(f"{where}: the checkpoint holds {returns.shape[0]} running returns, "
+                                          f"env.num_envs is {venv.returns.shape[0]}")
         venv.returns = returns.copy()
         model.num_timesteps = int(ckpt["env_steps"])
         model._n_updates = int(ckpt.get("n_updates", 0))
         model._last_obs = np.array(ckpt["last_obs"], copy=True)       # (the dtype it was saved with)
+        if model._last_obs.shape != (env.num_envs, *venv.observation_space.shape):
+            raise CheckpointMismatchError(f"{where}: the checkpoint's observations have shape "
+                                          f"{model._last_obs.shape}, the run's "
+                                          f"{(env.num_envs, *venv.observation_space.shape)}")
         model._last_episode_starts = np.array(ckpt["last_episode_starts"], copy=True)
         # the PPO constructor seeded the global RNGs: put the run's streams back
         torch.set_rng_state(ckpt["rng"]["torch"])
         np.random.set_state(ckpt["rng"]["numpy"])
         random.setstate(ckpt["rng"]["python"])
     except KeyError as exc:
-        raise ValueError(f"{where}: the checkpoint lacks {exc}; it was not written by this diffgym "
-                         "version's PPO trainer") from None
-    except RuntimeError as exc:          # state dicts of other network sizes
-        raise ValueError(f"{where}: the checkpoint does not fit the config's networks: "
-                         f"{str(exc).splitlines()[0]}") from None
+        raise CheckpointMismatchError(f"{where}: the checkpoint lacks {exc}; it was not written by this "
+                                      "diffgym version's PPO trainer") from None
+    except (RuntimeError, TypeError, ValueError, IndexError, AttributeError) as exc:
+        if isinstance(exc, CheckpointMismatchError):
+            raise
+        first = str(exc).splitlines()[0] if str(exc) else ""
+        raise CheckpointMismatchError(f"{where}: the checkpoint does not fit this run (config {_model_desc(model)}): "
+                                      f"{type(exc).__name__}: {first}") from None
 
 
 def train_ppo(cfg: TrainConfig, run: Run) -> dict:
@@ -209,7 +223,9 @@ def train_ppo(cfg: TrainConfig, run: Run) -> dict:
     ckpt = run.load_checkpoint()
     policy_kwargs = dict(net_arch=list(pc.net_arch), log_std_init=pc.log_std_init)
     if ckpt is not None and ckpt.get("algo") != "ppo":
-        raise ValueError(f"--resume {run.dir}: the checkpoint is from algo {ckpt.get('algo')!r}, not ppo")
+        from .run import CheckpointMismatchError
+        raise CheckpointMismatchError(f"--resume {run.dir}: the checkpoint is from algo {ckpt.get('algo')!r}, "
+                                      "not ppo")
     model = PPO("MlpPolicy", venv, n_steps=pc.n_steps, batch_size=pc.batch_size, n_epochs=pc.n_epochs,
                 learning_rate=_lr(pc), gamma=pc.gamma, gae_lambda=pc.gae_lambda,
                 clip_range=pc.clip_range, ent_coef=pc.ent_coef, vf_coef=pc.vf_coef,

@@ -50,6 +50,11 @@ class CheckpointError(RuntimeError):
     """A checkpoint cannot be resumed from; the message names the file and why."""
 
 
+class CheckpointMismatchError(CheckpointError, ValueError):
+    """A readable checkpoint that does not fit the run resuming it (another algorithm, another
+    number of environments or network size, missing entries)."""
+
+
 class _Damaged(CheckpointError):
     """The file is not a whole checkpoint (empty, truncated, overwritten): fall back."""
 
@@ -191,8 +196,11 @@ class Run:
                 if os.path.exists(p):
                     os.remove(p)
             shutil.rmtree(os.path.join(self.dir, "tb"), ignore_errors=True)
-        with open(os.path.join(self.dir, "config.yaml"), "w") as f:
-            yaml.safe_dump(config_to_dict(cfg), f, sort_keys=False)
+        # a resumed run's config.yaml (overrides such as a longer budget) is written once it has
+        # logged or saved something: a resume refused for its checkpoint leaves the directory's config
+        self._config_written = False
+        if not resume:
+            self._write_config()
         self._rows = self._read_csv()
         self._wall0 = time.perf_counter() - (float(self._rows[-1]["wall_time"]) if self._rows else 0.0)
         self._best = None
@@ -207,6 +215,14 @@ class Run:
                       file=sys.stderr)
         self._ckpt_steps = 0                 # env_steps of the last checkpoint (for "best")
         self._use_tb, self._tb, self._purge_step = tensorboard, None, None
+
+    def _write_config(self) -> None:
+        if not self._config_written:
+            tmp = os.path.join(self.dir, "config.yaml.tmp")
+            with open(tmp, "w") as f:
+                yaml.safe_dump(config_to_dict(self.cfg), f, sort_keys=False)
+            os.replace(tmp, os.path.join(self.dir, "config.yaml"))
+            self._config_written = True
 
     def _writer(self):
         """The TensorBoard writer, opened at the first row (after a resume has cut the CSV)."""
@@ -238,6 +254,7 @@ class Run:
         os.replace(tmp, self.csv_path)
 
     def log(self, env_steps: int, **metrics) -> None:
+        self._write_config()
         row = {"env_steps": int(env_steps), "wall_time": round(time.perf_counter() - self._wall0, 3)}
         row.update({k: (float(v) if isinstance(v, (np.floating, np.integer)) else v) for k, v in metrics.items()})
         self._rows.append(row)
@@ -267,6 +284,7 @@ class Run:
         copy it to checkpoint_best.pt when the mean training return logged since the previous
         checkpoint is the best so far. ``payload`` must be plain data (see :func:`to_plain`)."""
         import torch
+        self._write_config()
         payload = to_plain(dict(payload, iteration=int(iteration), format=CHECKPOINT_FORMAT))
         tmp = self.ckpt_path + ".tmp"
         with open(tmp, "wb") as f:
@@ -337,6 +355,7 @@ class Run:
 
     # -- the end of a run ------------------------------------------------------------------------
     def finish(self, policy_fn: Callable[[np.ndarray], np.ndarray]) -> dict:
+        self._write_config()
         result = evaluate(self.cfg, policy_fn, self.cfg.eval_episodes) if self.cfg.eval_episodes > 0 else {}
         with open(os.path.join(self.dir, "eval.json"), "w") as f:
             json.dump(result, f, indent=2)

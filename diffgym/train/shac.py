@@ -302,31 +302,43 @@ def train_shac(cfg: "TrainConfig", run: "Run") -> dict:
         if obs_rms is not None:
             obs_rms.update(obs)
     else:
+        from .run import CheckpointMismatchError
         if ckpt.get("algo") != "shac":
-            raise ValueError(f"--resume: the checkpoint in {run.dir} is not a SHAC checkpoint "
-                             f"(algo {ckpt.get('algo')!r})")
-        env_snap = ckpt["env"]
-        n_ck = len(env_snap["state"]) if isinstance(env_snap, dict) else len(env_snap)
+            raise CheckpointMismatchError(f"--resume: the checkpoint in {run.dir} is not a SHAC checkpoint "
+                                          f"(algo {ckpt.get('algo')!r})")
+        try:
+            env_snap = ckpt["env"]
+            n_ck = len(env_snap["state"]) if isinstance(env_snap, dict) else len(env_snap)
+        except (KeyError, TypeError) as exc:
+            raise CheckpointMismatchError(f"--resume {run.dir}: the checkpoint has no environment "
+                                          f"snapshot ({exc})") from None
         if n_ck != N:
-            raise ValueError(f"--resume: the checkpoint holds {n_ck} environments, "
-                             f"env.num_envs is {N}")
-        tenv.reset(seed=cfg.seed)
-        _env_restore(venv, ckpt["env"])
-        obs = ckpt["obs"].clone()
-        actor.load_state_dict(ckpt["actor"])
-        critic.load_state_dict(ckpt["critic"])
-        target_critic.load_state_dict(ckpt["target_critic"])
-        actor_opt.load_state_dict(ckpt["actor_opt"])
-        critic_opt.load_state_dict(ckpt["critic_opt"])
-        if obs_rms is not None:
-            obs_rms.load_state_dict(ckpt["obs_rms"])
-        gen.set_state(ckpt["rng"]["generator"])
-        torch.set_rng_state(ckpt["rng"]["torch"])
-        np.random.set_state(ckpt["rng"]["numpy"])
-        random.setstate(ckpt["rng"]["python"])
-        ep_ret, ep_len = ckpt["ep_ret"].copy(), ckpt["ep_len"].copy()
-        iteration, env_steps = int(ckpt["iteration"]), int(ckpt["env_steps"])
-        wall_offset = float(ckpt.get("wall_time", 0.0))
+            raise CheckpointMismatchError(f"--resume: the checkpoint holds {n_ck} environments, "
+                                          f"env.num_envs is {N}")
+        try:
+            tenv.reset(seed=cfg.seed)
+            _env_restore(venv, ckpt["env"])
+            obs = ckpt["obs"].clone()
+            actor.load_state_dict(ckpt["actor"])
+            critic.load_state_dict(ckpt["critic"])
+            target_critic.load_state_dict(ckpt["target_critic"])
+            actor_opt.load_state_dict(ckpt["actor_opt"])
+            critic_opt.load_state_dict(ckpt["critic_opt"])
+            if obs_rms is not None:
+                obs_rms.load_state_dict(ckpt["obs_rms"])
+            gen.set_state(ckpt["rng"]["generator"])
+            torch.set_rng_state(ckpt["rng"]["torch"])
+            np.random.set_state(ckpt["rng"]["numpy"])
+            random.setstate(ckpt["rng"]["python"])
+            ep_ret = np.array(ckpt["ep_ret"], dtype=np.float64).reshape(N)
+            ep_len = np.array(ckpt["ep_len"], dtype=np.int64).reshape(N)
+            iteration, env_steps = int(ckpt["iteration"]), int(ckpt["env_steps"])
+            wall_offset = float(ckpt.get("wall_time", 0.0))
+        except (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError) as exc:
+            first = str(exc).splitlines()[0] if str(exc) else ""
+            raise CheckpointMismatchError(f"--resume {run.dir}: the checkpoint does not fit this run "
+                                          f"(config {cfg.env.id}, networks {list(sc.actor_mlp)} / "
+                                          f"{list(sc.critic_mlp)}): {type(exc).__name__}: {first}") from None
 
     def save_checkpoint() -> None:
         # a warm start is not state: clear it so the resumed run sees the same solver inputs
