@@ -263,8 +263,10 @@ def _alias_bomb(levels=9):
 
 
 @pytest.mark.parametrize("kind,match", [
-    ("alias_bomb", r"bomb\.yaml: refused: more than 100000 values at env\.kwargs\.lol\d once its aliases are expanded"),
-    ("brackets", r"bomb\.yaml: refused: brackets nested deeper than 64 levels \(line 1"),
+    ("alias_bomb", r"bomb\.yaml: refused: more than 20000 values at env\.kwargs\.lol\d(\[\d\])? once its "
+                   r"aliases are expanded"),
+    ("brackets", r"bomb\.yaml: refused: (brackets nested|nesting) deeper than 64 levels (at shac\.actor_mlp)?.*\(line 1"),
+    ("flat", r"bomb\.yaml: refused: more than 20000 values at shac\.actor_mlp\[\d+\] \(line 1\)"),
     ("indent", r"bomb\.yaml: refused: nesting deeper than 64 levels at env\.kwargs\.k\.k\.k"),
     ("self_alias", r"bomb\.yaml: refused: alias \*a at env\.kwargs\.x\[1\] refers to a value that contains it"),
     ("oversized", r"bomb\.yaml: refused: \d+ bytes, more than the 1048576"),
@@ -272,6 +274,7 @@ def _alias_bomb(levels=9):
 def test_hostile_yaml_is_refused_quickly(tmp_path, kind, match):
     text = {"alias_bomb": _alias_bomb(),
             "brackets": "shac: {actor_mlp: " + "[" * 5000 + "]" * 5000 + "}\n",
+            "flat": "shac: {actor_mlp: [" + "64, " * 200_000 + "64]}\n",
             "indent": "env:\n  kwargs:\n" + "".join("  " * (i + 2) + "k:\n" for i in range(200)) + "  " * 202 + "1\n",
             "self_alias": "env:\n  kwargs:\n    x: &a [1, *a]\n",
             "oversized": "seed: 1\n" + "# padding\n" * 120_000}[kind]
@@ -287,12 +290,28 @@ def test_hostile_yaml_is_refused_quickly(tmp_path, kind, match):
         expand(str(p), out=str(tmp_path / "o"))
 
 
+@pytest.mark.parametrize("loader", ["libyaml", "python"])
+def test_both_yaml_parsers_apply_the_limits(loader):
+    """With libyaml (the default where PyYAML has it) and without (pure-Python PyYAML)."""
+    from diffgym.train import config
+    cls = config._LimitedLoader if loader == "python" else config._LimitedCLoader
+    for text, match in ((_alias_bomb(), "aliases are expanded"), ("a: " + "[" * 5000 + "]" * 5000, "deeper than 64"),
+                        ("a: &x [1, *x]", "refers to a value that contains it"),
+                        ("a: [" + "1, " * 30_000 + "1]", "more than 20000 values at a")):
+        t0 = time.perf_counter()
+        with pytest.raises(ConfigError, match=match):
+            config.yaml_load(text, "x.yaml: ", cls)
+        assert time.perf_counter() - t0 < 10.0       # refused early (a hang guard, not a benchmark)
+    assert config.yaml_load("a: &b {x: 1}\nb: {<<: *b, y: 2}\nc: [*b, 1e-3]\n", "", cls) == \
+        {"a": {"x": 1}, "b": {"x": 1, "y": 2}, "c": [{"x": 1}, "1e-3"]}
+
+
 def test_ordinary_anchors_and_overrides_still_work(tmp_path):
     p = tmp_path / "ok.yaml"
     p.write_text("algo: shac\nshac: &s {actor_mlp: &w [32, 32], critic_mlp: *w}\nenv: {num_envs: 4}\n")
     cfg = load_config(p)
     assert cfg.shac.actor_mlp == [32, 32] and cfg.shac.critic_mlp == [32, 32]
-    with pytest.raises(ConfigError, match=r"override shac\.actor_mlp: .*refused: brackets nested deeper"):
+    with pytest.raises(ConfigError, match=r"override shac\.actor_mlp: .*refused: .*deeper than 64 levels"):
         load_config(p, ["shac.actor_mlp=" + "[" * 500 + "]" * 500])
 
 

@@ -240,7 +240,7 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
 # multi-megabyte file) before they can hang or crash the reader or the training behind it.
 MAX_YAML_BYTES = 1 << 20            # 1 MiB
 MAX_YAML_DEPTH = 64                 # nested mappings / sequences
-MAX_YAML_NODES = 100_000            # values after expanding every alias
+MAX_YAML_NODES = 20_000             # values, every alias counted at its expanded size
 MAX_YAML_ALIASES = 1_000            # *alias references
 
 
@@ -248,28 +248,28 @@ class _YAMLLimitError(yaml.YAMLError):
     pass
 
 
-class _LimitedLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` with the limits above, checked while the document is composed (before
-    anything is built): the nesting depth, the number of aliases, and the size of the document
-    once every alias is expanded (counted, never materialized). Errors give the dotted key path."""
+class _Limits:
+    """The composer with the limits above, checked while the document is composed (before any
+    Python object is built): the nesting depth, the number of aliases, and a running count of
+    the values composed so far with every alias counted at its expanded size (counted, never
+    materialized), so a hostile document stops after at most MAX_YAML_NODES events. Errors give
+    the dotted key path and the line. Mixed into a loader before its parser."""
 
-    def __init__(self, stream):
-        super().__init__(stream)
+    def _init_limits(self):
         self._path: list[str] = []
-        self._sizes: dict[int, int] = {}        # id(node) -> expanded size (node kept alive by the tree)
+        self._sizes: dict[int, int] = {}        # id(node) -> expanded size (nodes kept alive by the tree)
         self._aliases = 0
-
-    def fetch_flow_collection_start(self, TokenClass):
-        # the scanner looks far ahead inside brackets: refuse deep [[[... before it gets slow
-        if self.flow_level >= MAX_YAML_DEPTH:
-            mark = self.get_mark()
-            raise _YAMLLimitError(f"brackets nested deeper than {MAX_YAML_DEPTH} levels "
-                                  f"(line {mark.line + 1}, column {mark.column + 1})")
-        super().fetch_flow_collection_start(TokenClass)
+        self._count = 0
 
     def _where(self) -> str:
         key = ".".join(p for p in self._path if p).replace(".[", "[")
+        if len(key) > 100:
+            key = f"{key[:60]}...{key[-30:]}"
         return f"at {key}" if key else "at the top level"
+
+    def _too_many(self, line: int):
+        how = " once its aliases are expanded (an alias bomb?)" if self._aliases else ""
+        return _YAMLLimitError(f"more than {MAX_YAML_NODES} values {self._where()}{how} (line {line + 1})")
 
     def compose_node(self, parent, index):
         if isinstance(index, yaml.ScalarNode):
@@ -289,30 +289,65 @@ class _LimitedLoader(yaml.SafeLoader):
                 if target is not None and id(target) not in self._sizes:
                     raise _YAMLLimitError(f"alias *{event.anchor} {self._where()} refers to a value that "
                                           f"contains it (line {event.start_mark.line + 1})")
-                return super().compose_node(parent, index)
+                node = yaml.composer.Composer.compose_node(self, parent, index)
+                self._count += self._sizes.get(id(node), 1)
+                if self._count > MAX_YAML_NODES:
+                    raise self._too_many(event.start_mark.line)
+                return node
             if len(self._path) > MAX_YAML_DEPTH + 1:
                 mark = self.peek_event().start_mark
                 raise _YAMLLimitError(f"nesting deeper than {MAX_YAML_DEPTH} levels {self._where()} "
                                       f"(line {mark.line + 1})")
-            node = super().compose_node(parent, index)
+            node = yaml.composer.Composer.compose_node(self, parent, index)
             if isinstance(node, yaml.SequenceNode):
                 size = 1 + sum(self._sizes[id(n)] for n in node.value)
             elif isinstance(node, yaml.MappingNode):
                 size = 1 + sum(self._sizes[id(k)] + self._sizes[id(v)] for k, v in node.value)
             else:
                 size = 1
-            if size > MAX_YAML_NODES:
-                raise _YAMLLimitError(f"more than {MAX_YAML_NODES} values {self._where()} once its aliases "
-                                      f"are expanded (an alias bomb?) (line {node.start_mark.line + 1})")
+            self._count += 1
+            if size > MAX_YAML_NODES or self._count > MAX_YAML_NODES:
+                raise self._too_many(node.start_mark.line)
             self._sizes[id(node)] = size
             return node
         finally:
             self._path.pop()
 
 
-def yaml_load(text: str, where: str = ""):
+class _LimitedLoader(_Limits, yaml.SafeLoader):
+    """The pure-Python reader (PyYAML without libyaml)."""
+
+    def __init__(self, stream):
+        yaml.SafeLoader.__init__(self, stream)
+        self._init_limits()
+
+    def fetch_flow_collection_start(self, TokenClass):
+        # the scanner looks far ahead inside brackets: refuse deep [[[... before it gets slow
+        if self.flow_level >= MAX_YAML_DEPTH:
+            mark = self.get_mark()
+            raise _YAMLLimitError(f"brackets nested deeper than {MAX_YAML_DEPTH} levels "
+                                  f"(line {mark.line + 1}, column {mark.column + 1})")
+        super().fetch_flow_collection_start(TokenClass)
+
+
+if getattr(yaml, "__with_libyaml__", False):
+    class _LimitedCLoader(_Limits, yaml.composer.Composer, yaml.cyaml.CParser, yaml.constructor.SafeConstructor,
+                          yaml.resolver.Resolver):
+        """libyaml's parser (fast, not recursive) under the Python composer with the limits."""
+
+        def __init__(self, stream):
+            yaml.cyaml.CParser.__init__(self, stream)
+            yaml.composer.Composer.__init__(self)
+            yaml.constructor.SafeConstructor.__init__(self)
+            yaml.resolver.Resolver.__init__(self)
+            self._init_limits()
+else:                                       # pragma: no cover
+    _LimitedCLoader = _LimitedLoader
+
+
+def yaml_load(text: str, where: str = "", loader_class=None):
     """One YAML document read safely (plain data only) within the reader's limits."""
-    loader = _LimitedLoader(text)
+    loader = (loader_class or _LimitedCLoader)(text)
     try:
         return loader.get_single_data()
     except _YAMLLimitError as exc:
