@@ -208,7 +208,8 @@ def _check_fallback(cfg, full, tmp_path, how, capsys, fn, kill_at, per_iter):
     out = train(cfg, str(cut), resume=True)
     err = capsys.readouterr().err
     assert "checkpoint_last.pt: " in err and ("empty" in err or "damaged" in err)
-    assert "resuming from the previous checkpoint" in err and f"checkpoint_prev.pt (iteration 2, {2 * per_iter} environment steps)" in err
+    assert "resuming from the previous checkpoint" in err
+    assert f"checkpoint_prev.pt (iteration 2, {2 * per_iter} environment steps)" in err
     assert os.path.isfile(cut / "checkpoint_last.pt.damaged") and not marker.exists()
     assert out["env_steps"] == cfg.total_env_steps
     a, b = rows(full), rows(cut)
@@ -265,7 +266,8 @@ def _alias_bomb(levels=9):
 @pytest.mark.parametrize("kind,match", [
     ("alias_bomb", r"bomb\.yaml: refused: more than 20000 values at env\.kwargs\.lol\d(\[\d\])? once its "
                    r"aliases are expanded"),
-    ("brackets", r"bomb\.yaml: refused: (brackets nested|nesting) deeper than 64 levels (at shac\.actor_mlp)?.*\(line 1"),
+    ("brackets", r"bomb\.yaml: refused: (brackets nested|nesting) deeper than 64 levels "
+                 r"(at shac\.actor_mlp)?.*\(line 1"),
     ("flat", r"bomb\.yaml: refused: more than 20000 values at shac\.actor_mlp\[\d+\] \(line 1\)"),
     ("indent", r"bomb\.yaml: refused: nesting deeper than 64 levels at env\.kwargs\.k\.k\.k"),
     ("self_alias", r"bomb\.yaml: refused: alias \*a at env\.kwargs\.x\[1\] refers to a value that contains it"),

@@ -168,7 +168,8 @@ def read_checkpoint(path: str) -> dict:
             "loaded; a diffgym checkpoint holds only tensors, numbers and strings. Do not resume from "
             "this directory unless you know where it came from") from None
     except (RuntimeError, EOFError, OSError, ValueError, KeyError) as exc:
-        raise _Damaged(f"{path}: damaged or truncated ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})") from None
+        why = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise _Damaged(f"{path}: damaged or truncated ({why})") from None
     if not isinstance(ckpt, dict) or ckpt.get("format") != CHECKPOINT_FORMAT:
         fmt = ckpt.get("format") if isinstance(ckpt, dict) else None
         raise CheckpointError(
