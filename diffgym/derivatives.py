@@ -457,6 +457,23 @@ def _solve_min_norm(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     return np.linalg.lstsq(A, B, rcond=1e-12)[0]
 
 
+def _joint_torques(sim, cons, res) -> np.ndarray:
+    """The generalized forces at which the ABA derivatives are evaluated: the applied and passive
+    forces plus the active joint-limit impulses as joint torques (``J_lim^T lam_lim / dt``).
+    The contact impulses enter as external forces (``fext``); the limit impulses act on the
+    joints themselves, and ``d(M^-1 tau)/dq`` needs them in ``tau``: without them a limit row
+    under load makes ``dv/dq`` wrong wherever M depends on q (a cart at its stop)."""
+    tau = sim.cache["tau_total"]
+    if cons is None or cons.m == 3 * cons.nc:
+        return tau
+    k = 3 * cons.nc
+    cb = sim.constraints
+    idx = cons.limits
+    out = tau.copy()
+    np.add.at(out, cb.lim_v[idx], cb.lim_sign[idx] * res.lam[k:] / sim.dt)
+    return out
+
+
 def step_jacobian(sim, compiled: bool | None = None) -> StepJacobian:
     """Jacobian of the step that ``sim`` just took (uses ``sim.cache``).
 
@@ -511,7 +528,7 @@ def _step_jacobian_reference(sim) -> StepJacobian:
                 sel = js == j
                 Rj = kin.R[int(j)]
                 fext[j] = fext[j] + pin.Force(Rj.T @ f[sel].sum(axis=0), Rj.T @ tq[sel].sum(axis=0))
-    ddq_dq, ddq_dv, Minv = pin.computeABADerivatives(model, data, q, v, C["tau_total"], fext)
+    ddq_dq, ddq_dv, Minv = pin.computeABADerivatives(model, data, q, v, _joint_torques(sim, cons, res), fext)
     Minv = np.where(upper, Minv, Minv.T)               # pinocchio fills the upper triangle
     Vq = dt * (ddq_dq + Minv @ dpassive_dq) if dpassive_dq is not None else dt * ddq_dq
     Vv = eye + dt * (ddq_dv - Minv * damping[None, :]) if damped else eye + dt * ddq_dv
@@ -742,7 +759,8 @@ def _step_jacobian_compiled(sim) -> StepJacobian | None:
         corr, Dq = st.no_corr, st.no_J
         Jc, G, lam, sigma, modes, act, mu = st.no_J, st.no_G, st.no_f, st.no_f, st.no_modes, \
             st.no_act, st.no_f
-    ddq_dq, ddq_dv, Minv = pin.computeABADerivatives(model, data, q, v, C["tau_total"], st.fext_vec)
+    ddq_dq, ddq_dv, Minv = pin.computeABADerivatives(model, data, q, v, _joint_torques(sim, cons, res),
+                                                       st.fext_vec)
     v1dt = v1 * dt
     if st.eye is not None:                 # vector-space joints: integrate is q + dq
         dI_dq = dI_dv = st.eye

@@ -1,0 +1,147 @@
+"""Regression tests of issue 12 ("exact means exact"): step Jacobians at states that seeded
+random rollouts visit, against central differences of the whole step.
+
+Each state below was found along a seeded random episode (``scratch``-free: the numbers are
+stored here) where the Jacobian was wrong by the same amount at every difference step from
+1e-4 to 1e-8 with no mode change inside the stencil. Every block is compared with central
+differences at three step sizes (the best of the three, so that neither truncation nor rounding
+hides or fakes an error), after checking that the one-sided differences agree (no mode switch
+inside the stencil). The compiled route and the numpy reference are compared as well.
+"""
+import numpy as np
+import pinocchio as pin
+import pytest
+import gymnasium as gym
+
+import diffgym
+from diffgym import derivatives as D
+from diffgym.envs import ENV_IDS  # noqa: F401  (registers the environments)
+
+BLOCKS = ("dq_dq", "dq_dv", "dq_dtau", "dv_dq", "dv_dv", "dv_dtau")
+
+
+def _run(sim, warm, q, v, tau):
+    sim.set_warm_start_state(warm)
+    return sim.step(q, v, tau)
+
+
+def fd_step(sim, q, v, tau, eps, tau_scale, warm=None):
+    """Central and one-sided differences of the whole step (tangent perturbations of q; tau
+    perturbed by ``eps * tau_scale``), each from the same warm start."""
+    nv = sim.nv
+    c = {k: np.zeros((nv, nv)) for k in BLOCKS}
+    p = {k: np.zeros((nv, nv)) for k in BLOCKS}
+    m = {k: np.zeros((nv, nv)) for k in BLOCKS}
+    q0, v0 = _run(sim, warm, q, v, tau)
+    for i in range(nv):
+        for name, h in (("q", eps), ("v", eps), ("tau", eps * tau_scale)):
+            e = np.zeros(nv)
+            e[i] = h
+            if name == "q":
+                plus, minus = ((pin.integrate(sim.model, q, e), v, tau),
+                               (pin.integrate(sim.model, q, -e), v, tau))
+            elif name == "v":
+                plus, minus = (q, v + e, tau), (q, v - e, tau)
+            else:
+                plus, minus = (q, v, tau + e), (q, v, tau - e)
+            qa, va = _run(sim, warm, *plus)
+            qb, vb = _run(sim, warm, *minus)
+            for blk, a, b, z in (("dq_d" + name, qa, qb, q0), ("dv_d" + name, va, vb, v0)):
+                if blk[1] == "q":
+                    da, db = pin.difference(sim.model, z, a), pin.difference(sim.model, b, z)
+                else:
+                    da, db = a - z, z - b
+                c[blk][:, i] = (da + db) / (2 * h)
+                p[blk][:, i] = da / h
+                m[blk][:, i] = db / h
+    return c, p, m
+
+
+def step_jacobian_errors(sim, q, v, tau, warm=None, tau_scale=100.0,
+                         eps_list=(1e-4, 1e-5, 1e-6)):
+    """(jac, errors, one_sided): per block the smallest relative error of the analytical
+    Jacobian against central differences over the step sizes, and the largest relative
+    disagreement of the one-sided differences (a mode switch inside the stencil shows there)."""
+    _run(sim, warm, q, v, tau)
+    jac = D.step_jacobian(sim)
+    ref = D.step_jacobian(sim, compiled=False)
+    errors = {k: np.inf for k in BLOCKS}
+    one_sided = {k: 0.0 for k in BLOCKS}
+    for eps in eps_list:
+        c, p, m = fd_step(sim, q, v, tau, eps, tau_scale, warm)
+        for k in BLOCKS:
+            A, B = getattr(jac, k), c[k]
+            scale = max(np.abs(B).max(), 1e-12)
+            assert np.allclose(getattr(ref, k), A, rtol=1e-9, atol=1e-11 * scale), \
+                f"{k}: compiled and reference routes differ"
+            errors[k] = min(errors[k], np.abs(A - B).max() / scale)
+            one_sided[k] = max(one_sided[k], np.abs(p[k] - m[k]).max() / scale)
+    return jac, errors, one_sided
+
+
+def assert_exact(sim, q, v, tau, rtol=1e-6, warm=None, **kw):
+    jac, errors, one_sided = step_jacobian_errors(sim, q, v, tau, warm, **kw)
+    # no mode switch inside the stencil: the one-sided differences agree up to truncation
+    assert max(one_sided.values()) < 1e-2, one_sided
+    bad = {k: f"{e:.2e}" for k, e in errors.items() if not e <= rtol}
+    assert not bad, f"Jacobian blocks off against central differences: {bad} ({sim.last})"
+    return jac
+
+
+def _env_sim(env_id):
+    return gym.make(env_id).unwrapped.sim
+
+
+# -- defect 1: any active joint limit ---------------------------------------------------------
+# step 90 of a seed-0 random DiffCartPole-v0 episode: the cart against the +2.4 m rail stop
+# (relative error 2.7e-1 in dv/dq before the limit impulse entered the ABA derivatives)
+CARTPOLE_AT_STOP = dict(q=[2.3992, 0.7179200217520592],
+                        v=[2.5502128843497003, -4.625449348502274],
+                        tau=[85.48478572491199, 0.0])
+# sub-steps 45 and 148 of a seed-0 random DiffHopper-v0 episode: the leg joint at its limit with
+# the foot sticking; thigh and leg limits within reach, the leg's loaded, the foot lifting off
+HOPPER_LEG_AT_LIMIT = dict(
+    q=[-0.007382618783873304, 1.2181707042311831, -0.05073320533301211, -0.0508838757773322,
+       -0.0007999999999999999, -0.03010777679727564],
+    v=[-0.1967675536659952, -0.3449040620248565, 0.31971806662926083, 0.2755902460503925,
+       0.44373606697829693, 0.7713070455720814],
+    tau=[0.0, 0.0, 0.0, 88.59533607763268, 10.141728990290355, -75.90324977641774])
+HOPPER_TWO_LIMITS = dict(
+    q=[-0.04885814508147555, 1.2374754278921278, -0.03304773013212444, -0.0013172867035055984,
+       -0.0007712256943944798, 0.18610395839815802],
+    v=[0.16714220236853364, 0.34495681614252965, 1.5897668950351114, 1.4534219064999947,
+       0.09640321179930988, 2.6944735741221417],
+    tau=[0.0, 0.0, 0.0, -188.65385395459157, 87.68790913069613, -193.6033081905712])
+
+
+def _state(d):
+    return tuple(np.array(d[k], dtype=float) for k in ("q", "v", "tau"))
+
+
+def test_cartpole_at_rail_stop():
+    sim = _env_sim("DiffCartPole-v0")
+    q, v, tau = _state(CARTPOLE_AT_STOP)
+    assert_exact(sim, q, v, tau)
+    assert sim.last.limit_joints == ["slider"] and sim.last.limit_active.all()
+    assert sim.last.limit_impulses[0] > 0.1            # the stop carries the cart
+
+
+@pytest.mark.parametrize("state", ["leg_at_limit", "two_limits"])
+def test_hopper_joint_at_limit(state):
+    sim = _env_sim("DiffHopper-v0")
+    q, v, tau = _state(HOPPER_LEG_AT_LIMIT if state == "leg_at_limit" else HOPPER_TWO_LIMITS)
+    assert_exact(sim, q, v, tau)
+    assert sim.last.limit_active.any() and sim.last.limit_impulses.max() > 1e-3
+
+
+def test_limit_impulse_enters_the_aba_derivatives(monkeypatch):
+    """The Jacobian at the cart-pole stop is wrong without the limit impulse in the joint
+    torques of the ABA derivatives (the test above cannot pass by accident)."""
+    sim = _env_sim("DiffCartPole-v0")
+    q, v, tau = _state(CARTPOLE_AT_STOP)
+    sim.reset_warmstart()
+    sim.step(q, v, tau)
+    good = D.step_jacobian(sim)
+    monkeypatch.setattr(D, "_joint_torques", lambda sim, cons, res: sim.cache["tau_total"])
+    bad = D.step_jacobian(sim)
+    assert np.abs(good.dv_dq - bad.dv_dq).max() > 1e-2 * np.abs(good.dv_dq).max()
