@@ -145,3 +145,96 @@ def test_limit_impulse_enters_the_aba_derivatives(monkeypatch):
     monkeypatch.setattr(D, "_joint_torques", lambda sim, cons, res: sim.cache["tau_total"])
     bad = D.step_jacobian(sim)
     assert np.abs(good.dv_dq - bad.dv_dq).max() > 1e-2 * np.abs(good.dv_dq).max()
+
+
+# -- defect 2: frictionless contact at zero slip ----------------------------------------------
+BALLS = """<mujoco><option timestep="0.01"/><default><geom friction="0 0 0"/></default><worldbody>
+<geom type="plane" size="5 5 .1"/>
+<body name="a" pos="0 0 0.1"><freejoint/><geom type="sphere" size="0.1" mass="0.1"/></body>
+<body name="b" pos="0.3 0 0.1"><freejoint/><geom type="sphere" size="0.1" mass="0.1"/></body>
+</worldbody></mujoco>"""
+
+
+def _balls_touching():
+    """Ball a pushed along x into ball b, which rests on the plane (frictionless everywhere):
+    the first step at which the two touch. A seeded, deterministic construction."""
+    sim = diffgym.Simulator.from_string(BALLS)
+    q, v = sim.q0, np.zeros(sim.nv)
+    for _ in range(30):                                  # settle on the plane
+        q, v = sim.step(q, v, np.zeros(sim.nv))
+    tau = np.zeros(sim.nv)
+    tau[0] = 0.5
+    for _ in range(200):
+        q1, v1 = sim.step(q, v, tau)
+        if ("a_geom1", "b_geom2") in sim.last.contact_geoms:
+            return sim, q, v, tau
+        q, v = q1, v1
+    raise AssertionError("the balls never touched")
+
+
+def test_frictionless_balls_zero_slip_are_sliding():
+    sim, q, v, tau = _balls_touching()
+    sim.reset_warmstart()
+    _, _, jac = sim.step(q, v, tau, jacobian=True)
+    # the resting ball b slides with zero slip on its frictionless plane: not bonded
+    assert sim.last.num_contacts == 3
+    assert sim.last.contact_modes == ["sliding"] * 3, sim.last.contact_modes
+    assert np.abs(sim.last.contact_impulses[:, :2]).max() < 1e-12
+    assert_exact(sim, q, v, tau, tau_scale=1.0)
+    # the push along the plane: both balls move together, dv/dtau = dt / (m_a + m_b) for each;
+    # a bonded (sticking) contact would have made ball b roll (2/7 of its mass in the inertia)
+    assert jac.dv_dtau[0, 0] == pytest.approx(0.01 / 0.2, rel=1e-9)
+    assert jac.dv_dtau[6, 0] == pytest.approx(0.01 / 0.2, rel=1e-9)
+
+
+def test_frictionless_sticking_is_differentiated_as_a_ray(monkeypatch):
+    """Without the relabelling, the same step has the solver's "sticking" label and the
+    bonded derivative, which is wrong (so the test above cannot pass by accident)."""
+    from diffgym import forward
+    sim, q, v, tau = _balls_touching()
+    sim.reset_warmstart()
+    _, _, good = sim.step(q, v, tau, jacobian=True)
+    monkeypatch.setattr(forward, "_label_frictionless", lambda res, mu: (res, None))
+    sim.reset_warmstart()
+    _, _, bad = sim.step(q, v, tau, jacobian=True)
+    assert "sticking" in sim.last.contact_modes
+    assert np.abs(bad.dv_dv - good.dv_dv).max() > 0.1 * np.abs(good.dv_dv).max()
+
+
+# step 10 of a head-on push in DiffPush-v0 (velocity control 0.4 m/s, seed 0): the rod flush
+# against a box face, its two contact points with zero slip on the frictionless face (the
+# solver labelled them "sticking"; errors up to 9.9 relative in dv_dq, 1.6 in dv_dv)
+PUSH_FLUSH = dict(
+    q=[0.27570061141191926, -0.01704864712226692, -2.8841484100105235, -0.09209629409241489,
+       -0.03489867567934513, 0.05, 3.385774327896889e-16, -2.1106575232256828e-17,
+       -0.9917267407192242, 0.12836694178184896],
+    v=[-0.2899472461270455, -0.07633927514705197, -2.935389503022634e-15, -0.28929827398055635,
+       -0.07616840936399857, 5.551115123125783e-17, 3.8782454295460124e-16,
+       -2.3314683517128287e-15, -3.1086244689504383e-15],
+    tau=[-2.902790677820451, -0.7642663940023677, 4.873264584929871e-16, 0.0, 0.0, 0.0, 0.0,
+         0.0, 0.0])
+
+
+def test_push_flush_rod_frictionless_contacts():
+    sim = _env_sim("DiffPush-v0")
+    q, v, tau = _state(PUSH_FLUSH)
+    jac, errors, one_sided = step_jacobian_errors(sim, q, v, tau, tau_scale=1.0)
+    rod_box = [m for m, g in zip(sim.last.contact_modes, sim.last.contact_geoms) if "rod" in g]
+    assert rod_box == ["sliding", "sliding"]
+    for k in ("dq_dv", "dq_dtau", "dv_dv", "dv_dtau"):
+        assert errors[k] < 1e-6, (k, errors[k])
+        assert one_sided[k] < 1e-3
+    # The q columns of the rod's and the box's yaw (2 and 8) sit on a kink: exactly flush, the
+    # two points of coal's contact patch share one depth, which turning either way decreases
+    # (the one-sided differences disagree; a geometric switch, not a derivative defect). Every
+    # other q column is exact.
+    c, p, m = fd_step(sim, q, v, tau, 1e-6, 1.0)
+    _run(sim, None, q, v, tau)
+    jac = D.step_jacobian(sim)
+    for k in ("dq_dq", "dv_dq"):
+        scale = np.abs(c[k]).max()
+        kink = np.abs(p[k] - m[k]).max(axis=0) / scale
+        assert kink[2] > 1e-3 and kink[8] > 1e-3
+        smooth = [i for i in range(sim.nv) if i not in (2, 8)]
+        assert kink[smooth].max() < 1e-3
+        assert np.abs(getattr(jac, k) - c[k])[:, smooth].max() < 1e-6 * scale, k
