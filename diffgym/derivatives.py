@@ -40,7 +40,7 @@ route falls back to where it does not apply. ``tests/test_derivative_kernels.py`
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pinocchio as pin
@@ -53,9 +53,139 @@ from .solver import BREAKING, STICKING
 collision_fd_eps = 1e-7
 
 
+class JacobianDiagnostics:
+    """How the step Jacobian was obtained and how close the step is to a mode switch.
+
+    One entry per contact point (in ``sim.last`` order) then per joint-limit row within reach:
+
+    - ``kinds``: ``"contact"`` or ``"limit"``; ``labels``: ``"geom1/geom2[point]"`` or
+      ``"joint (lower|upper)"``;
+    - ``modes``: the mode the derivative used: contacts ``"breaking"``, ``"sticking"`` or
+      ``"sliding"`` (a frictionless touching contact is always sliding), limits ``"active"`` or
+      ``"inactive"``;
+    - ``margins`` (m/s) and ``margin_kinds``: the distance to this entry's nearest mode switch,
+      the smallest of the conditions that hold its mode, impulses converted to velocities by the
+      Delassus diagonal (the solver's own scaling, ``G_ii * impulse``):
+      ``"impulse"`` (normal impulse / limit impulse to zero: breaking next),
+      ``"slip"`` (a sliding contact's slip to zero: sticking next; not for mu = 0, whose cone is
+      a ray), ``"cone"`` (a sticking contact's friction to the cone boundary,
+      ``mu lam_N - |lam_T|``: sliding next), ``"gap"`` (a breaking contact's or inactive limit's
+      constraint velocity after the step, ``sigma_N >= 0``, to zero: contact next);
+    - ``min_margin``, ``argmin`` (entry index or -1 when there is none), ``argmin_kind``,
+      ``argmin_label``: the nearest switch over all entries;
+    - the mode system ``A`` of the implicit differentiation (``m x m``, m = 3 per contact + 1 per
+      limit row): ``singular_values``, ``sigma_min``, ``condition`` (``inf`` when singular),
+      ``rank`` (singular values above 1e-12 of the largest, the least-squares cut-off),
+      ``rank_deficient`` (smallest <= 1e-8 largest: the impulses' derivative is not unique) and
+      ``solve``: ``"lu"`` (unique) or ``"min-norm"`` (the minimum-norm least-squares choice of
+      d lam; d v1 is unique where the redundant rows act on the velocities alike, e.g. four
+      coplanar points of a box on its face).
+
+    Computed when first read from the step's solution, in two groups: the modes and margins
+    (one compiled call) and the conditioning (one SVD of A); nothing is computed when unread.
+    A step without constraint rows has no entries (``min_margin`` inf, ``solve`` ``"none"``).
+    """
+
+    _FIELDS = ("kinds", "labels", "modes", "margins", "margin_kinds", "min_margin", "argmin",
+               "argmin_kind", "argmin_label", "singular_values", "sigma_min", "condition", "rank",
+               "rank_deficient", "solve")
+
+    def __init__(self, sim, cons, res, G):
+        self._src = (sim.sm, cons, res, G)
+
+    _CONDITIONING = frozenset(("singular_values", "sigma_min", "condition", "rank",
+                               "rank_deficient", "solve"))
+
+    def __getattr__(self, name):
+        d = self.__dict__
+        if name in JacobianDiagnostics._FIELDS and "_src" in d:
+            # two groups, each computed when one of its fields is first read: the modes and
+            # margins (one compiled call), the conditioning of the mode system (one SVD)
+            if name in JacobianDiagnostics._CONDITIONING:
+                self._conditioning(*d["_src"])
+            else:
+                self._margins(*d["_src"])
+            if "margins" in d and "rank" in d:
+                del d["_src"]
+            return d[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self._FIELDS}
+
+    def __repr__(self) -> str:
+        d = self.as_dict()
+        return (f"JacobianDiagnostics(entries={len(d['kinds'])}, solve={d['solve']!r}, "
+                f"rank_deficient={d['rank_deficient']}, condition={d['condition']:.3g}, "
+                f"min_margin={d['min_margin']:.3g} ({d['argmin_kind']} at {d['argmin_label']!r}))")
+
+    _MARGIN_NAMES = ("impulse", "slip", "cone", "gap")
+
+    @staticmethod
+    def _arrays(cons, res):
+        modes = res.modes if res.modes.dtype == np.int64 else res.modes.astype(np.int64)
+        act = res.limit_active if res.limit_active.dtype == np.bool_ \
+            else res.limit_active.astype(np.bool_)
+        return modes, act, np.ascontiguousarray(cons.mu, dtype=float)
+
+    def _margins(self, sm, cons, res, G) -> None:
+        from .solver import MODE_NAMES
+        d = self.__dict__
+        if cons is not None and cons.m:
+            nc = cons.nc
+            modes, act, mu = self._arrays(cons, res)
+            margins, kcode = K.mode_margins(res.lam, res.sigma, modes, act, G, nc, mu)
+            names = [g.name for g in sm.geoms]
+            c = cons.contacts
+            lims = [sm.limits[li] for li in cons.limits.tolist()]
+            d["kinds"] = ["contact"] * nc + ["limit"] * len(lims)
+            d["labels"] = [f"{names[a]}/{names[b]}[{p}]" for a, b, p in
+                           zip(c.geom1.tolist(), c.geom2.tolist(), c.point.tolist())] + \
+                [f"{lim.joint} ({'lower' if lim.sign > 0 else 'upper'})" for lim in lims]
+            d["modes"] = [MODE_NAMES[m] for m in modes.tolist()] + \
+                ["active" if a else "inactive" for a in act.tolist()]
+            d["margins"] = margins
+            d["margin_kinds"] = [self._MARGIN_NAMES[k] for k in kcode.tolist()]
+        else:
+            d["kinds"], d["labels"], d["modes"], d["margin_kinds"] = [], [], [], []
+            d["margins"] = np.zeros(0)
+        if len(d["margins"]):
+            a = int(np.argmin(d["margins"]))
+            d["min_margin"], d["argmin"] = float(d["margins"][a]), a
+            d["argmin_kind"], d["argmin_label"] = d["margin_kinds"][a], d["labels"][a]
+        else:
+            d["min_margin"], d["argmin"], d["argmin_kind"], d["argmin_label"] = np.inf, -1, "", ""
+
+    def _conditioning(self, sm, cons, res, G) -> None:
+        d = self.__dict__
+        if cons is None or not cons.m:
+            d["singular_values"] = np.zeros(0)
+            d["sigma_min"], d["condition"], d["rank"] = np.inf, 1.0, 0
+            d["rank_deficient"], d["solve"] = False, "none"
+            return
+        modes, act, mu = self._arrays(cons, res)
+        A = K.mode_system(res.lam, res.sigma, modes, act, G, cons.nc, mu)[0]
+        sv = None
+        if _ul is not None:
+            with np.errstate(all="ignore"):
+                sv = _ul.svd(A, signature="d->d")
+        if sv is None or not np.isfinite(sv).all():
+            sv = np.linalg.svd(A, compute_uv=False)
+        smax, smin = float(sv[0]), float(sv[-1])
+        d["singular_values"] = sv
+        d["sigma_min"] = smin
+        d["condition"] = smax / smin if smin > 0.0 else np.inf
+        d["rank"] = int(np.count_nonzero(sv > 1e-12 * smax))
+        # the rule of the reference solve (_solve_min_norm): LU above it, least squares below
+        d["rank_deficient"] = not smin > 1e-8 * smax
+        d["solve"] = "min-norm" if d["rank_deficient"] else "lu"
+
+
 @dataclass
 class StepJacobian:
-    """Derivatives of one step. Columns/rows for q are tangent (nv wide)."""
+    """Derivatives of one step. Columns/rows for q are tangent (nv wide). ``diagnostics``: a
+    :class:`JacobianDiagnostics` of the step (mode per contact and limit, conditioning of the
+    mode system, distance to the nearest mode switch), computed when first read."""
 
     dq_dq: np.ndarray
     dq_dv: np.ndarray
@@ -63,6 +193,7 @@ class StepJacobian:
     dv_dq: np.ndarray
     dv_dv: np.ndarray
     dv_dtau: np.ndarray
+    diagnostics: JacobianDiagnostics | None = field(default=None, repr=False, compare=False)
 
     @property
     def state(self) -> np.ndarray:
@@ -480,11 +611,14 @@ def step_jacobian(sim, compiled: bool | None = None) -> StepJacobian:
     ``compiled``: the numba route (``derivative_kernels``; the default, see ``COMPILED``) or the
     numpy reference below (False). Both give the same numbers to rounding; the compiled route
     falls back to the reference where it does not apply (mimic joints, non-finite data)."""
+    out = None
     if COMPILED if compiled is None else compiled:
         out = _step_jacobian_compiled(sim)
-        if out is not None:
-            return out
-    return _step_jacobian_reference(sim)
+    if out is None:
+        out = _step_jacobian_reference(sim)
+    C = sim.cache
+    out.diagnostics = JacobianDiagnostics(sim, C["cons"], C["res"], C["G"])
+    return out
 
 
 def _step_jacobian_reference(sim) -> StepJacobian:

@@ -579,7 +579,9 @@ class Simulator:
         self.cache = dict(q=q, v=v, tau=tau, tau_total=tau_total, a_free=a_free, v_free=v_free,
                           cons=cons, res=res, Minv=Minv, G=G, g=g, v1=v1, q1=q1)
         if jacobian:
-            return q1, v1, step_jacobian(self)
+            jac = step_jacobian(self)
+            self.last.__dict__["jacobian_diagnostics"] = jac.diagnostics
+            return q1, v1, jac
         return q1, v1
 
     @staticmethod
