@@ -616,7 +616,7 @@ def mode_margins(lam, sigma, modes, limit_active, G, nc, mu):
     kind (``MARGIN_*``), impulses scaled by the Delassus diagonal. Breaking contact or inactive
     limit: the constraint velocity ``sigma_N`` (gap); sticking: ``G_nn lam_N`` (impulse) or
     ``G_tt (mu lam_N - |lam_T|)`` (cone); sliding: ``G_nn lam_N`` or, with friction, the slip
-    ``|sigma_T|``; active limit: ``G_ll lam``."""
+    ``|sigma_T|``; active limit: ``G_ll lam``. Also returns the index of the smallest."""
     m = G.shape[0]
     nl = m - 3 * nc
     out = np.empty(nc + nl)
@@ -650,4 +650,8 @@ def mode_margins(lam, sigma, modes, limit_active, G, nc, mu):
         else:
             out[nc + jl] = max(sigma[r], 0.0)
             kind[nc + jl] = MARGIN_GAP
-    return out, kind
+    best = 0
+    for i in range(1, nc + nl):
+        if out[i] < out[best]:
+            best = i
+    return out, kind, best

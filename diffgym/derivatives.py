@@ -81,32 +81,29 @@ class JacobianDiagnostics:
       d lam; d v1 is unique where the redundant rows act on the velocities alike, e.g. four
       coplanar points of a box on its face).
 
-    Computed when first read from the step's solution, in two groups: the modes and margins
-    (one compiled call) and the conditioning (one SVD of A); nothing is computed when unread.
+    Computed when first read from the step's solution, in three groups: the margins (one
+    compiled call), the entries' kinds, labels and modes (strings), the conditioning (one SVD
+    of A); nothing is computed when unread.
     A step without constraint rows has no entries (``min_margin`` inf, ``solve`` ``"none"``).
     """
 
-    _FIELDS = ("kinds", "labels", "modes", "margins", "margin_kinds", "min_margin", "argmin",
-               "argmin_kind", "argmin_label", "singular_values", "sigma_min", "condition", "rank",
-               "rank_deficient", "solve")
+    _MARGINS = ("margins", "margin_kinds", "min_margin", "argmin", "argmin_kind")
+    _ENTRIES = ("kinds", "labels", "modes", "argmin_label")
+    _CONDITIONING = ("singular_values", "sigma_min", "condition", "rank", "rank_deficient", "solve")
+    _FIELDS = _ENTRIES[:3] + _MARGINS[:2] + ("min_margin", "argmin", "argmin_kind",
+                                             "argmin_label") + _CONDITIONING
+    _GROUP = {**{k: "_margins" for k in _MARGINS}, **{k: "_entries" for k in _ENTRIES},
+              **{k: "_conditioning" for k in _CONDITIONING}}
+    _MARGIN_NAMES = ("impulse", "slip", "cone", "gap")
 
     def __init__(self, sim, cons, res, G):
         self._src = (sim.sm, cons, res, G)
 
-    _CONDITIONING = frozenset(("singular_values", "sigma_min", "condition", "rank",
-                               "rank_deficient", "solve"))
-
     def __getattr__(self, name):
+        group = JacobianDiagnostics._GROUP.get(name)
         d = self.__dict__
-        if name in JacobianDiagnostics._FIELDS and "_src" in d:
-            # two groups, each computed when one of its fields is first read: the modes and
-            # margins (one compiled call), the conditioning of the mode system (one SVD)
-            if name in JacobianDiagnostics._CONDITIONING:
-                self._conditioning(*d["_src"])
-            else:
-                self._margins(*d["_src"])
-            if "margins" in d and "rank" in d:
-                del d["_src"]
+        if group is not None and "_src" in d:
+            getattr(self, group)(*d["_src"])
             return d[name]
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
@@ -119,22 +116,33 @@ class JacobianDiagnostics:
                 f"rank_deficient={d['rank_deficient']}, condition={d['condition']:.3g}, "
                 f"min_margin={d['min_margin']:.3g} ({d['argmin_kind']} at {d['argmin_label']!r}))")
 
-    _MARGIN_NAMES = ("impulse", "slip", "cone", "gap")
-
     @staticmethod
     def _arrays(cons, res):
         modes = res.modes if res.modes.dtype == np.int64 else res.modes.astype(np.int64)
         act = res.limit_active if res.limit_active.dtype == np.bool_ \
             else res.limit_active.astype(np.bool_)
-        return modes, act, np.ascontiguousarray(cons.mu, dtype=float)
+        mu = cons.mu if cons.mu.dtype == np.float64 else cons.mu.astype(np.float64)
+        return modes, act, mu
 
     def _margins(self, sm, cons, res, G) -> None:
+        d = self.__dict__
+        if cons is not None and cons.m:
+            modes, act, mu = self._arrays(cons, res)
+            margins, kcode, a = K.mode_margins(res.lam, res.sigma, modes, act, G, cons.nc, mu)
+            names = self._MARGIN_NAMES
+            d["margins"] = margins
+            d["margin_kinds"] = [names[k] for k in kcode.tolist()]
+            d["min_margin"], d["argmin"] = float(margins[a]), a
+            d["argmin_kind"] = d["margin_kinds"][a]
+        else:
+            d["margins"], d["margin_kinds"] = np.zeros(0), []
+            d["min_margin"], d["argmin"], d["argmin_kind"] = np.inf, -1, ""
+
+    def _entries(self, sm, cons, res, G) -> None:
         from .solver import MODE_NAMES
         d = self.__dict__
         if cons is not None and cons.m:
             nc = cons.nc
-            modes, act, mu = self._arrays(cons, res)
-            margins, kcode = K.mode_margins(res.lam, res.sigma, modes, act, G, nc, mu)
             names = [g.name for g in sm.geoms]
             c = cons.contacts
             lims = [sm.limits[li] for li in cons.limits.tolist()]
@@ -142,19 +150,12 @@ class JacobianDiagnostics:
             d["labels"] = [f"{names[a]}/{names[b]}[{p}]" for a, b, p in
                            zip(c.geom1.tolist(), c.geom2.tolist(), c.point.tolist())] + \
                 [f"{lim.joint} ({'lower' if lim.sign > 0 else 'upper'})" for lim in lims]
-            d["modes"] = [MODE_NAMES[m] for m in modes.tolist()] + \
-                ["active" if a else "inactive" for a in act.tolist()]
-            d["margins"] = margins
-            d["margin_kinds"] = [self._MARGIN_NAMES[k] for k in kcode.tolist()]
+            d["modes"] = [MODE_NAMES[m] for m in res.modes.tolist()] + \
+                ["active" if a else "inactive" for a in res.limit_active.tolist()]
+            a = self.argmin
+            d["argmin_label"] = d["labels"][a]
         else:
-            d["kinds"], d["labels"], d["modes"], d["margin_kinds"] = [], [], [], []
-            d["margins"] = np.zeros(0)
-        if len(d["margins"]):
-            a = int(np.argmin(d["margins"]))
-            d["min_margin"], d["argmin"] = float(d["margins"][a]), a
-            d["argmin_kind"], d["argmin_label"] = d["margin_kinds"][a], d["labels"][a]
-        else:
-            d["min_margin"], d["argmin"], d["argmin_kind"], d["argmin_label"] = np.inf, -1, "", ""
+            d["kinds"], d["labels"], d["modes"], d["argmin_label"] = [], [], [], ""
 
     def _conditioning(self, sm, cons, res, G) -> None:
         d = self.__dict__
