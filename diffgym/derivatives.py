@@ -110,6 +110,13 @@ class JacobianDiagnostics:
     def as_dict(self) -> dict:
         return {k: getattr(self, k) for k in self._FIELDS}
 
+    def __getstate__(self):
+        # (pickling and copying compute every field: the copy holds no simulator objects)
+        return self.as_dict()
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+
     def __repr__(self) -> str:
         d = self.as_dict()
         return (f"JacobianDiagnostics(entries={len(d['kinds'])}, solve={d['solve']!r}, "

@@ -130,3 +130,14 @@ def test_diagnostics_match_the_reference_route():
             np.testing.assert_array_equal(a[k], b[k])
         else:
             assert a[k] == b[k], k
+
+
+def test_diagnostics_pickle_without_the_simulator():
+    import copy
+    import pickle
+    sim, q, v = _resting_box()
+    _, _, jac = sim.step(q, v, np.zeros(6), jacobian=True)
+    d = pickle.loads(pickle.dumps(jac.diagnostics))
+    assert "_src" not in d.__dict__ and d.rank_deficient and d.modes == ["sticking"] * 4
+    info = copy.deepcopy(sim.last)
+    assert info.jacobian_diagnostics.min_margin == jac.diagnostics.min_margin
