@@ -606,10 +606,12 @@ def _joint_torques(sim, cons, res) -> np.ndarray:
     if cons is None or cons.m == 3 * cons.nc:
         return tau
     k = 3 * cons.nc
-    cb = sim.constraints
-    idx = cons.limits
+    limits = sim.sm.limits
     out = tau.copy()
-    np.add.at(out, cb.lim_v[idx], cb.lim_sign[idx] * res.lam[k:] / sim.dt)
+    inv_dt = 1.0 / sim.dt
+    for li, lam in zip(cons.limits.tolist(), res.lam[k:].tolist()):
+        lim = limits[li]
+        out[lim.idx_v] += lim.sign * lam * inv_dt
     return out
 
 
