@@ -4,14 +4,16 @@ Follows ``shared/notes/gradients.md``. For theta in {q, v, tau} (q in pinocchio'
 
 1. fixed-impulse sensitivity of the new velocity, ``V_theta = d v1/d theta |lam``, from
    pinocchio's ABA derivatives evaluated with the contact impulses as external forces fixed in
-   the joint frames (``fext = lam / dt``), plus the correction for the contact force not being
+   the joint frames (``fext = lam / dt``) and the active joint-limit impulses as joint torques
+   (``tau + J_lim^T lam_lim / dt``, ``_joint_torques``), plus the correction for the contact force not being
    body-fixed: its point slides on the body and its frame follows the collision geometry
    (``geometry_derivatives``);
 2. fixed-impulse sensitivity of the constraint velocities,
    ``D_theta = d sigma/d theta |lam = J V_theta + d(J(q) w)/dq |_{w=v1} + d b/dq`` (the last two
    for theta = q only: the motion of the contact frames and the Baumgarte offset);
 3. the linearized mode equations of the solution found by the solver (breaking: ``d lam_i = 0``;
-   sticking: ``d sigma_i = 0``; sliding: ``d sigma_N = 0`` and the slip-direction rotation;
+   sticking: ``d sigma_i = 0``; sliding: ``d sigma_N = 0`` and the slip-direction rotation, or
+   ``d lam_T = 0`` for a frictionless contact, which the step always labels sliding;
    joint limit active: ``d sigma = 0``, inactive: ``d lam = 0``): ``A d lam = -B D_theta``,
    solved in the least-squares / minimum-norm sense because ``A`` is rank deficient when
    contacts are redundant (four coplanar points): ``d v1`` is unique although ``d lam`` is not;
