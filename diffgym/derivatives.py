@@ -5,9 +5,9 @@ Follows ``shared/notes/gradients.md``. For theta in {q, v, tau} (q in pinocchio'
 1. fixed-impulse sensitivity of the new velocity, ``V_theta = d v1/d theta |lam``, from
    pinocchio's ABA derivatives evaluated with the contact impulses as external forces fixed in
    the joint frames (``fext = lam / dt``) and the active joint-limit impulses as joint torques
-   (``tau + J_lim^T lam_lim / dt``, ``_joint_torques``), plus the correction for the contact force not being
-   body-fixed: its point slides on the body and its frame follows the collision geometry
-   (``geometry_derivatives``);
+   (``tau + J_lim^T lam_lim / dt``, ``_joint_torques``), plus the correction for the contact
+   force not being body-fixed: its point slides on the body and its frame follows the collision
+   geometry (``geometry_derivatives``);
 2. fixed-impulse sensitivity of the constraint velocities,
    ``D_theta = d sigma/d theta |lam = J V_theta + d(J(q) w)/dq |_{w=v1} + d b/dq`` (the last two
    for theta = q only: the motion of the contact frames and the Baumgarte offset);
@@ -674,7 +674,8 @@ def _step_jacobian_reference(sim) -> StepJacobian:
                 sel = js == j
                 Rj = kin.R[int(j)]
                 fext[j] = fext[j] + pin.Force(Rj.T @ f[sel].sum(axis=0), Rj.T @ tq[sel].sum(axis=0))
-    ddq_dq, ddq_dv, Minv = pin.computeABADerivatives(model, data, q, v, _joint_torques(sim, cons, res), fext)
+    ddq_dq, ddq_dv, Minv = pin.computeABADerivatives(model, data, q, v,
+                                                     _joint_torques(sim, cons, res), fext)
     Minv = np.where(upper, Minv, Minv.T)               # pinocchio fills the upper triangle
     Vq = dt * (ddq_dq + Minv @ dpassive_dq) if dpassive_dq is not None else dt * ddq_dq
     Vv = eye + dt * (ddq_dv - Minv * damping[None, :]) if damped else eye + dt * ddq_dv
@@ -905,8 +906,8 @@ def _step_jacobian_compiled(sim) -> StepJacobian | None:
         corr, Dq = st.no_corr, st.no_J
         Jc, G, lam, sigma, modes, act, mu = st.no_J, st.no_G, st.no_f, st.no_f, st.no_modes, \
             st.no_act, st.no_f
-    ddq_dq, ddq_dv, Minv = pin.computeABADerivatives(model, data, q, v, _joint_torques(sim, cons, res),
-                                                       st.fext_vec)
+    ddq_dq, ddq_dv, Minv = pin.computeABADerivatives(model, data, q, v,
+                                                     _joint_torques(sim, cons, res), st.fext_vec)
     v1dt = v1 * dt
     if st.eye is not None:                 # vector-space joints: integrate is q + dq
         dI_dq = dI_dv = st.eye

@@ -616,8 +616,8 @@ class Simulator:
         c = cons.contacts
         # the warm start of the next step: impulses and modes per (pair, point) and per limit
         # (the step's own arrays: nothing writes to them afterwards)
-        self._warm = (c.pair, c.point, res.lam,
-                      (res.modes if warm_modes is None else warm_modes).astype(np.int64, copy=False),
+        modes = res.modes if warm_modes is None else warm_modes
+        self._warm = (c.pair, c.point, res.lam, modes.astype(np.int64, copy=False),
                       cons.limits, res.limit_active)
         self.last = StepInfo._lazy(cons, res, self.sm)
         if not res.converged and not self._warned:
