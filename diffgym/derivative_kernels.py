@@ -604,3 +604,54 @@ def dynamics_terms(ddq_dq, ddq_dv, Minv_u, kstiff, has_stiff, damping, damped, d
     dq_dv = _mm(Iv, dv_dv)
     dq_dtau = _mm(Iv, dv_dtau)
     return 0, dq_dq, dq_dv, dq_dtau, dv_dq, dv_dv, dv_dtau
+
+
+# margin kinds of ``mode_margins`` (``derivatives.JacobianDiagnostics.margin_kinds``)
+MARGIN_IMPULSE, MARGIN_SLIP, MARGIN_CONE, MARGIN_GAP = 0, 1, 2, 3
+
+
+@njit
+def mode_margins(lam, sigma, modes, limit_active, G, nc, mu):
+    """Per contact then per limit row: the distance to the nearest mode switch (m/s) and its
+    kind (``MARGIN_*``), impulses scaled by the Delassus diagonal. Breaking contact or inactive
+    limit: the constraint velocity ``sigma_N`` (gap); sticking: ``G_nn lam_N`` (impulse) or
+    ``G_tt (mu lam_N - |lam_T|)`` (cone); sliding: ``G_nn lam_N`` or, with friction, the slip
+    ``|sigma_T|``; active limit: ``G_ll lam``. Also returns the index of the smallest."""
+    m = G.shape[0]
+    nl = m - 3 * nc
+    out = np.empty(nc + nl)
+    kind = np.empty(nc + nl, dtype=np.int64)
+    for i in range(nc):
+        r = 3 * i
+        md = modes[i]
+        ln = max(lam[r + 2], 0.0)
+        if md == BREAKING:
+            out[i] = max(sigma[r + 2], 0.0)
+            kind[i] = MARGIN_GAP
+            continue
+        out[i] = G[r + 2, r + 2] * ln
+        kind[i] = MARGIN_IMPULSE
+        if md == STICKING:
+            cone = 0.5 * (G[r, r] + G[r + 1, r + 1]) * max(
+                mu[i] * ln - np.sqrt(lam[r] * lam[r] + lam[r + 1] * lam[r + 1]), 0.0)
+            if cone < out[i]:
+                out[i] = cone
+                kind[i] = MARGIN_CONE
+        elif mu[i] > 0.0:
+            slip = np.sqrt(sigma[r] * sigma[r] + sigma[r + 1] * sigma[r + 1])
+            if slip < out[i]:
+                out[i] = slip
+                kind[i] = MARGIN_SLIP
+    for jl in range(nl):
+        r = 3 * nc + jl
+        if limit_active[jl]:
+            out[nc + jl] = G[r, r] * max(lam[r], 0.0)
+            kind[nc + jl] = MARGIN_IMPULSE
+        else:
+            out[nc + jl] = max(sigma[r], 0.0)
+            kind[nc + jl] = MARGIN_GAP
+    best = 0
+    for i in range(1, nc + nl):
+        if out[i] < out[best]:
+            best = i
+    return out, kind, best

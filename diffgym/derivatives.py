@@ -4,14 +4,16 @@ Follows ``shared/notes/gradients.md``. For theta in {q, v, tau} (q in pinocchio'
 
 1. fixed-impulse sensitivity of the new velocity, ``V_theta = d v1/d theta |lam``, from
    pinocchio's ABA derivatives evaluated with the contact impulses as external forces fixed in
-   the joint frames (``fext = lam / dt``), plus the correction for the contact force not being
-   body-fixed: its point slides on the body and its frame follows the collision geometry
-   (``geometry_derivatives``);
+   the joint frames (``fext = lam / dt``) and the active joint-limit impulses as joint torques
+   (``tau + J_lim^T lam_lim / dt``, ``_joint_torques``), plus the correction for the contact
+   force not being body-fixed: its point slides on the body and its frame follows the collision
+   geometry (``geometry_derivatives``);
 2. fixed-impulse sensitivity of the constraint velocities,
    ``D_theta = d sigma/d theta |lam = J V_theta + d(J(q) w)/dq |_{w=v1} + d b/dq`` (the last two
    for theta = q only: the motion of the contact frames and the Baumgarte offset);
 3. the linearized mode equations of the solution found by the solver (breaking: ``d lam_i = 0``;
-   sticking: ``d sigma_i = 0``; sliding: ``d sigma_N = 0`` and the slip-direction rotation;
+   sticking: ``d sigma_i = 0``; sliding: ``d sigma_N = 0`` and the slip-direction rotation, or
+   ``d lam_T = 0`` for a frictionless contact, which the step always labels sliding;
    joint limit active: ``d sigma = 0``, inactive: ``d lam = 0``): ``A d lam = -B D_theta``,
    solved in the least-squares / minimum-norm sense because ``A`` is rank deficient when
    contacts are redundant (four coplanar points): ``d v1`` is unique although ``d lam`` is not;
@@ -40,7 +42,7 @@ route falls back to where it does not apply. ``tests/test_derivative_kernels.py`
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import pinocchio as pin
@@ -53,9 +55,147 @@ from .solver import BREAKING, STICKING
 collision_fd_eps = 1e-7
 
 
+class JacobianDiagnostics:
+    """How the step Jacobian was obtained and how close the step is to a mode switch.
+
+    One entry per contact point (in ``sim.last`` order) then per joint-limit row within reach:
+
+    - ``kinds``: ``"contact"`` or ``"limit"``; ``labels``: ``"geom1/geom2[point]"`` or
+      ``"joint (lower|upper)"``;
+    - ``modes``: the mode the derivative used: contacts ``"breaking"``, ``"sticking"`` or
+      ``"sliding"`` (a frictionless touching contact is always sliding), limits ``"active"`` or
+      ``"inactive"``;
+    - ``margins`` (m/s) and ``margin_kinds``: the distance to this entry's nearest mode switch,
+      the smallest of the conditions that hold its mode, impulses converted to velocities by the
+      Delassus diagonal (the solver's own scaling, ``G_ii * impulse``):
+      ``"impulse"`` (normal impulse / limit impulse to zero: breaking next),
+      ``"slip"`` (a sliding contact's slip to zero: sticking next; not for mu = 0, whose cone is
+      a ray), ``"cone"`` (a sticking contact's friction to the cone boundary,
+      ``mu lam_N - |lam_T|``: sliding next), ``"gap"`` (a breaking contact's or inactive limit's
+      constraint velocity after the step, ``sigma_N >= 0``, to zero: contact next);
+    - ``min_margin``, ``argmin`` (entry index or -1 when there is none), ``argmin_kind``,
+      ``argmin_label``: the nearest switch over all entries;
+    - the mode system ``A`` of the implicit differentiation (``m x m``, m = 3 per contact + 1 per
+      limit row): ``singular_values``, ``sigma_min``, ``condition`` (``inf`` when singular),
+      ``rank`` (singular values above 1e-12 of the largest, the least-squares cut-off),
+      ``rank_deficient`` (smallest <= 1e-8 largest: the impulses' derivative is not unique) and
+      ``solve``: ``"lu"`` (unique) or ``"min-norm"`` (the minimum-norm least-squares choice of
+      d lam; d v1 is unique where the redundant rows act on the velocities alike, e.g. four
+      coplanar points of a box on its face).
+
+    Computed when first read from the step's solution, in three groups: the margins (one
+    compiled call), the entries' kinds, labels and modes (strings), the conditioning (one SVD
+    of A); nothing is computed when unread.
+    A step without constraint rows has no entries (``min_margin`` inf, ``solve`` ``"none"``).
+    """
+
+    _MARGINS = ("margins", "margin_kinds", "min_margin", "argmin", "argmin_kind")
+    _ENTRIES = ("kinds", "labels", "modes", "argmin_label")
+    _CONDITIONING = ("singular_values", "sigma_min", "condition", "rank", "rank_deficient", "solve")
+    _FIELDS = _ENTRIES[:3] + _MARGINS[:2] + ("min_margin", "argmin", "argmin_kind",
+                                             "argmin_label") + _CONDITIONING
+    _GROUP = {**{k: "_margins" for k in _MARGINS}, **{k: "_entries" for k in _ENTRIES},
+              **{k: "_conditioning" for k in _CONDITIONING}}
+    _MARGIN_NAMES = ("impulse", "slip", "cone", "gap")
+
+    def __init__(self, sim, cons, res, G):
+        self._src = (sim.sm, cons, res, G)
+
+    def __getattr__(self, name):
+        group = JacobianDiagnostics._GROUP.get(name)
+        d = self.__dict__
+        if group is not None and "_src" in d:
+            getattr(self, group)(*d["_src"])
+            return d[name]
+        raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+
+    def as_dict(self) -> dict:
+        return {k: getattr(self, k) for k in self._FIELDS}
+
+    def __getstate__(self):
+        # (pickling and copying compute every field: the copy holds no simulator objects)
+        return self.as_dict()
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+
+    def __repr__(self) -> str:
+        d = self.as_dict()
+        return (f"JacobianDiagnostics(entries={len(d['kinds'])}, solve={d['solve']!r}, "
+                f"rank_deficient={d['rank_deficient']}, condition={d['condition']:.3g}, "
+                f"min_margin={d['min_margin']:.3g} ({d['argmin_kind']} at {d['argmin_label']!r}))")
+
+    @staticmethod
+    def _arrays(cons, res):
+        modes = res.modes if res.modes.dtype == np.int64 else res.modes.astype(np.int64)
+        act = res.limit_active if res.limit_active.dtype == np.bool_ \
+            else res.limit_active.astype(np.bool_)
+        mu = cons.mu if cons.mu.dtype == np.float64 else cons.mu.astype(np.float64)
+        return modes, act, mu
+
+    def _margins(self, sm, cons, res, G) -> None:
+        d = self.__dict__
+        if cons is not None and cons.m:
+            modes, act, mu = self._arrays(cons, res)
+            margins, kcode, a = K.mode_margins(res.lam, res.sigma, modes, act, G, cons.nc, mu)
+            names = self._MARGIN_NAMES
+            d["margins"] = margins
+            d["margin_kinds"] = [names[k] for k in kcode.tolist()]
+            d["min_margin"], d["argmin"] = float(margins[a]), a
+            d["argmin_kind"] = d["margin_kinds"][a]
+        else:
+            d["margins"], d["margin_kinds"] = np.zeros(0), []
+            d["min_margin"], d["argmin"], d["argmin_kind"] = np.inf, -1, ""
+
+    def _entries(self, sm, cons, res, G) -> None:
+        from .solver import MODE_NAMES
+        d = self.__dict__
+        if cons is not None and cons.m:
+            nc = cons.nc
+            names = [g.name for g in sm.geoms]
+            c = cons.contacts
+            lims = [sm.limits[li] for li in cons.limits.tolist()]
+            d["kinds"] = ["contact"] * nc + ["limit"] * len(lims)
+            d["labels"] = [f"{names[a]}/{names[b]}[{p}]" for a, b, p in
+                           zip(c.geom1.tolist(), c.geom2.tolist(), c.point.tolist())] + \
+                [f"{lim.joint} ({'lower' if lim.sign > 0 else 'upper'})" for lim in lims]
+            d["modes"] = [MODE_NAMES[m] for m in res.modes.tolist()] + \
+                ["active" if a else "inactive" for a in res.limit_active.tolist()]
+            a = self.argmin
+            d["argmin_label"] = d["labels"][a]
+        else:
+            d["kinds"], d["labels"], d["modes"], d["argmin_label"] = [], [], [], ""
+
+    def _conditioning(self, sm, cons, res, G) -> None:
+        d = self.__dict__
+        if cons is None or not cons.m:
+            d["singular_values"] = np.zeros(0)
+            d["sigma_min"], d["condition"], d["rank"] = np.inf, 1.0, 0
+            d["rank_deficient"], d["solve"] = False, "none"
+            return
+        modes, act, mu = self._arrays(cons, res)
+        A = K.mode_system(res.lam, res.sigma, modes, act, G, cons.nc, mu)[0]
+        sv = None
+        if _ul is not None:
+            with np.errstate(all="ignore"):
+                sv = _ul.svd(A, signature="d->d")
+        if sv is None or not np.isfinite(sv).all():
+            sv = np.linalg.svd(A, compute_uv=False)
+        smax, smin = float(sv[0]), float(sv[-1])
+        d["singular_values"] = sv
+        d["sigma_min"] = smin
+        d["condition"] = smax / smin if smin > 0.0 else np.inf
+        d["rank"] = int(np.count_nonzero(sv > 1e-12 * smax))
+        # the rule of the reference solve (_solve_min_norm): LU above it, least squares below
+        d["rank_deficient"] = not smin > 1e-8 * smax
+        d["solve"] = "min-norm" if d["rank_deficient"] else "lu"
+
+
 @dataclass
 class StepJacobian:
-    """Derivatives of one step. Columns/rows for q are tangent (nv wide)."""
+    """Derivatives of one step. Columns/rows for q are tangent (nv wide). ``diagnostics``: a
+    :class:`JacobianDiagnostics` of the step (mode per contact and limit, conditioning of the
+    mode system, distance to the nearest mode switch), computed when first read."""
 
     dq_dq: np.ndarray
     dq_dv: np.ndarray
@@ -63,6 +203,7 @@ class StepJacobian:
     dv_dq: np.ndarray
     dv_dv: np.ndarray
     dv_dtau: np.ndarray
+    diagnostics: JacobianDiagnostics | None = field(default=None, repr=False, compare=False)
 
     @property
     def state(self) -> np.ndarray:
@@ -457,17 +598,39 @@ def _solve_min_norm(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     return np.linalg.lstsq(A, B, rcond=1e-12)[0]
 
 
+def _joint_torques(sim, cons, res) -> np.ndarray:
+    """The generalized forces at which the ABA derivatives are evaluated: the applied and passive
+    forces plus the active joint-limit impulses as joint torques (``J_lim^T lam_lim / dt``).
+    The contact impulses enter as external forces (``fext``); the limit impulses act on the
+    joints themselves, and ``d(M^-1 tau)/dq`` needs them in ``tau``: without them a limit row
+    under load makes ``dv/dq`` wrong wherever M depends on q (a cart at its stop)."""
+    tau = sim.cache["tau_total"]
+    if cons is None or cons.m == 3 * cons.nc:
+        return tau
+    k = 3 * cons.nc
+    limits = sim.sm.limits
+    out = tau.copy()
+    inv_dt = 1.0 / sim.dt
+    for li, lam in zip(cons.limits.tolist(), res.lam[k:].tolist()):
+        lim = limits[li]
+        out[lim.idx_v] += lim.sign * lam * inv_dt
+    return out
+
+
 def step_jacobian(sim, compiled: bool | None = None) -> StepJacobian:
     """Jacobian of the step that ``sim`` just took (uses ``sim.cache``).
 
     ``compiled``: the numba route (``derivative_kernels``; the default, see ``COMPILED``) or the
     numpy reference below (False). Both give the same numbers to rounding; the compiled route
     falls back to the reference where it does not apply (mimic joints, non-finite data)."""
+    out = None
     if COMPILED if compiled is None else compiled:
         out = _step_jacobian_compiled(sim)
-        if out is not None:
-            return out
-    return _step_jacobian_reference(sim)
+    if out is None:
+        out = _step_jacobian_reference(sim)
+    C = sim.cache
+    out.diagnostics = JacobianDiagnostics(sim, C["cons"], C["res"], C["G"])
+    return out
 
 
 def _step_jacobian_reference(sim) -> StepJacobian:
@@ -511,7 +674,8 @@ def _step_jacobian_reference(sim) -> StepJacobian:
                 sel = js == j
                 Rj = kin.R[int(j)]
                 fext[j] = fext[j] + pin.Force(Rj.T @ f[sel].sum(axis=0), Rj.T @ tq[sel].sum(axis=0))
-    ddq_dq, ddq_dv, Minv = pin.computeABADerivatives(model, data, q, v, C["tau_total"], fext)
+    ddq_dq, ddq_dv, Minv = pin.computeABADerivatives(model, data, q, v,
+                                                     _joint_torques(sim, cons, res), fext)
     Minv = np.where(upper, Minv, Minv.T)               # pinocchio fills the upper triangle
     Vq = dt * (ddq_dq + Minv @ dpassive_dq) if dpassive_dq is not None else dt * ddq_dq
     Vv = eye + dt * (ddq_dv - Minv * damping[None, :]) if damped else eye + dt * ddq_dv
@@ -742,7 +906,8 @@ def _step_jacobian_compiled(sim) -> StepJacobian | None:
         corr, Dq = st.no_corr, st.no_J
         Jc, G, lam, sigma, modes, act, mu = st.no_J, st.no_G, st.no_f, st.no_f, st.no_modes, \
             st.no_act, st.no_f
-    ddq_dq, ddq_dv, Minv = pin.computeABADerivatives(model, data, q, v, C["tau_total"], st.fext_vec)
+    ddq_dq, ddq_dv, Minv = pin.computeABADerivatives(model, data, q, v,
+                                                     _joint_torques(sim, cons, res), st.fext_vec)
     v1dt = v1 * dt
     if st.eye is not None:                 # vector-space joints: integrate is q + dq
         dI_dq = dI_dv = st.eye

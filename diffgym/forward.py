@@ -21,12 +21,13 @@ from .constraint import ConstraintBuilder, Constraints, _active_limits, assemble
 from .derivatives import step_jacobian
 from .jit import njit
 from .model import ModelError, SimModel
-from .solver import MODE_NAMES, NCPSolver, SolverResult, SolverSettings
+from .solver import MODE_NAMES, SLIDING, STICKING, NCPSolver, SolverResult, SolverSettings
 from .solver_kernels import solve_stage1
 from .frames import tangent_frames
 
 
 _add = np.add.reduce          # (ndarray.sum without its Python wrapper: the same sums)
+_minimum = np.minimum.reduce
 # the solver result of a step without constraints (what sim.last reports then)
 _NO_FRAMES = np.zeros((0, 3, 3))
 _NO_WARM = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0),
@@ -97,6 +98,22 @@ def _match_warm_start(pair_w, point_w, lam_w, modes_w, limits_w, lim_act_w, pair
             modes[nc + i] = 1 if lim_act_w[j] else 0
             found = True
     return lam0, modes, found
+
+
+def _label_frictionless(res: SolverResult, mu: np.ndarray):
+    """The modes of a solution with frictionless contacts as the derivatives use them.
+
+    With mu = 0 the friction cone is a ray: a touching contact can only break or slide, with
+    zero tangential impulse whatever its slip. The solver may accept such a contact as
+    "sticking" at zero slip (its three velocity rows solved with a tangential impulse within the
+    tolerance of zero); differentiating that as a bonded contact is wrong (d lam_T must be 0).
+    Returns ``(result with those contacts labelled sliding, the solver's own modes)`` (the latter
+    for the next step's warm start, which stays what the solver found), or ``(res, None)``."""
+    modes = res.modes
+    relabel = (mu == 0.0) & (modes == STICKING)
+    if not relabel.any():
+        return res, None
+    return dataclasses.replace(res, modes=np.where(relabel, SLIDING, modes)), modes
 
 
 class SimulationError(RuntimeError):
@@ -554,12 +571,17 @@ class Simulator:
         if total - total != 0.0 and not (np.isfinite(v1).all() and np.isfinite(q1).all()):
             raise SimulationError("the step produced a non-finite state (the simulation diverged); "
                                   f"|v| = {np.linalg.norm(v):.3g}, |tau| = {np.linalg.norm(tau):.3g}")
-        self._record(cons, res)
+        warm_modes = None
+        if cons is not None and cons.nc and _minimum(cons.mu) == 0.0:
+            res, warm_modes = _label_frictionless(res, cons.mu)
+        self._record(cons, res, warm_modes)
         # (Minv: pinocchio's computeMinverse, of which only the upper triangle is filled)
         self.cache = dict(q=q, v=v, tau=tau, tau_total=tau_total, a_free=a_free, v_free=v_free,
                           cons=cons, res=res, Minv=Minv, G=G, g=g, v1=v1, q1=q1)
         if jacobian:
-            return q1, v1, step_jacobian(self)
+            jac = step_jacobian(self)
+            self.last.__dict__["jacobian_diagnostics"] = jac.diagnostics
+            return q1, v1, jac
         return q1, v1
 
     @staticmethod
@@ -585,7 +607,8 @@ class Simulator:
                                                cons.limit_dist)
         return (lam0, modes) if found else (None, None)
 
-    def _record(self, cons: Constraints | None, res: SolverResult | None) -> None:
+    def _record(self, cons: Constraints | None, res: SolverResult | None,
+                warm_modes: np.ndarray | None = None) -> None:
         if cons is None:
             self._warm = None
             self.last = StepInfo._lazy(None, _NO_RESULT, self.sm)
@@ -593,7 +616,8 @@ class Simulator:
         c = cons.contacts
         # the warm start of the next step: impulses and modes per (pair, point) and per limit
         # (the step's own arrays: nothing writes to them afterwards)
-        self._warm = (c.pair, c.point, res.lam, res.modes.astype(np.int64, copy=False),
+        modes = res.modes if warm_modes is None else warm_modes
+        self._warm = (c.pair, c.point, res.lam, modes.astype(np.int64, copy=False),
                       cons.limits, res.limit_active)
         self.last = StepInfo._lazy(cons, res, self.sm)
         if not res.converged and not self._warned:

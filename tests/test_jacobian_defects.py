@@ -1,0 +1,295 @@
+"""Regression tests of issue 12 ("exact means exact"): step Jacobians at states that seeded
+random rollouts visit, against central differences of the whole step.
+
+Each state below was found along a seeded random episode (``scratch``-free: the numbers are
+stored here) where the Jacobian was wrong by the same amount at every difference step from
+1e-4 to 1e-8 with no mode change inside the stencil. Every block is compared with central
+differences at three step sizes (the best of the three, so that neither truncation nor rounding
+hides or fakes an error), after checking that the one-sided differences agree (no mode switch
+inside the stencil). The compiled route and the numpy reference are compared as well.
+"""
+import numpy as np
+import pinocchio as pin
+import pytest
+import gymnasium as gym
+
+import diffgym
+from diffgym import derivatives as D
+from diffgym.envs import ENV_IDS  # noqa: F401  (registers the environments)
+
+BLOCKS = ("dq_dq", "dq_dv", "dq_dtau", "dv_dq", "dv_dv", "dv_dtau")
+
+
+def _run(sim, warm, q, v, tau):
+    sim.set_warm_start_state(warm)
+    return sim.step(q, v, tau)
+
+
+def fd_step(sim, q, v, tau, eps, tau_scale, warm=None):
+    """Central and one-sided differences of the whole step (tangent perturbations of q; tau
+    perturbed by ``eps * tau_scale``), each from the same warm start."""
+    nv = sim.nv
+    c = {k: np.zeros((nv, nv)) for k in BLOCKS}
+    p = {k: np.zeros((nv, nv)) for k in BLOCKS}
+    m = {k: np.zeros((nv, nv)) for k in BLOCKS}
+    q0, v0 = _run(sim, warm, q, v, tau)
+    for i in range(nv):
+        for name, h in (("q", eps), ("v", eps), ("tau", eps * tau_scale)):
+            e = np.zeros(nv)
+            e[i] = h
+            if name == "q":
+                plus, minus = ((pin.integrate(sim.model, q, e), v, tau),
+                               (pin.integrate(sim.model, q, -e), v, tau))
+            elif name == "v":
+                plus, minus = (q, v + e, tau), (q, v - e, tau)
+            else:
+                plus, minus = (q, v, tau + e), (q, v, tau - e)
+            qa, va = _run(sim, warm, *plus)
+            qb, vb = _run(sim, warm, *minus)
+            for blk, a, b, z in (("dq_d" + name, qa, qb, q0), ("dv_d" + name, va, vb, v0)):
+                if blk[1] == "q":
+                    da, db = pin.difference(sim.model, z, a), pin.difference(sim.model, b, z)
+                else:
+                    da, db = a - z, z - b
+                c[blk][:, i] = (da + db) / (2 * h)
+                p[blk][:, i] = da / h
+                m[blk][:, i] = db / h
+    return c, p, m
+
+
+def step_jacobian_errors(sim, q, v, tau, warm=None, tau_scale=100.0,
+                         eps_list=(1e-4, 1e-5, 1e-6)):
+    """(jac, errors, one_sided): per block the smallest relative error of the analytical
+    Jacobian against central differences over the step sizes, and the largest relative
+    disagreement of the one-sided differences (a mode switch inside the stencil shows there)."""
+    _run(sim, warm, q, v, tau)
+    jac = D.step_jacobian(sim)
+    ref = D.step_jacobian(sim, compiled=False)
+    errors = {k: np.inf for k in BLOCKS}
+    one_sided = {k: 0.0 for k in BLOCKS}
+    for eps in eps_list:
+        c, p, m = fd_step(sim, q, v, tau, eps, tau_scale, warm)
+        for k in BLOCKS:
+            A, B = getattr(jac, k), c[k]
+            scale = max(np.abs(B).max(), 1e-12)
+            assert np.allclose(getattr(ref, k), A, rtol=1e-9, atol=1e-11 * scale), \
+                f"{k}: compiled and reference routes differ"
+            errors[k] = min(errors[k], np.abs(A - B).max() / scale)
+            one_sided[k] = max(one_sided[k], np.abs(p[k] - m[k]).max() / scale)
+    return jac, errors, one_sided
+
+
+def assert_exact(sim, q, v, tau, rtol=1e-6, warm=None, **kw):
+    jac, errors, one_sided = step_jacobian_errors(sim, q, v, tau, warm, **kw)
+    # no mode switch inside the stencil: the one-sided differences agree up to truncation
+    assert max(one_sided.values()) < 1e-2, one_sided
+    bad = {k: f"{e:.2e}" for k, e in errors.items() if not e <= rtol}
+    assert not bad, f"Jacobian blocks off against central differences: {bad} ({sim.last})"
+    return jac
+
+
+def _env_sim(env_id):
+    return gym.make(env_id).unwrapped.sim
+
+
+# -- defect 1: any active joint limit ---------------------------------------------------------
+# step 90 of a seed-0 random DiffCartPole-v0 episode: the cart against the +2.4 m rail stop
+# (relative error 2.7e-1 in dv/dq before the limit impulse entered the ABA derivatives)
+CARTPOLE_AT_STOP = dict(q=[2.3992, 0.7179200217520592],
+                        v=[2.5502128843497003, -4.625449348502274],
+                        tau=[85.48478572491199, 0.0])
+# sub-steps 45 and 148 of a seed-0 random DiffHopper-v0 episode: the leg joint at its limit with
+# the foot sticking; thigh and leg limits within reach, the leg's loaded, the foot lifting off
+HOPPER_LEG_AT_LIMIT = dict(
+    q=[-0.007382618783873304, 1.2181707042311831, -0.05073320533301211, -0.0508838757773322,
+       -0.0007999999999999999, -0.03010777679727564],
+    v=[-0.1967675536659952, -0.3449040620248565, 0.31971806662926083, 0.2755902460503925,
+       0.44373606697829693, 0.7713070455720814],
+    tau=[0.0, 0.0, 0.0, 88.59533607763268, 10.141728990290355, -75.90324977641774])
+HOPPER_TWO_LIMITS = dict(
+    q=[-0.04885814508147555, 1.2374754278921278, -0.03304773013212444, -0.0013172867035055984,
+       -0.0007712256943944798, 0.18610395839815802],
+    v=[0.16714220236853364, 0.34495681614252965, 1.5897668950351114, 1.4534219064999947,
+       0.09640321179930988, 2.6944735741221417],
+    tau=[0.0, 0.0, 0.0, -188.65385395459157, 87.68790913069613, -193.6033081905712])
+
+
+def _state(d):
+    return tuple(np.array(d[k], dtype=float) for k in ("q", "v", "tau"))
+
+
+def test_cartpole_at_rail_stop():
+    sim = _env_sim("DiffCartPole-v0")
+    q, v, tau = _state(CARTPOLE_AT_STOP)
+    assert_exact(sim, q, v, tau)
+    assert sim.last.limit_joints == ["slider"] and sim.last.limit_active.all()
+    assert sim.last.limit_impulses[0] > 0.1            # the stop carries the cart
+
+
+@pytest.mark.parametrize("state", ["leg_at_limit", "two_limits"])
+def test_hopper_joint_at_limit(state):
+    sim = _env_sim("DiffHopper-v0")
+    q, v, tau = _state(HOPPER_LEG_AT_LIMIT if state == "leg_at_limit" else HOPPER_TWO_LIMITS)
+    assert_exact(sim, q, v, tau)
+    assert sim.last.limit_active.any() and sim.last.limit_impulses.max() > 1e-3
+
+
+def test_limit_impulse_enters_the_aba_derivatives(monkeypatch):
+    """The Jacobian at the cart-pole stop is wrong without the limit impulse in the joint
+    torques of the ABA derivatives (the test above cannot pass by accident)."""
+    sim = _env_sim("DiffCartPole-v0")
+    q, v, tau = _state(CARTPOLE_AT_STOP)
+    sim.reset_warmstart()
+    sim.step(q, v, tau)
+    good = D.step_jacobian(sim)
+    monkeypatch.setattr(D, "_joint_torques", lambda sim, cons, res: sim.cache["tau_total"])
+    bad = D.step_jacobian(sim)
+    assert np.abs(good.dv_dq - bad.dv_dq).max() > 1e-2 * np.abs(good.dv_dq).max()
+
+
+# -- defect 2: frictionless contact at zero slip ----------------------------------------------
+BALLS = """<mujoco><option timestep="0.01"/><default><geom friction="0 0 0"/></default><worldbody>
+<geom type="plane" size="5 5 .1"/>
+<body name="a" pos="0 0 0.1"><freejoint/><geom type="sphere" size="0.1" mass="0.1"/></body>
+<body name="b" pos="0.3 0 0.1"><freejoint/><geom type="sphere" size="0.1" mass="0.1"/></body>
+</worldbody></mujoco>"""
+
+
+def _balls_touching():
+    """Ball a pushed along x into ball b, which rests on the plane (frictionless everywhere):
+    the first step at which the two touch. A seeded, deterministic construction."""
+    sim = diffgym.Simulator.from_string(BALLS)
+    q, v = sim.q0, np.zeros(sim.nv)
+    for _ in range(30):                                  # settle on the plane
+        q, v = sim.step(q, v, np.zeros(sim.nv))
+    tau = np.zeros(sim.nv)
+    tau[0] = 0.5
+    for _ in range(200):
+        q1, v1 = sim.step(q, v, tau)
+        if ("a_geom1", "b_geom2") in sim.last.contact_geoms:
+            return sim, q, v, tau
+        q, v = q1, v1
+    raise AssertionError("the balls never touched")
+
+
+def test_frictionless_balls_zero_slip_are_sliding():
+    sim, q, v, tau = _balls_touching()
+    sim.reset_warmstart()
+    _, _, jac = sim.step(q, v, tau, jacobian=True)
+    # the resting ball b slides with zero slip on its frictionless plane: not bonded
+    assert sim.last.num_contacts == 3
+    assert sim.last.contact_modes == ["sliding"] * 3, sim.last.contact_modes
+    assert np.abs(sim.last.contact_impulses[:, :2]).max() < 1e-12
+    assert_exact(sim, q, v, tau, tau_scale=1.0)
+    # the push along the plane: both balls move together, dv/dtau = dt / (m_a + m_b) for each;
+    # a bonded (sticking) contact would have made ball b roll (2/7 of its mass in the inertia)
+    assert jac.dv_dtau[0, 0] == pytest.approx(0.01 / 0.2, rel=1e-9)
+    assert jac.dv_dtau[6, 0] == pytest.approx(0.01 / 0.2, rel=1e-9)
+
+
+def test_frictionless_sticking_is_differentiated_as_a_ray(monkeypatch):
+    """Without the relabelling, the same step has the solver's "sticking" label and the
+    bonded derivative, which is wrong (so the test above cannot pass by accident)."""
+    from diffgym import forward
+    sim, q, v, tau = _balls_touching()
+    sim.reset_warmstart()
+    _, _, good = sim.step(q, v, tau, jacobian=True)
+    monkeypatch.setattr(forward, "_label_frictionless", lambda res, mu: (res, None))
+    sim.reset_warmstart()
+    _, _, bad = sim.step(q, v, tau, jacobian=True)
+    assert "sticking" in sim.last.contact_modes
+    assert np.abs(bad.dv_dv - good.dv_dv).max() > 0.1 * np.abs(good.dv_dv).max()
+
+
+# step 10 of a head-on push in DiffPush-v0 (velocity control 0.4 m/s, seed 0): the rod flush
+# against a box face, its two contact points with zero slip on the frictionless face (the
+# solver labelled them "sticking"; errors up to 9.9 relative in dv_dq, 1.6 in dv_dv)
+PUSH_FLUSH = dict(
+    q=[0.27570061141191926, -0.01704864712226692, -2.8841484100105235, -0.09209629409241489,
+       -0.03489867567934513, 0.05, 3.385774327896889e-16, -2.1106575232256828e-17,
+       -0.9917267407192242, 0.12836694178184896],
+    v=[-0.2899472461270455, -0.07633927514705197, -2.935389503022634e-15, -0.28929827398055635,
+       -0.07616840936399857, 5.551115123125783e-17, 3.8782454295460124e-16,
+       -2.3314683517128287e-15, -3.1086244689504383e-15],
+    tau=[-2.902790677820451, -0.7642663940023677, 4.873264584929871e-16, 0.0, 0.0, 0.0, 0.0,
+         0.0, 0.0])
+
+
+def test_push_flush_rod_frictionless_contacts():
+    sim = _env_sim("DiffPush-v0")
+    q, v, tau = _state(PUSH_FLUSH)
+    jac, errors, one_sided = step_jacobian_errors(sim, q, v, tau, tau_scale=1.0)
+    rod_box = [m for m, g in zip(sim.last.contact_modes, sim.last.contact_geoms) if "rod" in g]
+    assert rod_box == ["sliding", "sliding"]
+    for k in ("dq_dv", "dq_dtau", "dv_dv", "dv_dtau"):
+        assert errors[k] < 1e-6, (k, errors[k])
+        assert one_sided[k] < 1e-3
+    # The q columns of the rod's and the box's yaw (2 and 8) sit on a kink: exactly flush, the
+    # two points of coal's contact patch share one depth, which turning either way decreases
+    # (the one-sided differences disagree; a geometric switch, not a derivative defect). Every
+    # other q column is exact.
+    c, p, m = fd_step(sim, q, v, tau, 1e-6, 1.0)
+    _run(sim, None, q, v, tau)
+    jac = D.step_jacobian(sim)
+    for k in ("dq_dq", "dv_dq"):
+        scale = np.abs(c[k]).max()
+        kink = np.abs(p[k] - m[k]).max(axis=0) / scale
+        assert kink[2] > 1e-3 and kink[8] > 1e-3
+        smooth = [i for i in range(sim.nv) if i not in (2, 8)]
+        assert kink[smooth].max() < 1e-3
+        assert np.abs(getattr(jac, k) - c[k])[:, smooth].max() < 1e-6 * scale, k
+
+
+# -- torch.autograd.gradcheck through the torch bridge at an active limit ---------------------
+def _bridge_gradcheck(env_id, q, v, actions, check_limit=True):
+    torch = pytest.importorskip("torch")  # torch is in the dev extra
+    from diffgym.torch_bridge import TorchVecEnv
+    venv = diffgym.make_vec(env_id, num_envs=1, seed=0)
+    tenv = TorchVecEnv(venv, dtype=torch.float64)
+    tenv.reset(seed=0)
+    x = venv.get_state()
+    nq = len(q)
+    x[0, :nq], x[0, nq:nq + len(v)] = q, v
+    venv.set_state(x)
+    snap = venv.snapshot()
+    limits = []
+
+    def rollout(x0, A):
+        venv.restore(snap)
+        venv.set_state(x0.detach().numpy())
+        venv.envs[0].sim.reset_warmstart()
+        tenv.detach()
+        tenv.state = x0
+        out = []
+        for k in range(A.shape[0]):
+            obs, r, term, trunc, _ = tenv.step(A[k])
+            assert not (term.any() or trunc.any())
+            limits.append(bool(np.any(venv.envs[0].sim.last.limit_active)))
+            out += [tenv.state.reshape(-1), r.reshape(-1), obs.reshape(-1)]
+        return torch.cat(out)
+
+    x0 = torch.tensor(x, dtype=torch.float64, requires_grad=True)
+    A = torch.tensor(np.asarray(actions, dtype=float)[:, None, :], requires_grad=True)
+    ok = torch.autograd.gradcheck(rollout, (x0, A), eps=1e-6, atol=1e-6, rtol=1e-5,
+                                  raise_exception=False)
+    if check_limit:
+        assert any(limits), "no active limit along the rollout"
+    return ok
+
+
+def test_gradcheck_cartpole_at_rail_stop():
+    s = CARTPOLE_AT_STOP
+    assert _bridge_gradcheck("DiffCartPole-v0", s["q"], s["v"], [[0.85], [0.6], [0.9]])
+
+
+def test_gradcheck_hopper_at_joint_limit():
+    s = HOPPER_LEG_AT_LIMIT
+    acts = np.random.default_rng(0).uniform(-0.3, 0.3, (3, 3))
+    assert _bridge_gradcheck("DiffHopper-v0", s["q"], s["v"], acts)
+
+
+def test_gradcheck_fails_without_the_limit_torques(monkeypatch):
+    """gradcheck is sharp enough to see defect 1 (it failed at the rail stop before the fix)."""
+    monkeypatch.setattr(D, "_joint_torques", lambda sim, cons, res: sim.cache["tau_total"])
+    s = CARTPOLE_AT_STOP
+    assert not _bridge_gradcheck("DiffCartPole-v0", s["q"], s["v"], [[0.85], [0.6], [0.9]])
