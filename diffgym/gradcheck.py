@@ -58,10 +58,10 @@ import pinocchio as pin
 
 SIM_BLOCKS = ("dq_dq", "dq_dv", "dq_dtau", "dv_dq", "dv_dv", "dv_dtau")
 ENV_BLOCKS = ("state_state", "state_action", "reward_state", "reward_action", "obs_state")
-DEFAULT_EPS = (1e-6, 1e-5, 1e-7)
+DEFAULT_EPS = (1e-6, 1e-5, 1e-7, 1e-4)
 DEFAULT_TOL = 1e-6
 DEFAULT_FLOOR = 1e-3
-RESOLUTION = 1e-9
+RESOLUTION = 1e-11
 JUMP_MIN = 1e-3
 MATCH_FRACTION = 1e-2
 
@@ -122,6 +122,7 @@ class _BlockStats:
     failed: int = 0
     worst_agreeing: float = 0.0       # the largest error among agreeing columns
     worst_unexplained: float = 0.0
+    decades: dict = field(default_factory=dict)   # floor(log10(best error)) -> columns
 
 
 @dataclass
@@ -133,6 +134,7 @@ class GradientReport:
     states: int = 0                   # audited states (environment steps or simulator states)
     substeps: int = 0                 # audited simulator sub-steps inside environment steps
     skipped: int = 0                  # states skipped (the step diverged)
+    visited: int = 0                  # states visited by the rollouts (audited or not)
     blocks: dict = field(default_factory=dict)     # block -> _BlockStats
     findings: list = field(default_factory=list)   # Finding, explained and failed
     models: list = field(default_factory=list)
@@ -181,6 +183,7 @@ class GradientReport:
         self.states += other.states
         self.substeps += other.substeps
         self.skipped += other.skipped
+        self.visited += other.visited
         for k, b in other.blocks.items():
             s = self._stats(k)
             s.checked += b.checked
@@ -189,11 +192,21 @@ class GradientReport:
             s.failed += b.failed
             s.worst_agreeing = max(s.worst_agreeing, b.worst_agreeing)
             s.worst_unexplained = max(s.worst_unexplained, b.worst_unexplained)
+            for d, n in b.decades.items():
+                s.decades[d] = s.decades.get(d, 0) + n
         self.findings.extend(other.findings)
         for m in other.models:
             if m not in self.models:
                 self.models.append(m)
         return self
+
+    def error_histogram(self) -> str:
+        """How many columns had their best central-difference error in each decade."""
+        dec: dict = {}
+        for b in self.blocks.values():
+            for d, n in b.decades.items():
+                dec[d] = dec.get(d, 0) + n
+        return "  ".join(f"1e{d}: {dec[d]}" for d in sorted(dec))
 
     def raise_if_failed(self) -> "GradientReport":
         if not self.ok:
@@ -202,6 +215,7 @@ class GradientReport:
 
     def __str__(self) -> str:
         lines = [f"gradient audit of {', '.join(self.models) or '?'}: {self.states} states"
+                 + (f" of {self.visited} visited" if self.visited else "")
                  + (f" + {self.substeps} sub-steps" if self.substeps else "")
                  + (f" ({self.skipped} skipped: diverged)" if self.skipped else "")
                  + f", tolerance {self.tol:.0e} relative",
@@ -287,6 +301,8 @@ def _audit_problem(report: GradientReport, settings: _Settings, *, model: str, s
                 st.checked += 1
                 best_h = min(errs, key=errs.get)
                 best = errs[best_h]
+                dec = int(np.floor(np.log10(best))) if best > 0 else -16
+                st.decades[max(dec, -16)] = st.decades.get(max(dec, -16), 0) + 1
                 if best <= settings.tol:
                     st.agreeing += 1
                     st.worst_agreeing = max(st.worst_agreeing, best)
@@ -633,6 +649,7 @@ def _check_sim(rep, settings, sim, states, actions, steps, max_states, rng, mode
             priority.append(t)
         prev = sig
         q, v = q1, v1
+    rep.visited += len(visited)
     for i in _select(len(visited), max_states, rng, priority):
         q, v, tau, warm = visited[i]
         _audit_sim_state(rep, settings, sim, q, v, tau, warm, model=model, step=i, substep=None)
@@ -673,6 +690,7 @@ def _check_env(rep, settings, env, states, actions, steps, max_states, seed, rng
         if actions is not None and t + 1 >= len(actions):
             break
     final = env.snapshot()
+    rep.visited += len(visited)
     for i in _select(len(visited), max_states, rng, priority):
         snap, a = visited[i]
         _audit_env_step(rep, settings, env, snap, a, model=model, step=i, substeps=substeps)
