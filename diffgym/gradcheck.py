@@ -61,7 +61,7 @@ ENV_BLOCKS = ("state_state", "state_action", "reward_state", "reward_action", "o
 DEFAULT_EPS = (1e-6, 1e-5, 1e-7, 1e-4)
 DEFAULT_TOL = 1e-6
 DEFAULT_FLOOR = 1e-3
-RESOLUTION = 1e-11
+RESOLUTION = 1e-9
 JUMP_MIN = 1e-3
 MATCH_FRACTION = 1e-2
 
@@ -135,6 +135,7 @@ class GradientReport:
     substeps: int = 0                 # audited simulator sub-steps inside environment steps
     skipped: int = 0                  # states skipped (the step diverged)
     visited: int = 0                  # states visited by the rollouts (audited or not)
+    episodes_ended: int = 0           # environment rollouts run to termination or truncation
     blocks: dict = field(default_factory=dict)     # block -> _BlockStats
     findings: list = field(default_factory=list)   # Finding, explained and failed
     models: list = field(default_factory=list)
@@ -184,6 +185,7 @@ class GradientReport:
         self.substeps += other.substeps
         self.skipped += other.skipped
         self.visited += other.visited
+        self.episodes_ended += other.episodes_ended
         for k, b in other.blocks.items():
             s = self._stats(k)
             s.checked += b.checked
@@ -230,9 +232,9 @@ class GradientReport:
         fails = sorted(self.failures, key=lambda f: -f.error)
         if fails:
             lines.append(f"{len(fails)} unexplained disagreement(s), worst first:")
-            lines += ["  " + str(f) for f in fails[:20]]
-            if len(fails) > 20:
-                lines.append(f"  ... and {len(fails) - 20} more")
+            lines += ["  " + str(f) for f in fails[:10]]
+            if len(fails) > 10:
+                lines.append(f"  ... and {len(fails) - 10} more")
         expl = [f for f in self.findings if f.status == "explained"]
         if expl:
             lines.append(f"{len(expl)} explained by a mode switch inside the stencil, e.g.:")
@@ -363,17 +365,25 @@ def _tangent_names(model) -> list:
 def _sim_signature(sim):
     last = sim.last
     return (tuple(last.contact_geoms), tuple(last.contact_modes),
-            tuple(last.limit_joints), tuple(bool(b) for b in last.limit_active))
+            tuple(last.limit_joints), tuple(bool(b) for b in last.limit_active), bool(last.converged))
 
 
 def describe_modes(sim) -> str:
-    """The contacts (geom pair, mode, gap) and joint limits (active or not) of the last step."""
+    """The contacts (geom pair, mode, gap) and joint limits (active or not) of the last step;
+    contacts found inside the margin that stay open (breaking, zero impulse) are counted."""
     last = sim.last
-    parts = []
+    parts, open_ = [], 0
     for (g1, g2), m, d in zip(last.contact_geoms, last.contact_modes, last.contact_distances):
+        if m == "breaking" and len(last.contact_modes) > 6:
+            open_ += 1
+            continue
         parts.append(f"{g1}/{g2} {m} (gap {d:.1e})")
+    if open_:
+        parts.append(f"{open_} more breaking")
     for jn, act, lam in zip(last.limit_joints, last.limit_active, last.limit_impulses):
         parts.append(f"limit {jn} {'active' if act else 'inactive'} (impulse {lam:.2e})")
+    if not last.converged:
+        parts.append(f"solver NOT converged ({last.method}, residual {last.residual:.1e})")
     return "; ".join(parts) if parts else "no contact, no limit"
 
 
@@ -424,6 +434,7 @@ def record_substeps(sim):
     """
     records: list = []
     step = sim.step
+    own = sim.__dict__.get("step")          # (a step already patched on this instance stays)
 
     def recording_step(q, v, tau, jacobian=False):
         warm = sim.warm_start_state()
@@ -436,7 +447,10 @@ def record_substeps(sim):
     try:
         yield records
     finally:
-        del sim.step           # (the instance attribute shadowed the method)
+        if own is None:
+            del sim.step       # (the instance attribute shadowed the method)
+        else:
+            sim.step = own
 
 
 # -- environments ----------------------------------------------------------------------------------
@@ -514,9 +528,15 @@ def _audit_env_step(report, settings, env, snap, action, *, model, step, substep
 
 
 def describe_modes_from(sig) -> str:
-    geoms, modes, ljoints, lact = sig
-    parts = [f"{g1}/{g2} {m}" for (g1, g2), m in zip(geoms, modes)]
+    geoms, modes, ljoints, lact, converged = sig
+    parts = [f"{g1}/{g2} {m}" for (g1, g2), m in zip(geoms, modes)
+             if not (m == "breaking" and len(modes) > 6)]
+    n_open = sum(1 for m in modes if m == "breaking") if len(modes) > 6 else 0
+    if n_open:
+        parts.append(f"{n_open} more breaking")
     parts += [f"limit {j} {'active' if a else 'inactive'}" for j, a in zip(ljoints, lact)]
+    if not converged:
+        parts.append("solver NOT converged")
     return ", ".join(parts) if parts else "free"
 
 
@@ -556,8 +576,8 @@ def check_step_jacobians(target, *, states=None, actions=None, steps: int | None
                          max_states: int | None = None, seed: int = 0, substeps: bool = True,
                          eps=DEFAULT_EPS, tol: float = DEFAULT_TOL, floor: float = DEFAULT_FLOOR,
                          adaptive: bool = True, raise_on_failure: bool = False,
-                         name: str | None = None, report: GradientReport | None = None
-                         ) -> GradientReport:
+                         name: str | None = None, report: GradientReport | None = None,
+                         start=None) -> GradientReport:
     """Audit the analytical step Jacobians of a simulator or environment against central
     differences at visited (or given) states; see the module documentation for the measure.
 
@@ -581,6 +601,8 @@ def check_step_jacobians(target, *, states=None, actions=None, steps: int | None
     the scale floor relative to the block's largest entry; ``adaptive``: try further step sizes
     only for columns not yet agreeing. ``raise_on_failure``: raise JacobianMismatchError when
     any disagreement is unexplained. ``report``: add to this report instead of a new one.
+    ``start``: where a rollout starts: ``(q, v)`` for a simulator (default ``sim.q0`` at rest),
+    a full state ``x`` for an environment (set after ``reset(seed=seed)``).
     """
     settings = _Settings(eps, tol, floor, adaptive)
     obj, kind = _unwrap(target)
@@ -591,19 +613,19 @@ def check_step_jacobians(target, *, states=None, actions=None, steps: int | None
         model = str(model)
         if model not in rep.models:
             rep.models.append(model)
-        _check_sim(rep, settings, obj, states, actions, steps, max_states, rng, model)
+        _check_sim(rep, settings, obj, states, actions, steps, max_states, rng, model, start)
     else:
         model = name or (obj.spec.id if getattr(obj, "spec", None) is not None else type(obj).__name__)
         if model not in rep.models:
             rep.models.append(model)
         _check_env(rep, settings, obj, states, actions, steps, max_states, seed, rng, model,
-                   substeps)
+                   substeps, start)
     if raise_on_failure:
         rep.raise_if_failed()
     return rep
 
 
-def _check_sim(rep, settings, sim, states, actions, steps, max_states, rng, model):
+def _check_sim(rep, settings, sim, states, actions, steps, max_states, rng, model, start):
     nv = sim.nv
     if states is not None:
         items = []
@@ -633,7 +655,10 @@ def _check_sim(rep, settings, sim, states, actions, steps, max_states, rng, mode
                     for a in sim.actuators]
             if ctrl:
                 taus[t] = sim.actuation(ctrl)
-    q, v = sim.q0, np.zeros(nv)
+    if start is None:
+        q, v = sim.q0, np.zeros(nv)
+    else:
+        q, v = (np.asarray(a, dtype=float).copy() for a in start)
     sim.reset_warmstart()
     visited, priority = [], []
     prev = None
@@ -656,7 +681,8 @@ def _check_sim(rep, settings, sim, states, actions, steps, max_states, rng, mode
         rep.states += 1
 
 
-def _check_env(rep, settings, env, states, actions, steps, max_states, seed, rng, model, substeps):
+def _check_env(rep, settings, env, states, actions, steps, max_states, seed, rng, model, substeps,
+               start):
     arng = np.random.default_rng(seed)
 
     def random_action():
@@ -672,6 +698,8 @@ def _check_env(rep, settings, env, states, actions, steps, max_states, seed, rng
             _audit_env_step(rep, settings, env, snap, a, model=model, step=k, substeps=substeps)
         return
     env.reset(seed=seed)
+    if start is not None:
+        env.set_state(start)
     visited, priority = [], []
     limit = env.episode_steps if steps is None else int(steps)
     prev = None
@@ -689,6 +717,7 @@ def _check_env(rep, settings, env, states, actions, steps, max_states, seed, rng
             break
         if actions is not None and t + 1 >= len(actions):
             break
+    rep.episodes_ended += int(bool(term or trunc))
     final = env.snapshot()
     rep.visited += len(visited)
     for i in _select(len(visited), max_states, rng, priority):
