@@ -564,11 +564,18 @@ def _select(n: int, max_states, rng, priority=()) -> list:
         if take:
             for k in np.unique(np.linspace(0, len(priority) - 1, take).round().astype(int)):
                 chosen.append(priority[int(k)])
-    rest = max_states - len(chosen)
-    if rest > 0:
-        for i in np.unique(np.linspace(0, n - 1, rest).round().astype(int)):
-            if int(i) not in chosen:
-                chosen.append(int(i))
+    for i in np.linspace(0, n - 1, max_states).round().astype(int):
+        if len(chosen) >= max_states:
+            break
+        if int(i) not in chosen:
+            chosen.append(int(i))
+    k = 0
+    while len(chosen) < max_states:          # (collisions with the priority ones: fill evenly)
+        i = int(round(k * (n - 1) / max(1, max_states - 1) + 0.5)) % n
+        k += 1
+        while i in chosen:
+            i = (i + 1) % n
+        chosen.append(i)
     return sorted(chosen)
 
 
