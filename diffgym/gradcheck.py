@@ -17,8 +17,9 @@ audited environment step, the simulator's six blocks at each sub-step of the fra
 
 **The comparison.** Every column of every block (one input coordinate, in tangent coordinates:
 pinocchio's ``q (+) dq`` for configurations) is compared with central differences of the whole
-step at the step sizes ``eps`` (default ``1e-6, 1e-5, 1e-7``; further step sizes are evaluated
-only for columns that do not agree at the first ones, unless ``adaptive=False``). Each
+step at the step sizes ``eps`` (default ``1e-6, 1e-5, 1e-7, 1e-4``: each column is compared at
+1e-6 first and at the others only while it does not agree, unless ``adaptive=False``; 1e-4
+rescues columns whose differences are limited by rounding and solver noise). Each
 perturbed step starts from the same contact warm start as the unperturbed one, so hidden
 solver state cannot make the differences disagree.
 
