@@ -634,6 +634,7 @@ def check_step_jacobians(target, *, states=None, actions=None, steps: int | None
 
 
 def _check_sim(rep, settings, sim, states, actions, steps, max_states, rng, model, start):
+    from diffgym.forward import SimulationError
     nv = sim.nv
     if states is not None:
         items = []
@@ -674,7 +675,7 @@ def _check_sim(rep, settings, sim, states, actions, steps, max_states, rng, mode
         warm = sim.warm_start_state()
         try:
             q1, v1 = sim.step(q, v, taus[t])
-        except Exception:            # a diverged rollout ends here
+        except SimulationError:      # a diverged rollout ends here
             break
         sig = _sim_signature(sim)
         visited.append((q, v, taus[t], warm))
