@@ -290,7 +290,7 @@ def _audit_problem(report: GradientReport, settings: _Settings, *, model: str, s
                 for name, out, A in blist:
                     a = A[:, j]
                     c = (plus[out] - minus[out]) / (2 * h)
-                    err = _col_error(a, c, settings.floor * max(bscale[name], float(np.max(np.abs(c)))),
+                    err = _col_error(a, c, settings.floor * bscale[name],
                                      RESOLUTION * max(1.0, outputs[out]) / h)
                     status.setdefault(name, {})[h] = err
                     if min(status[name].values()) > settings.tol:
