@@ -30,12 +30,17 @@ import coal
 import numpy as np
 import pinocchio as pin
 
+from .collision_derivatives import snap_box_box
 from .frames import tangent_frames
 from .pinviews import gather_placements, placement_view
 from .model import SimModel
 from .collision_kernels import BROAD_SLACK as _BROAD_SLACK, KIND_CODES, detect_closed_form
 from .plane_contacts import ANALYTIC_KINDS, shape_points
 
+
+
+# GJK/EPA tolerance of the narrow phase (coal's default is 1e-6)
+GJK_TOL = 1e-10
 
 
 @dataclass
@@ -295,6 +300,20 @@ class CollisionDriver:
                 n_plane = M.rotation[:, 2].copy()
                 self._plane_frame[pl] = (n_plane, float(n_plane @ M.translation))
 
+        # box-box pairs (no swept radius): normal and distance snapped to the separating axis
+        self._box_box = {}
+        for k in range(len(p)):
+            a, b = (gm.geometryObjects[int(g)].geometry for g in p[k])
+            if isinstance(a, coal.Box) and isinstance(b, coal.Box) and not any(
+                    sh.getSweptSphereRadius() if hasattr(sh, "getSweptSphereRadius") else 0.0 for sh in (a, b)):
+                self._box_box[k] = (int(p[k, 0]), int(p[k, 1]), np.asarray(a.halfSide, float).copy(),
+                                    np.asarray(b.halfSide, float).copy())
+
+    def _snap(self, k, gdata, n, d):
+        ga, gb, ha, hb = self._box_box[k]
+        Ma, Mb = gdata.oMg[ga], gdata.oMg[gb]
+        return snap_box_box(Ma.rotation, Ma.translation, ha, Mb.rotation, Mb.translation, hb, n, d)
+
     # -- per-step kinematics ---------------------------------------------------------------
     def _placements(self, data: pin.Data) -> np.ndarray:
         """Joint placements (njoints, 12) of data: a view of its memory (pinviews), made once
@@ -407,7 +426,14 @@ class CollisionDriver:
             if analytic[k]:
                 self._plane_pair(k, gdata, mk, rows_pair, rows_pt, rows_pos, rows_n, rows_d)
                 continue
-            reqs[k].security_margin = mk
+            req = reqs[k]
+            req.security_margin = mk
+            if req.gjk_tolerance != GJK_TOL:
+                # coal's default GJK tolerance (1e-6) reports every gap below it as a distance
+                # of exactly 0: resting contacts settle inside that flat band, where the
+                # distance stops following the poses. A tight tolerance keeps it exact.
+                req.gjk_tolerance = GJK_TOL
+                req.epa_tolerance = GJK_TOL
             if not pin.computeCollision(gm, gdata, k):
                 continue
             pin.computeContactPatch(gm, gdata, k)
@@ -424,16 +450,30 @@ class CollisionDriver:
             m = patch.size()
             if m == 1:
                 p1, p2 = patch.getPointShape1(0), patch.getPointShape2(0)
+                if k in self._box_box:
+                    snap = self._snap(k, gdata, n, float(n @ (p2 - p1)))
+                    if snap is not None:  # the exact separating axis; the same witness midpoint
+                        mid = 0.5 * (p1 + p2)
+                        n, d = snap[0], snap[1]
+                        p1, p2 = mid - 0.5 * d * n, mid + 0.5 * d * n
                 rows_pair.append(k); rows_pt.append(0)
                 rows_pos.append(0.5 * (p1 + p2)); rows_n.append(n); rows_d.append(float(n @ (p2 - p1)))
                 continue
             P1 = np.array([patch.getPointShape1(i) for i in range(m)])
             P2 = np.array([patch.getPointShape2(i) for i in range(m)])
-            keep = _reduce_patch(0.5 * (P1 + P2), self.max_points)
+            mid = 0.5 * (P1 + P2)
+            dist = n @ (P2 - P1).T
+            if k in self._box_box:
+                snap = self._snap(k, gdata, n, float(dist[0]))
+                if snap is not None:      # the exact separating axis: points onto its plane
+                    n, d, c = snap
+                    mid = mid - np.outer(mid @ n - c, n)
+                    dist = np.full(m, d)
+            keep = _reduce_patch(mid, self.max_points)
             for j, i in enumerate(keep):
                 rows_pair.append(k); rows_pt.append(j)
-                rows_pos.append(0.5 * (P1[i] + P2[i])); rows_n.append(n)
-                rows_d.append(float(n @ (P2[i] - P1[i])))
+                rows_pos.append(mid[i]); rows_n.append(n)
+                rows_d.append(float(dist[i]))
         if rows_pair:
             pair = np.array(rows_pair, dtype=np.int64)
             blocks.append((pair, np.array(rows_pt, dtype=np.int64), np.array(rows_pos).reshape(-1, 3),

@@ -46,6 +46,7 @@ import numpy as np
 import pinocchio as pin
 
 from . import derivative_kernels as K
+from .collision_derivatives import POLYTOPE_KINDS, polytope_pair
 from .constraint import baumgarte_gain
 from .pinviews import addr as _addr, gather_placements, placement_view, raw_rows as _raw_rows
 from .solver import BREAKING, STICKING
@@ -250,6 +251,8 @@ def closed_form_pair(kind1: str, static1: bool, kind2: str, static2: bool) -> bo
         return True
     if kind2 == "plane" and static2 and kind1 in PLANE_CLOSED_FORM:
         return True
+    if kind1 in POLYTOPE_KINDS and kind2 in POLYTOPE_KINDS:
+        return True                       # collision_derivatives.polytope_pair
     return (kind1 == "sphere" and kind2 == "sphere") or {kind1, kind2} == {"sphere", "box"}
 
 
@@ -317,11 +320,14 @@ def geometry_derivatives(sim, kin: _Kin, cons) -> tuple[np.ndarray, np.ndarray, 
     dn = np.zeros((nc, 3, nv))
     dd = np.zeros((nc, nv))
     plane, fallback = [], []
+    polytope: dict = {}
     for k, (g1, g2) in enumerate(zip(c.geom1.tolist(), c.geom2.tolist())):
         k1, k2 = geoms[g1].kind, geoms[g2].kind
         j1, j2 = int(gjoint[g1]), int(gjoint[g2])
         if not closed_form_pair(k1, j1 == 0, k2, j2 == 0):
             fallback.append(k)
+        elif k1 in POLYTOPE_KINDS and k2 in POLYTOPE_KINDS:
+            polytope.setdefault(int(c.pair[k]), (j1, j2, []))[2].append(k)
         elif {k1, k2} == {"sphere", "box"}:
             if _swept(sim, g1) or _swept(sim, g2):       # (coal's rounded box: no closed form)
                 fallback.append(k)
@@ -341,11 +347,33 @@ def geometry_derivatives(sim, kin: _Kin, cons) -> tuple[np.ndarray, np.ndarray, 
             dp[k] = 0.5 * (dc1 + dc2) + 0.5 * (r1 - r2) * dn[k]
         else:
             plane.append(k)
+    for j1, j2, rows in polytope.values():
+        fallback += polytope_pair(sim, kin, c, rows, j1, j2, dp, dn, dd)
     if plane:
         _plane_contacts(sim, kin, cons, np.array(plane), dp, dn, dd)
     if fallback:
+        _note_fallback(sim, c, fallback)
         _collision_fd(sim, cons, fallback, dp, dn, dd)
     return dp, dn, dd
+
+
+# contact rows whose geometry derivatives took the finite-difference fallback, per pair of geom
+# kinds, since the process started (``fallback_counts``); the first of each kind pair warns
+fallback_counts: dict = {}
+
+
+def _note_fallback(sim, c, rows) -> None:
+    import warnings
+    geoms = sim.sm.geoms
+    for k in rows:
+        key = tuple(sorted((geoms[int(c.geom1[k])].kind, geoms[int(c.geom2[k])].kind)))
+        if key not in fallback_counts:
+            fallback_counts[key] = 0
+            warnings.warn(f"contact geometry derivatives of a {key[0]}-{key[1]} pair "
+                          f"({geoms[int(c.geom1[k])].name}, {geoms[int(c.geom2[k])].name}) "
+                          "use a finite difference of the collision output (no closed form for "
+                          "this pair or configuration)", RuntimeWarning, stacklevel=3)
+        fallback_counts[key] += 1
 
 
 def _collision_fd(sim, cons, idx, dp, dn, dd) -> None:

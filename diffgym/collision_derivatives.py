@@ -1,0 +1,344 @@
+"""Closed-form derivatives of contact geometry between polytopes (boxes and convex meshes).
+
+What is differentiated is what coal returns (``collision_driver.detect`` keeps it as is): for a
+pair of convex polytopes A (geom 1) and B (geom 2) one normal ``n`` (from A to B) and one signed
+distance ``d`` shared by every point of the pair, and either a single point, the midpoint of the
+two witness points of GJK/EPA, or the vertices of a contact patch (coal's
+``ContactPatchSolver``: the support sets of A along ``n`` and of B along ``-n``, taken with the
+patch tolerance, projected on the plane through the witness midpoint normal to ``n``, and
+clipped against each other, Sutherland-Hodgman).
+
+Each of these is a smooth function of the two poses determined by a few features, which are
+identified at the current pose:
+
+* ``n`` and ``d``: ``d = max_{|m|=1} (min_B y.m - max_A x.m)`` for separated and penetrating
+  polytopes alike (separating axis), ``n`` its maximizer. By the envelope theorem
+  ``dd = n . (dy - dx)`` for any support points x of A and y of B moving with their bodies. The
+  maximizer is the normal of the Minkowski-difference feature closest to the origin: a face of A
+  (``dn = w_A x n``), a face of B (``dn = w_B x n``), two edges (``n ~ u_A x u_B``), or, separated
+  only, a vertex against an edge or a vertex (``n`` along the witness difference ``z = d n``,
+  projected off the edge: ``dn = -u (n . du) + (I - u u^T - n n^T) dz / d``). The features are
+  the exact support sets of A along n and of B along -n (vertices within ``SUPPORT_TOL`` times
+  the size of the pair), classified by their affine rank.
+* a single point: the witness midpoint, ``v +- (d/2) n`` with v a vertex of A or B, or the
+  midpoint of the closest points of two edge lines (implicit differentiation of the two
+  orthogonality conditions).
+* patch points: the patch plane is at height ``c = (max_A x.n + min_B y.n) / 2`` along n; a
+  point is the projection ``X - (X.n - c) n`` of a vertex X of either support set, or of the
+  point of an edge of A whose projection crosses the projection of an edge of B (implicit
+  differentiation of the crossing: ``T (X_A + s u_A - X_B - t u_B) = 0``, ``T = I - n n^T``).
+  Each point coal returned is matched to the nearest candidate.
+
+Everything is a 3 x nv (or nv) array of derivatives with respect to the tangent of q, chained
+with the body Jacobians (``derivatives._Kin``). Where a configuration is degenerate in a way
+these features do not cover (parallel edges, a rank the tolerances cannot decide, a point that
+matches no candidate) ``polytope_pair`` returns the rows it could not do and the caller uses the
+finite-difference fallback for them, which it counts and reports.
+"""
+from __future__ import annotations
+
+import coal
+import numpy as np
+
+# exact support sets: vertices within this fraction of the pair's size of the support plane
+SUPPORT_TOL = 1e-8
+# a contact point matches a patch candidate within this fraction of the pair's size
+MATCH_TOL = 1e-7
+# coal's default contact patch tolerance (ContactPatchRequest), the thickness of a support set
+PATCH_TOL = 1e-3
+
+POLYTOPE_KINDS = ("box", "mesh")
+
+_BOX_SIGNS = np.array([[sx, sy, sz] for sx in (-1.0, 1.0) for sy in (-1.0, 1.0) for sz in (-1.0, 1.0)])
+
+
+def snap_box_box(RA, tA, hA, RB, tB, hB, n, d, tol=1e-7):
+    """The exact normal and signed distance of two boxes (rotations R, centres t, half sizes h)
+    by the separating-axis test, where it agrees with coal's (n, d): (n, d, c) with c the height
+    along n of the plane midway between the support planes, or None (separated boxes whose
+    closest features are a vertex against a vertex or an edge, where coal's answer stands).
+
+    Near contact coal's GJK/EPA normal is the direction of a witness difference of length |d|,
+    so its error grows like 1e-16 / |d| (1e-4 rad at 1e-12 m, where resting contacts settle);
+    the separating axis is a face normal or an edge cross product, exact to rounding."""
+    axes = [RA[:, i] for i in range(3)] + [RB[:, i] for i in range(3)]
+    for i in range(3):
+        for j in range(3):
+            cr = np.cross(RA[:, i], RB[:, j])
+            nc = np.linalg.norm(cr)
+            if nc > 1e-6:
+                axes.append(cr / nc)
+    M = np.array(axes)
+    M = M * np.where(M @ n >= 0.0, 1.0, -1.0)[:, None]        # oriented along coal's normal
+    a = M @ RA
+    b = M @ RB
+    topA = M @ tA + np.abs(a) @ hA
+    botB = M @ tB - np.abs(b) @ hB
+    f = botB - topA
+    i = int(np.argmax(f))
+    if abs(f[i] - d) > tol * (1.0 + abs(d)) or float(M[i] @ n) < 1.0 - 1e-6:
+        return None
+    return M[i], float(f[i]), 0.5 * float(topA[i] + botB[i])
+
+
+def _skew(x: np.ndarray) -> np.ndarray:
+    return np.array([[0.0, -x[2], x[1]], [x[2], 0.0, -x[0]], [-x[1], x[0], 0.0]])
+
+
+def local_vertices(sim, g: int) -> np.ndarray | None:
+    """Vertices (k, 3) of polytope geom g in its own frame (box corners, the points of a convex
+    mesh), cached on the simulator; None where g is not a polytope without a swept radius."""
+    cache = sim.__dict__.setdefault("_polytope_vertices", {})
+    if g in cache:
+        return cache[g]
+    shape = sim.geom_model.geometryObjects[g].geometry
+    sw = shape.getSweptSphereRadius() if hasattr(shape, "getSweptSphereRadius") else 0.0
+    out = None
+    if sw == 0.0:
+        if isinstance(shape, coal.Box):
+            out = _BOX_SIGNS * np.asarray(shape.halfSide, float)
+        elif isinstance(shape, coal.ConvexBase):
+            out = np.asarray(shape.points(), dtype=float).reshape(-1, 3).copy()
+    cache[g] = out
+    return out
+
+
+def _patch_tol(sim, pair: int) -> float:
+    try:
+        return float(sim.geom_data.contactPatchRequests[pair].getPatchTolerance())
+    except Exception:       # noqa: BLE001 - an older binding: coal's default
+        return PATCH_TOL
+
+
+def _affine(P: np.ndarray, tol: float):
+    """Affine rank (0, 1, 2 or 3) of the points P (k, 3) and an orthonormal basis (r, 3) of
+    their directions."""
+    if len(P) < 2:
+        return 0, np.zeros((0, 3))
+    D = P[1:] - P[0]
+    _, s, Vt = np.linalg.svd(D, full_matrices=False)
+    r = int(np.sum(s > tol))
+    return r, Vt[:r]
+
+
+def _hull2(P2: np.ndarray) -> np.ndarray:
+    """Indices of the 2-D convex hull of P2 (k, 2), counter-clockwise (monotone chain); two
+    indices for collinear points."""
+    k = len(P2)
+    if k <= 2:
+        return np.arange(k)
+    order = sorted(range(k), key=lambda i: (P2[i, 0], P2[i, 1]))
+
+    def cross(o, a, b):
+        return (P2[a, 0] - P2[o, 0]) * (P2[b, 1] - P2[o, 1]) - (P2[a, 1] - P2[o, 1]) * (P2[b, 0] - P2[o, 0])
+
+    lower: list = []
+    for i in order:
+        while len(lower) >= 2 and cross(lower[-2], lower[-1], i) <= 0:
+            lower.pop()
+        lower.append(i)
+    upper: list = []
+    for i in reversed(order):
+        while len(upper) >= 2 and cross(upper[-2], upper[-1], i) <= 0:
+            upper.pop()
+        upper.append(i)
+    hull = lower[:-1] + upper[:-1]
+    return np.array(hull if len(hull) >= 2 else [order[0], order[-1]])
+
+
+def _area(P: np.ndarray, n: np.ndarray) -> float:
+    """Area of the convex polygon spanned by P (k, 3) seen along n."""
+    if len(P) < 3:
+        return 0.0
+    e1 = np.cross(n, [1.0, 0.0, 0.0] if abs(n[0]) < 0.9 else [0.0, 1.0, 0.0])
+    e1 /= np.linalg.norm(e1)
+    e2 = np.cross(n, e1)
+    P2 = np.stack([P @ e1, P @ e2], axis=1)
+    h = P2[_hull2(P2)]
+    x, y = h[:, 0], h[:, 1]
+    return 0.5 * abs(float(np.dot(x, np.roll(y, -1)) - np.dot(y, np.roll(x, -1))))
+
+
+def _line_points(a0, uA, b0, uB):
+    """Closest points of the lines a0 + s uA and b0 + t uB (not parallel)."""
+    w0 = a0 - b0
+    a, b, c = uA @ uA, uA @ uB, uB @ uB
+    d, e = uA @ w0, uB @ w0
+    den = a * c - b * b
+    s = (b * e - c * d) / den
+    t = (a * e - b * d) / den
+    return a0 + s * uA, b0 + t * uB
+
+
+class _Body:
+    """A geom's body: rigid point Jacobians and the angular Jacobian (3, nv), zero for the
+    world."""
+
+    def __init__(self, kin, j: int):
+        self.kin, self.j = kin, int(j)
+        self.Jw = kin.J[self.j][3:] if self.j else np.zeros((3, kin.nv))
+
+    def point(self, p: np.ndarray) -> np.ndarray:
+        return self.kin.point_jacobian(self.j, p)
+
+    def turn(self, u: np.ndarray) -> np.ndarray:
+        """d u of a body-fixed direction: w x u."""
+        return -_skew(u) @ self.Jw
+
+
+def polytope_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list:
+    """Closed-form dp, dn, dd for the contact rows (all of one pair of polytope geoms, in
+    ``c = cons.contacts``); returns the rows it could not do (for the fallback)."""
+    k0 = rows[0]
+    g1, g2 = int(c.geom1[k0]), int(c.geom2[k0])
+    VA, VB = local_vertices(sim, g1), local_vertices(sim, g2)
+    if VA is None or VB is None:
+        return list(rows)
+    MA, MB = sim.geom_data.oMg[g1], sim.geom_data.oMg[g2]
+    X = VA @ MA.rotation.T + MA.translation
+    Y = VB @ MB.rotation.T + MB.translation
+    n = np.asarray(c.normal[k0], float)
+    d = float(c.dist[k0])
+    A, B = _Body(kin, j1), _Body(kin, j2)
+    L = max(float(np.ptp(X, axis=0).max()), float(np.ptp(Y, axis=0).max()), 1e-9)
+    hA, hB = X @ n, Y @ n
+    HA, HB = float(hA.max()), float(hB.min())
+    tol = SUPPORT_TOL * L
+    SA, SB = np.flatnonzero(HA - hA < tol), np.flatnonzero(hB - HB < tol)
+    rA, UA = _affine(X[SA], 1e-7 * L)
+    rB, UB = _affine(Y[SB], 1e-7 * L)
+    xs, ys = X[SA[0]], Y[SB[0]]
+    dxs, dys = A.point(xs), B.point(ys)
+    nn = np.outer(n, n)
+    # -- the normal ---------------------------------------------------------------------------
+    # witness points xw on A, yw on B (yw - xw = d n), for dd = n . (dyw - dxw)
+    if rA == 2 and (rB < 2 or _area(X[SA], n) >= _area(Y[SB], n)):
+        Dn = A.turn(n)                                          # a face of A
+        yw = Y[SB].mean(axis=0)
+        xw = yw - d * n
+    elif rB == 2:
+        Dn = B.turn(n)                                          # a face of B
+        xw = X[SA].mean(axis=0)
+        yw = xw + d * n
+    elif rA == 1 and rB == 1 and np.linalg.norm(np.cross(UA[0], UB[0])) > 1e-6:
+        uA, uB = UA[0], UB[0]                                   # two edges
+        xw, yw = _line_points(xs, uA, ys, uB)
+        cr = np.cross(uA, uB)
+        ncr = np.linalg.norm(cr)
+        s = 1.0 if cr @ n >= 0.0 else -1.0
+        dcr = -_skew(uB) @ A.turn(uA) + _skew(uA) @ B.turn(uB)
+        Dn = s * (np.eye(3) - nn) @ dcr / ncr
+    elif d > tol and rA + rB <= 1:                               # separated: vertex-edge/vertex
+        if rA == 0:
+            xw = xs
+            if rB == 1:
+                u = UB[0]
+                yw = ys + u * float(u @ (xw - ys))              # foot of the vertex on the edge
+                du = B.turn(u)
+            else:
+                yw = ys
+        else:
+            yw = ys
+            u = UA[0]
+            xw = xs + u * float(u @ (yw - xs))
+            du = A.turn(u)
+        dz = B.point(yw) - A.point(xw)
+        if rA + rB == 0:
+            Dn = (np.eye(3) - nn) @ dz / d
+        else:
+            Dn = -np.outer(u, n @ du) + (np.eye(3) - np.outer(u, u) - nn) @ dz / d
+    else:
+        return list(rows)
+    dxw, dyw = A.point(xw), B.point(yw)
+    Dd = n @ (dyw - dxw)
+    # -- the points ---------------------------------------------------------------------------
+    if len(rows) == 1:                                          # the witness midpoint
+        k = rows[0]
+        if rA == 0:
+            m = xs + 0.5 * d * n
+            Dm = dxs + 0.5 * (np.outer(n, Dd) + d * Dn)
+        elif rB == 0:
+            m = ys - 0.5 * d * n
+            Dm = dys - 0.5 * (np.outer(n, Dd) + d * Dn)
+        elif rA == 1 and rB == 1 and np.linalg.norm(np.cross(UA[0], UB[0])) > 1e-6:
+            uA, uB = UA[0], UB[0]
+            a, b, cc = uA @ uA, uA @ uB, uB @ uB
+            dxr, dyr = A.point(xw), B.point(yw)
+            r = yw - xw
+            duA, duB = A.turn(uA), B.turn(uB)
+            M = np.array([[-a, b], [-b, cc]])
+            rhs = -np.vstack([uA @ (dyr - dxr) + r @ duA, uB @ (dyr - dxr) + r @ duB])
+            st = np.linalg.solve(M, rhs)
+            m = 0.5 * (xw + yw)
+            Dm = 0.5 * (dxr + np.outer(uA, st[0]) + dyr + np.outer(uB, st[1]))
+        else:
+            return list(rows)
+        if np.linalg.norm(m - c.pos[k]) > MATCH_TOL * L:
+            return list(rows)
+        dp[k], dn[k], dd[k] = Dm, Dn, Dd
+        return []
+    # a patch: candidates from the support sets taken with coal's patch tolerance
+    ptol = _patch_tol(sim, int(c.pair[k0]))
+    PA, PB = np.flatnonzero(HA - hA < ptol), np.flatnonzero(hB - HB < ptol)
+    c0 = 0.5 * (HA + HB)
+    Dc = 0.5 * (n @ (dxw + dyw) + (xw + yw) @ Dn)
+    T = np.eye(3) - nn
+    e1 = np.cross(n, [1.0, 0.0, 0.0] if abs(n[0]) < 0.9 else [0.0, 1.0, 0.0])
+    e1 /= np.linalg.norm(e1)
+    e2 = np.cross(n, e1)
+    XA, YB = X[PA], Y[PB]
+    A2 = np.stack([XA @ e1, XA @ e2], axis=1)
+    B2 = np.stack([YB @ e1, YB @ e2], axis=1)
+    hullA, hullB = PA[_hull2(A2)], PB[_hull2(B2)]
+    if len(hullA) == 2 and len(hullB) == 2:
+        return list(rows)         # segment against segment (coal's parallel-edge case)
+
+    def proj(P):
+        return P - np.outer(P @ n - c0, n) if P.ndim == 2 else P - (P @ n - c0) * n
+
+    cands = [proj(X[i]) for i in hullA] + [proj(Y[i]) for i in hullB]
+    kinds = [("A", int(i)) for i in hullA] + [("B", int(i)) for i in hullB]
+    eA = [(hullA[i], hullA[(i + 1) % len(hullA)]) for i in range(len(hullA) if len(hullA) > 2 else 1)]
+    eB = [(hullB[i], hullB[(i + 1) % len(hullB)]) for i in range(len(hullB) if len(hullB) > 2 else 1)]
+    for ia, ja in eA:
+        a0, uA = X[ia], X[ja] - X[ia]
+        a2, ua2 = np.array([a0 @ e1, a0 @ e2]), np.array([uA @ e1, uA @ e2])
+        for ib, jb in eB:
+            b0, uB = Y[ib], Y[jb] - Y[ib]
+            b2, ub2 = np.array([b0 @ e1, b0 @ e2]), np.array([uB @ e1, uB @ e2])
+            den = ua2[0] * (-ub2[1]) - ua2[1] * (-ub2[0])
+            if abs(den) < 1e-12 * L * L:
+                continue
+            rhs = b2 - a2
+            s = (rhs[0] * (-ub2[1]) - rhs[1] * (-ub2[0])) / den
+            t = (ua2[0] * rhs[1] - ua2[1] * rhs[0]) / den
+            if -1e-9 <= s <= 1.0 + 1e-9 and -1e-9 <= t <= 1.0 + 1e-9:
+                cands.append(proj(a0 + s * uA))
+                kinds.append(("AB", (a0 + s * uA, uA, b0 + t * uB, uB)))
+    cands = np.array(cands)
+    undone = []
+    for k in rows:
+        dist = np.linalg.norm(cands - c.pos[k], axis=1)
+        best = float(dist.min())
+        if best > MATCH_TOL * L:
+            undone.append(k)
+            continue
+        i = int(np.flatnonzero(dist <= best + SUPPORT_TOL * L)[0])    # ties: A, then B, then crossings
+        kind, data = kinds[i]
+        if kind == "A":
+            Xp = X[data]
+            DX = A.point(Xp)
+        elif kind == "B":
+            Xp = Y[data]
+            DX = B.point(Xp)
+        else:
+            Xa, uA, Xb, uB = data
+            DXa, DXb = A.point(Xa), B.point(Xb)
+            kk = float(n @ (Xa - Xb))
+            Mst = np.stack([T @ uA, -(T @ uB)], axis=1)
+            st = np.linalg.lstsq(Mst, -(T @ (DXa - DXb) - kk * Dn), rcond=None)[0]
+            Xp = Xa
+            DX = DXa + np.outer(uA, st[0])
+        dp[k] = DX - np.outer(n, n @ DX + Xp @ Dn - Dc) - (Xp @ n - c0) * Dn
+        dn[k], dd[k] = Dn, Dd
+    return undone
