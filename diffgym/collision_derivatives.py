@@ -81,6 +81,45 @@ def snap_box_box(RA, tA, hA, RB, tB, hB, n, d, tol=1e-7):
     return M[i], float(f[i]), 0.5 * float(topA[i] + botB[i])
 
 
+def patch_feature(P: np.ndarray, L: float):
+    """The support feature spanned by the points P (k, 3) of a support set: (origin, basis
+    (r, 3)) of a vertex (r = 0), an edge line (r = 1) or a face plane (r = 2)."""
+    r, U = _affine(P, 1e-7 * L)
+    return P[0], U[:2]
+
+
+def surface_offset(origin: np.ndarray, U: np.ndarray, p: np.ndarray, n: np.ndarray):
+    """The offset s along n from the patch point p to a support feature (origin, basis U):
+    the feature point y = p + s n (least squares: exact for a face, a crossing edge, or a
+    vertex above p). Returns s and y."""
+    M = np.column_stack([*U, -n]) if len(U) else -n[:, None]
+    x = np.linalg.lstsq(M, p - origin, rcond=None)[0]
+    s = float(x[-1])
+    return s, p + s * n
+
+
+def patch_distances(XA: np.ndarray, YB: np.ndarray, n: np.ndarray, P: np.ndarray, L: float):
+    """Per-point distances and contact points of a patch: for each patch point p (rows of P,
+    on the plane midway between the support planes), the offsets sA, sB along n to the
+    support features of A (points XA) and B (points YB); the distance is sB - sA and the
+    contact point their midpoint p + n (sA + sB) / 2. A face on a face tilted by less than the
+    patch tolerance gets the penetration of each corner, not the deepest one for all, so the
+    distances of a box lying flat are smooth in its pose."""
+    fa, fb = patch_feature(XA, L), patch_feature(YB, L)
+    d = np.empty(len(P))
+    pos = np.empty_like(P)
+    for i, p in enumerate(P):
+        sa = surface_offset(*fa, p, n)[0]
+        sb = surface_offset(*fb, p, n)[0]
+        d[i] = sb - sa
+        pos[i] = p + 0.5 * (sa + sb) * n
+    return d, pos
+
+
+def box_corners(R: np.ndarray, t: np.ndarray, h: np.ndarray) -> np.ndarray:
+    return (_BOX_SIGNS * h) @ R.T + t
+
+
 def _skew(x: np.ndarray) -> np.ndarray:
     return np.array([[0.0, -x[2], x[1]], [x[2], 0.0, -x[0]], [-x[1], x[0], 0.0]])
 
@@ -199,6 +238,15 @@ def polytope_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list
     Y = VB @ MB.rotation.T + MB.translation
     n = np.asarray(c.normal[k0], float)
     d = float(c.dist[k0])
+    d_coal = None
+    if len(rows) > 1 and isinstance(sim.geom_model.geometryObjects[g1].geometry, coal.Box) \
+            and isinstance(sim.geom_model.geometryObjects[g2].geometry, coal.Box):
+        # a box-box patch: its rows carry per-point distances; the pair's separating distance
+        # is the separating-axis value along n
+        Ra, Rb = MA.rotation, MB.rotation
+        ha, hb = VA[-1], VB[-1]
+        d = float(MB.translation @ n - np.abs(n @ Rb) @ hb - MA.translation @ n - np.abs(n @ Ra) @ ha)
+        d_coal = d
     A, B = _Body(kin, j1), _Body(kin, j2)
     L = max(float(np.ptp(X, axis=0).max()), float(np.ptp(Y, axis=0).max()), 1e-9)
     hA, hB = X @ n, Y @ n
@@ -316,9 +364,16 @@ def polytope_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list
                 cands.append(proj(a0 + s * uA))
                 kinds.append(("AB", (a0 + s * uA, uA, b0 + t * uB, uB)))
     cands = np.array(cands)
+    # box-box patches have per-point distances (collision_driver: patch_distances)
+    per_point = (isinstance(sim.geom_model.geometryObjects[g1].geometry, coal.Box)
+                 and isinstance(sim.geom_model.geometryObjects[g2].geometry, coal.Box)
+                 and snap_box_box(MA.rotation, MA.translation, VA[-1], MB.rotation, MB.translation,
+                                  VB[-1], n, d_coal) is not None) if d_coal is not None else False
+    if per_point:
+        fa, fb = patch_feature(XA, L), patch_feature(YB, L)
     undone = []
     for k in rows:
-        dist = np.linalg.norm(cands - c.pos[k], axis=1)
+        dist = np.linalg.norm((cands - c.pos[k]) @ T, axis=1)      # (tangential: see below)
         best = float(dist.min())
         if best > MATCH_TOL * L:
             undone.append(k)
@@ -339,6 +394,21 @@ def polytope_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list
             st = np.linalg.lstsq(Mst, -(T @ (DXa - DXb) - kk * Dn), rcond=None)[0]
             Xp = Xa
             DX = DXa + np.outer(uA, st[0])
-        dp[k] = DX - np.outer(n, n @ DX + Xp @ Dn - Dc) - (Xp @ n - c0) * Dn
-        dn[k], dd[k] = Dn, Dd
+        Dp = DX - np.outer(n, n @ DX + Xp @ Dn - Dc) - (Xp @ n - c0) * Dn
+        dn[k] = Dn
+        if not per_point:
+            dp[k], dd[k] = Dp, Dd
+            continue
+        # offsets to the support features: y = p + s n on each, y = origin + U a moving with
+        # its body, so  d(y) + U da = dp + ds n + s dn
+        p = cands[i]
+        ds = []
+        for (origin, U), body in ((fa, A), (fb, B)):
+            sv, y = surface_offset(origin, U, p, n)
+            M = np.column_stack([*U, -n]) if len(U) else -n[:, None]
+            x = np.linalg.lstsq(M, Dp + sv * Dn - body.point(y), rcond=None)[0]
+            ds.append((sv, x[-1]))
+        (sa, dsa), (sb, dsb) = ds
+        dd[k] = dsb - dsa
+        dp[k] = Dp + 0.5 * (np.outer(n, dsa + dsb) + (sa + sb) * Dn)
     return undone

@@ -30,7 +30,7 @@ import coal
 import numpy as np
 import pinocchio as pin
 
-from .collision_derivatives import snap_box_box
+from .collision_derivatives import box_corners, patch_distances, snap_box_box
 from .frames import tangent_frames
 from .pinviews import gather_placements, placement_view
 from .model import SimModel
@@ -136,6 +136,7 @@ class CollisionDriver:
             if len(p) else np.zeros(0, dtype=np.int64)
         self.pair_other = np.where(self.pair_plane == p[:, 0], p[:, 1], p[:, 0]) if len(p) else self.pair_plane
         self.patch_request = coal.ContactPatchRequest()
+        self._patch_tol = self.patch_request.getPatchTolerance()
         # shape-on-plane pairs with closed-form contact points (see plane_contacts.py)
         kinds = [g.kind for g in sm.geoms]
         self.analytic = np.array([pl >= 0 and kinds[ot] in ANALYTIC_KINDS
@@ -309,6 +310,17 @@ class CollisionDriver:
                 self._box_box[k] = (int(p[k, 0]), int(p[k, 1]), np.asarray(a.halfSide, float).copy(),
                                     np.asarray(b.halfSide, float).copy())
 
+    def _patch_distances(self, k, gdata, n, mid):
+        """Per-point distances and points of a box-box patch (collision_derivatives)."""
+        ga, gb, ha, hb = self._box_box[k]
+        Ma, Mb = gdata.oMg[ga], gdata.oMg[gb]
+        X = box_corners(Ma.rotation, Ma.translation, ha)
+        Y = box_corners(Mb.rotation, Mb.translation, hb)
+        tol = float(self._patch_tol)
+        hx, hy = X @ n, Y @ n
+        L = max(float(np.ptp(X, axis=0).max()), float(np.ptp(Y, axis=0).max()))
+        return patch_distances(X[hx.max() - hx < tol], Y[hy - hy.min() < tol], n, mid, L)
+
     def _snap(self, k, gdata, n, d):
         ga, gb, ha, hb = self._box_box[k]
         Ma, Mb = gdata.oMg[ga], gdata.oMg[gb]
@@ -468,7 +480,7 @@ class CollisionDriver:
                 if snap is not None:      # the exact separating axis: points onto its plane
                     n, d, c = snap
                     mid = mid - np.outer(mid @ n - c, n)
-                    dist = np.full(m, d)
+                    dist, mid = self._patch_distances(k, gdata, n, mid)
             keep = _reduce_patch(mid, self.max_points)
             for j, i in enumerate(keep):
                 rows_pair.append(k); rows_pt.append(j)
