@@ -61,14 +61,10 @@ def snap_box_box(RA, tA, hA, RB, tB, hB, n, d, tol=1e-7):
     Near contact coal's GJK/EPA normal is the direction of a witness difference of length |d|,
     so its error grows like 1e-16 / |d| (1e-4 rad at 1e-12 m, where resting contacts settle);
     the separating axis is a face normal or an edge cross product, exact to rounding."""
-    axes = [RA[:, i] for i in range(3)] + [RB[:, i] for i in range(3)]
-    for i in range(3):
-        for j in range(3):
-            cr = np.cross(RA[:, i], RB[:, j])
-            nc = np.linalg.norm(cr)
-            if nc > 1e-6:
-                axes.append(cr / nc)
-    M = np.array(axes)
+    cr = np.cross(RA.T[:, None, :], RB.T[None, :, :]).reshape(9, 3)
+    nc = np.sqrt(np.einsum("ij,ij->i", cr, cr))
+    keep = nc > 1e-6
+    M = np.concatenate([RA.T, RB.T, cr[keep] / nc[keep, None]])
     M = M * np.where(M @ n >= 0.0, 1.0, -1.0)[:, None]        # oriented along coal's normal
     a = M @ RA
     b = M @ RB
@@ -88,14 +84,13 @@ def patch_feature(P: np.ndarray, L: float):
     return P[0], U[:2]
 
 
-def surface_offset(origin: np.ndarray, U: np.ndarray, p: np.ndarray, n: np.ndarray):
-    """The offset s along n from the patch point p to a support feature (origin, basis U):
-    the feature point y = p + s n (least squares: exact for a face, a crossing edge, or a
-    vertex above p). Returns s and y."""
+def feature_solver(origin: np.ndarray, U: np.ndarray, n: np.ndarray):
+    """For a support feature (origin, basis U): the rows (r + 1, 3) of the least-squares
+    inverse of [U^T, -n], whose last row gives the offset s along n from a patch point p to the
+    feature point y = p + s n (exact for a face, a crossing edge, or a vertex above p), and
+    whose rows solve the same system for derivatives."""
     M = np.column_stack([*U, -n]) if len(U) else -n[:, None]
-    x = np.linalg.lstsq(M, p - origin, rcond=None)[0]
-    s = float(x[-1])
-    return s, p + s * n
+    return np.linalg.inv(M.T @ M) @ M.T
 
 
 def patch_distances(XA: np.ndarray, YB: np.ndarray, n: np.ndarray, P: np.ndarray, L: float):
@@ -105,19 +100,18 @@ def patch_distances(XA: np.ndarray, YB: np.ndarray, n: np.ndarray, P: np.ndarray
     contact point their midpoint p + n (sA + sB) / 2. A face on a face tilted by less than the
     patch tolerance gets the penetration of each corner, not the deepest one for all, so the
     distances of a box lying flat are smooth in its pose."""
-    fa, fb = patch_feature(XA, L), patch_feature(YB, L)
-    d = np.empty(len(P))
-    pos = np.empty_like(P)
-    for i, p in enumerate(P):
-        sa = surface_offset(*fa, p, n)[0]
-        sb = surface_offset(*fb, p, n)[0]
-        d[i] = sb - sa
-        pos[i] = p + 0.5 * (sa + sb) * n
-    return d, pos
+    (oa, Ua), (ob, Ub) = patch_feature(XA, L), patch_feature(YB, L)
+    sa = (P - oa) @ feature_solver(oa, Ua, n)[-1]
+    sb = (P - ob) @ feature_solver(ob, Ub, n)[-1]
+    return sb - sa, P + np.outer(0.5 * (sa + sb), n)
 
 
 def box_corners(R: np.ndarray, t: np.ndarray, h: np.ndarray) -> np.ndarray:
     return (_BOX_SIGNS * h) @ R.T + t
+
+
+def _cross3(a, b) -> np.ndarray:
+    return np.array([a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0]])
 
 
 def _skew(x: np.ndarray) -> np.ndarray:
@@ -186,16 +180,13 @@ def _hull2(P2: np.ndarray) -> np.ndarray:
 
 
 def _area(P: np.ndarray, n: np.ndarray) -> float:
-    """Area of the convex polygon spanned by P (k, 3) seen along n."""
+    """A measure of the size of the planar support set P (k, 3): the product of the two
+    singular values of the centred points (proportional to the area of a rectangle's
+    corners), to rank two faces in contact against each other."""
     if len(P) < 3:
         return 0.0
-    e1 = np.cross(n, [1.0, 0.0, 0.0] if abs(n[0]) < 0.9 else [0.0, 1.0, 0.0])
-    e1 /= np.linalg.norm(e1)
-    e2 = np.cross(n, e1)
-    P2 = np.stack([P @ e1, P @ e2], axis=1)
-    h = P2[_hull2(P2)]
-    x, y = h[:, 0], h[:, 1]
-    return 0.5 * abs(float(np.dot(x, np.roll(y, -1)) - np.dot(y, np.roll(x, -1))))
+    sv = np.linalg.svd(P - P.mean(axis=0), compute_uv=False)
+    return float(sv[0] * sv[1])
 
 
 def _line_points(a0, uA, b0, uB):
@@ -268,10 +259,10 @@ def polytope_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list
         Dn = B.turn(n)                                          # a face of B
         xw = X[SA].mean(axis=0)
         yw = xw + d * n
-    elif rA == 1 and rB == 1 and np.linalg.norm(np.cross(UA[0], UB[0])) > 1e-6:
+    elif rA == 1 and rB == 1 and np.linalg.norm(_cross3(UA[0], UB[0])) > 1e-6:
         uA, uB = UA[0], UB[0]                                   # two edges
         xw, yw = _line_points(xs, uA, ys, uB)
-        cr = np.cross(uA, uB)
+        cr = _cross3(uA, uB)
         ncr = np.linalg.norm(cr)
         s = 1.0 if cr @ n >= 0.0 else -1.0
         dcr = -_skew(uB) @ A.turn(uA) + _skew(uA) @ B.turn(uB)
@@ -308,7 +299,7 @@ def polytope_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list
         elif rB == 0:
             m = ys - 0.5 * d * n
             Dm = dys - 0.5 * (np.outer(n, Dd) + d * Dn)
-        elif rA == 1 and rB == 1 and np.linalg.norm(np.cross(UA[0], UB[0])) > 1e-6:
+        elif rA == 1 and rB == 1 and np.linalg.norm(_cross3(UA[0], UB[0])) > 1e-6:
             uA, uB = UA[0], UB[0]
             a, b, cc = uA @ uA, uA @ uB, uB @ uB
             dxr, dyr = A.point(xw), B.point(yw)
@@ -331,9 +322,9 @@ def polytope_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list
     c0 = 0.5 * (HA + HB)
     Dc = 0.5 * (n @ (dxw + dyw) + (xw + yw) @ Dn)
     T = np.eye(3) - nn
-    e1 = np.cross(n, [1.0, 0.0, 0.0] if abs(n[0]) < 0.9 else [0.0, 1.0, 0.0])
+    e1 = _cross3(n, (1.0, 0.0, 0.0) if abs(n[0]) < 0.9 else (0.0, 1.0, 0.0))
     e1 /= np.linalg.norm(e1)
-    e2 = np.cross(n, e1)
+    e2 = _cross3(n, e1)
     XA, YB = X[PA], Y[PB]
     A2 = np.stack([XA @ e1, XA @ e2], axis=1)
     B2 = np.stack([YB @ e1, YB @ e2], axis=1)
@@ -365,12 +356,10 @@ def polytope_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list
                 kinds.append(("AB", (a0 + s * uA, uA, b0 + t * uB, uB)))
     cands = np.array(cands)
     # box-box patches have per-point distances (collision_driver: patch_distances)
-    per_point = (isinstance(sim.geom_model.geometryObjects[g1].geometry, coal.Box)
-                 and isinstance(sim.geom_model.geometryObjects[g2].geometry, coal.Box)
-                 and snap_box_box(MA.rotation, MA.translation, VA[-1], MB.rotation, MB.translation,
-                                  VB[-1], n, d_coal) is not None) if d_coal is not None else False
+    per_point = int(c.pair[k0]) in getattr(sim.collision, "per_point_pairs", ())
     if per_point:
         fa, fb = patch_feature(XA, L), patch_feature(YB, L)
+        feats = [(fa[0], feature_solver(*fa, n), A), (fb[0], feature_solver(*fb, n), B)]
     undone = []
     for k in rows:
         dist = np.linalg.norm((cands - c.pos[k]) @ T, axis=1)      # (tangential: see below)
@@ -391,7 +380,7 @@ def polytope_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list
             DXa, DXb = A.point(Xa), B.point(Xb)
             kk = float(n @ (Xa - Xb))
             Mst = np.stack([T @ uA, -(T @ uB)], axis=1)
-            st = np.linalg.lstsq(Mst, -(T @ (DXa - DXb) - kk * Dn), rcond=None)[0]
+            st = np.linalg.pinv(Mst) @ -(T @ (DXa - DXb) - kk * Dn)
             Xp = Xa
             DX = DXa + np.outer(uA, st[0])
         Dp = DX - np.outer(n, n @ DX + Xp @ Dn - Dc) - (Xp @ n - c0) * Dn
@@ -403,11 +392,9 @@ def polytope_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list
         # its body, so  d(y) + U da = dp + ds n + s dn
         p = cands[i]
         ds = []
-        for (origin, U), body in ((fa, A), (fb, B)):
-            sv, y = surface_offset(origin, U, p, n)
-            M = np.column_stack([*U, -n]) if len(U) else -n[:, None]
-            x = np.linalg.lstsq(M, Dp + sv * Dn - body.point(y), rcond=None)[0]
-            ds.append((sv, x[-1]))
+        for origin, Mp, body in feats:
+            sv = float(Mp[-1] @ (p - origin))
+            ds.append((sv, Mp[-1] @ (Dp + sv * Dn - body.point(p + sv * n))))
         (sa, dsa), (sb, dsb) = ds
         dd[k] = dsb - dsa
         dp[k] = Dp + 0.5 * (np.outer(n, dsa + dsb) + (sa + sb) * Dn)

@@ -136,6 +136,7 @@ class CollisionDriver:
             if len(p) else np.zeros(0, dtype=np.int64)
         self.pair_other = np.where(self.pair_plane == p[:, 0], p[:, 1], p[:, 0]) if len(p) else self.pair_plane
         self.patch_request = coal.ContactPatchRequest()
+        self.per_point_pairs: set = set()
         self._patch_tol = self.patch_request.getPatchTolerance()
         # shape-on-plane pairs with closed-form contact points (see plane_contacts.py)
         kinds = [g.kind for g in sm.geoms]
@@ -434,6 +435,8 @@ class CollisionDriver:
         rows_d: list = []
         analytic = self._analytic_list
         reqs, cres, pres_all = self._narrow_tables(gdata)
+        # box-box pairs whose patch points carry their own distances (derivatives read it)
+        per_point = self.per_point_pairs = set()
         for k, mk in zip(cand.tolist(), margin[cand].tolist()):
             if analytic[k]:
                 self._plane_pair(k, gdata, mk, rows_pair, rows_pt, rows_pos, rows_n, rows_d)
@@ -481,6 +484,7 @@ class CollisionDriver:
                     n, d, c = snap
                     mid = mid - np.outer(mid @ n - c, n)
                     dist, mid = self._patch_distances(k, gdata, n, mid)
+                    per_point.add(k)
             keep = _reduce_patch(mid, self.max_points)
             for j, i in enumerate(keep):
                 rows_pair.append(k); rows_pt.append(j)

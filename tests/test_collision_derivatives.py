@@ -14,7 +14,7 @@ from diffgym import derivatives
 
 BLOCKS = ("dq_dq", "dq_dv", "dq_dtau", "dv_dq", "dv_dv", "dv_dtau")
 RTOL = 1e-6
-ATOL = 1e-8
+ATOL = 1e-7
 
 
 def _no_fallback(monkeypatch):
@@ -171,3 +171,36 @@ def test_box_on_free_box(euler, v1, monkeypatch):
     if euler is None:
         c = sim.cache["cons"].contacts
         assert np.sum((c.geom1 != 0) & (c.geom2 != 0)) == 4 and "breaking" not in sim.last.contact_modes
+
+
+CUBE_OBJ = ("".join(f"v {x} {y} {z}\n" for x in (-0.1, 0.1) for y in (-0.15, 0.15) for z in (-0.05, 0.05))
+            + "f 1 2 4\nf 1 4 3\nf 5 7 8\nf 5 8 6\nf 1 5 6\nf 1 6 2\nf 3 4 8\nf 3 8 7\nf 1 3 7\n"
+              "f 1 7 5\nf 2 6 8\nf 2 8 4\n")
+
+
+@pytest.mark.parametrize("table", ["box", "mesh"])
+@pytest.mark.parametrize("euler, v, points", [("25 0.1 0", [0.5, 0.2, 0, 0, 0, 2.0], 2),
+                                              ("20 10 0", [0.5, 0.2, 0, 0, 0, 3.0], 1)],
+                         ids=["spinning-edge", "spinning-corner"])
+def test_convex_mesh_on_polytope(table, euler, v, points, tmp_path, monkeypatch):
+    """A convex mesh (the box as vertices and faces) sliding and spinning on an edge and on a
+    corner over a table that is a static box or a static convex mesh (mesh-box, mesh-mesh)."""
+    _no_fallback(monkeypatch)
+    (tmp_path / "cube.obj").write_text(CUBE_OBJ)
+    (tmp_path / "slab.obj").write_text(CUBE_OBJ.replace("0.15", "0.5").replace("0.1 ", "0.5 ")
+                                       .replace("-0.1 ", "-0.5 ").replace("0.05", "0.1"))
+    tab = ('<geom name="table" type="box" pos="0 0 0.1" size="0.5 0.5 0.1" friction="0.5"/>' if table == "box"
+           else '<geom name="table" type="mesh" mesh="slab" pos="0 0 0.1" friction="0.5"/>')
+    xml = TABLE.format(z=0.4, euler=euler).replace(
+        '<geom name="table" type="box" pos="0 0 0.1" size="0.5 0.5 0.1" friction="0.5"/>', tab).replace(
+        '<geom name="box" type="box" size="0.1 0.15 0.05"', '<geom name="box" type="mesh" mesh="cube"').replace(
+        "<worldbody>", '<asset><mesh name="cube" file="cube.obj"/><mesh name="slab" file="slab.obj"/></asset><worldbody>')
+    (tmp_path / "scene.xml").write_text(xml)
+    sim = diffgym.Simulator.from_file(str(tmp_path / "scene.xml"))
+    q = sim.q0
+    R = pin.Quaternion(q[6], q[3], q[4], q[5]).toRotationMatrix()
+    q[2] = 0.2 + 0.5 * np.abs(R[2]) @ np.array([0.2, 0.3, 0.1])
+    q = place(sim, q, "box")
+    check_step_jacobian(sim, q, np.array(v, float), modes={"sliding"},
+                        kinds={("box", "mesh")} if table == "box" else {("mesh", "mesh")})
+    assert sim.last.num_contacts == points
