@@ -399,3 +399,86 @@ def polytope_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list
         dd[k] = dsb - dsa
         dp[k] = Dp + 0.5 * (np.outer(n, dsa + dsb) + (sa + sb) * Dn)
     return undone
+
+
+# -- capsule against capsule --------------------------------------------------------------------
+def capsule_axis(sim, g: int):
+    """World end points (a0, a1) of the axis segment of capsule geom g and its radius."""
+    M = sim.geom_data.oMg[g]
+    shape = sim.geom_model.geometryObjects[g].geometry
+    h = float(shape.halfLength)
+    u = M.rotation[:, 2]
+    return M.translation - h * u, M.translation + h * u, float(shape.radius)
+
+
+def segments_parallel(uA: np.ndarray, uB: np.ndarray, tol: float = 1e-6) -> bool:
+    return float(np.linalg.norm(_cross3(uA, uB))) <= tol * float(np.linalg.norm(uA) * np.linalg.norm(uB))
+
+
+def capsule_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list:
+    """Closed form for a capsule-capsule contact (one point: their axes not parallel).
+
+    With c1 = a0 + s uA and c2 = b0 + t uB the closest points of the two axis segments (each
+    parameter interior, or clamped at an end), n = (c2 - c1) / L, L = |c2 - c1|, the distance
+    is L - rA - rB and the point the midpoint of c1 + rA n and c2 - rB n. An interior parameter
+    follows from its orthogonality condition ((c2 - c1) . u = 0, differentiated implicitly), a
+    clamped one stays at its body-fixed end; then dn = (I - n n^T)(dc2 - dc1) / L and
+    dd = n . (dc2 - dc1). Parallel axes (a line contact, coal returns two points) are left to
+    the fallback."""
+    if len(rows) != 1:
+        return list(rows)
+    k = rows[0]
+    g1, g2 = int(c.geom1[k]), int(c.geom2[k])
+    a0, a1, rA = capsule_axis(sim, g1)
+    b0, b1, rB = capsule_axis(sim, g2)
+    uA, uB = a1 - a0, b1 - b0
+    if segments_parallel(uA, uB):
+        return list(rows)
+    # closest points of the segments (clamped, as coal's capsule-capsule distance)
+    w0 = a0 - b0
+    a, b, cc = uA @ uA, uA @ uB, uB @ uB
+    d_, e = uA @ w0, uB @ w0
+    den = a * cc - b * b
+    s = min(max((b * e - cc * d_) / den, 0.0), 1.0)
+    t = (b * s + e) / cc
+    if t < 0.0 or t > 1.0:
+        t = min(max(t, 0.0), 1.0)
+        s = min(max((b * t - d_) / a, 0.0), 1.0)
+    p1, p2 = a0 + s * uA, b0 + t * uB
+    r = p2 - p1
+    L = float(np.linalg.norm(r))
+    if L < 1e-12:
+        return list(rows)
+    n = r / L
+    if n @ c.normal[k] < 0.99:
+        return list(rows)
+    A, B = _Body(kin, j1), _Body(kin, j2)
+    dP1, dP2 = A.point(p1), B.point(p2)
+    duA, duB = A.turn(uA), B.turn(uB)
+    eps = 1e-12
+    free_s, free_t = eps < s < 1.0 - eps, eps < t < 1.0 - eps
+    # orthogonality conditions of the free parameters: (r + dt uB - ds uA + ...) . u = 0
+    rows_M, rhs = [], []
+    if free_s:
+        rows_M.append([-(uA @ uA), uB @ uA]); rhs.append(-(uA @ (dP2 - dP1) + r @ duA))
+    if free_t:
+        rows_M.append([-(uA @ uB), uB @ uB]); rhs.append(-(uB @ (dP2 - dP1) + r @ duB))
+    ds = dt = np.zeros(kin.nv)
+    if free_s and free_t:
+        sol = np.linalg.solve(np.array(rows_M), np.vstack(rhs))
+        ds, dt = sol[0], sol[1]
+    elif free_s:
+        ds = rhs[0] / rows_M[0][0]
+    elif free_t:
+        dt = rhs[0] / rows_M[0][1]
+    dc1 = dP1 + np.outer(uA, ds)
+    dc2 = dP2 + np.outer(uB, dt)
+    dr = dc2 - dc1
+    Dn = (np.eye(3) - np.outer(n, n)) @ dr / L
+    pos = 0.5 * (p1 + p2) + 0.5 * (rA - rB) * n
+    if np.linalg.norm(pos - c.pos[k]) > MATCH_TOL * max(L, 1.0):
+        return list(rows)
+    dn[k] = Dn
+    dd[k] = n @ dr
+    dp[k] = 0.5 * (dc1 + dc2) + 0.5 * (rA - rB) * Dn
+    return []

@@ -30,7 +30,7 @@ import coal
 import numpy as np
 import pinocchio as pin
 
-from .collision_derivatives import box_corners, patch_distances, snap_box_box
+from .collision_derivatives import box_corners, patch_distances, segments_parallel, snap_box_box
 from .frames import tangent_frames
 from .pinviews import gather_placements, placement_view
 from .model import SimModel
@@ -302,6 +302,8 @@ class CollisionDriver:
                 n_plane = M.rotation[:, 2].copy()
                 self._plane_frame[pl] = (n_plane, float(n_plane @ M.translation))
 
+        self._caps_caps = {k: (int(p[k, 0]), int(p[k, 1])) for k in range(len(p))
+                           if all(isinstance(gm.geometryObjects[int(g)].geometry, coal.Capsule) for g in p[k])}
         # box-box pairs (no swept radius): normal and distance snapped to the separating axis
         self._box_box = {}
         for k in range(len(p)):
@@ -321,6 +323,24 @@ class CollisionDriver:
         hx, hy = X @ n, Y @ n
         L = max(float(np.ptp(X, axis=0).max()), float(np.ptp(Y, axis=0).max()))
         return patch_distances(X[hx.max() - hx < tol], Y[hy - hy.min() < tol], n, mid, L)
+
+    def _crossing_segments(self, k, gdata, n) -> bool:
+        """Whether both support sets of pair k along n are segments that cross (not parallel):
+        two capsules, or two box edges."""
+        if k in self._caps_caps:
+            ga, gb = self._caps_caps[k]
+            ua, ub = gdata.oMg[ga].rotation[:, 2], gdata.oMg[gb].rotation[:, 2]
+            return not segments_parallel(ua, ub)
+        if k in self._box_box:
+            ga, gb, ha, hb = self._box_box[k]
+            Ma, Mb = gdata.oMg[ga], gdata.oMg[gb]
+            X = box_corners(Ma.rotation, Ma.translation, ha)
+            Y = box_corners(Mb.rotation, Mb.translation, hb)
+            hx, hy = X @ n, Y @ n
+            SA = X[hx.max() - hx < self._patch_tol]
+            SB = Y[hy - hy.min() < self._patch_tol]
+            return len(SA) == 2 and len(SB) == 2 and not segments_parallel(SA[1] - SA[0], SB[1] - SB[0])
+        return False
 
     def _snap(self, k, gdata, n, d):
         ga, gb, ha, hb = self._box_box[k]
@@ -463,8 +483,17 @@ class CollisionDriver:
             patch = pres.getContactPatch(0)
             n = np.asarray(patch.getNormal()).copy()
             m = patch.size()
-            if m == 1:
-                p1, p2 = patch.getPointShape1(0), patch.getPointShape2(0)
+            crossing = m == 2 and self._crossing_segments(k, gdata, n)
+            if m == 1 or crossing:
+                if crossing:
+                    # coal 3.0's segment-segment patch (two capsule axes, two box edges) returns
+                    # two points far from the contact for some crossing segments (its
+                    # determinant test is a comparison): the contact is the one witness point
+                    ct = cres[k].getContact(0)
+                    mid, pd = np.asarray(ct.pos).copy(), float(ct.penetration_depth)
+                    p1, p2 = mid - 0.5 * pd * n, mid + 0.5 * pd * n
+                else:
+                    p1, p2 = patch.getPointShape1(0), patch.getPointShape2(0)
                 if k in self._box_box:
                     snap = self._snap(k, gdata, n, float(n @ (p2 - p1)))
                     if snap is not None:  # the exact separating axis; the same witness midpoint

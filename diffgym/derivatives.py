@@ -46,7 +46,7 @@ import numpy as np
 import pinocchio as pin
 
 from . import derivative_kernels as K
-from .collision_derivatives import POLYTOPE_KINDS, polytope_pair
+from .collision_derivatives import POLYTOPE_KINDS, capsule_pair, polytope_pair
 from .constraint import baumgarte_gain
 from .pinviews import addr as _addr, gather_placements, placement_view, raw_rows as _raw_rows
 from .solver import BREAKING, STICKING
@@ -253,6 +253,8 @@ def closed_form_pair(kind1: str, static1: bool, kind2: str, static2: bool) -> bo
         return True
     if kind1 in POLYTOPE_KINDS and kind2 in POLYTOPE_KINDS:
         return True                       # collision_derivatives.polytope_pair
+    if kind1 == "capsule" and kind2 == "capsule":
+        return True                       # collision_derivatives.capsule_pair (not parallel)
     return (kind1 == "sphere" and kind2 == "sphere") or {kind1, kind2} == {"sphere", "box"}
 
 
@@ -321,6 +323,7 @@ def geometry_derivatives(sim, kin: _Kin, cons) -> tuple[np.ndarray, np.ndarray, 
     dd = np.zeros((nc, nv))
     plane, fallback = [], []
     polytope: dict = {}
+    capsules: dict = {}
     for k, (g1, g2) in enumerate(zip(c.geom1.tolist(), c.geom2.tolist())):
         k1, k2 = geoms[g1].kind, geoms[g2].kind
         j1, j2 = int(gjoint[g1]), int(gjoint[g2])
@@ -328,6 +331,8 @@ def geometry_derivatives(sim, kin: _Kin, cons) -> tuple[np.ndarray, np.ndarray, 
             fallback.append(k)
         elif k1 in POLYTOPE_KINDS and k2 in POLYTOPE_KINDS:
             polytope.setdefault(int(c.pair[k]), (j1, j2, []))[2].append(k)
+        elif k1 == "capsule" and k2 == "capsule":
+            capsules.setdefault(int(c.pair[k]), (j1, j2, []))[2].append(k)
         elif {k1, k2} == {"sphere", "box"}:
             if _swept(sim, g1) or _swept(sim, g2):       # (coal's rounded box: no closed form)
                 fallback.append(k)
@@ -349,6 +354,8 @@ def geometry_derivatives(sim, kin: _Kin, cons) -> tuple[np.ndarray, np.ndarray, 
             plane.append(k)
     for j1, j2, rows in polytope.values():
         fallback += polytope_pair(sim, kin, c, rows, j1, j2, dp, dn, dd)
+    for j1, j2, rows in capsules.values():
+        fallback += capsule_pair(sim, kin, c, rows, j1, j2, dp, dn, dd)
     if plane:
         _plane_contacts(sim, kin, cons, np.array(plane), dp, dn, dd)
     if fallback:

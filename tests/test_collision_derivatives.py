@@ -204,3 +204,43 @@ def test_convex_mesh_on_polytope(table, euler, v, points, tmp_path, monkeypatch)
     check_step_jacobian(sim, q, np.array(v, float), modes={"sliding"},
                         kinds={("box", "mesh")} if table == "box" else {("mesh", "mesh")})
     assert sim.last.num_contacts == points
+
+
+CAPSULES = """<mujoco><option timestep="0.01"/><worldbody>
+<geom type="plane" size="5 5 .1" friction="0.5"/>
+{rod}
+<body name="c" pos="0 0 0.2" euler="{euler}"><freejoint name="c"/>
+  <geom name="c" type="capsule" fromto="0.1 0.1732 0 -0.1 -0.1732 0" size="0.04" mass="0.5" friction="0.5"/></body>
+</worldbody></mujoco>"""
+STATIC_ROD = '<geom name="rod" type="capsule" fromto="-1 0 0.05 1 0 0.05" size="0.05" friction="0.5"/>'
+FREE_ROD = ('<body name="rod" pos="0 0 0.05"><freejoint name="rod"/><geom name="rod" type="capsule" '
+            'fromto="-0.5 0 0 0.5 0 0" size="0.05" mass="2" friction="0.5"/></body>')
+
+
+@pytest.mark.parametrize("rod", ["static", "free"])
+@pytest.mark.parametrize("euler, v", [("0 0 0", [0, 0, 0, 0, 0, 0]),
+                                      ("0 0 0", [0.3, 0.2, 0, 0.5, 0.2, 0.3]),
+                                      ("0 0 -120", [0.3, -0.2, 0, 0, 0, 2.0]),
+                                      ("15 20 0", [0.2, 0.3, -0.1, 0, 0, 1.0])],
+                         ids=["resting", "sliding", "spinning", "tilted-end"])
+def test_capsule_on_capsule(rod, euler, v, monkeypatch):
+    """A capsule lying across a capsule (a static rod, or a free rod on the ground), crossing
+    it at 60 degrees (and at 120, where coal 3.0 returned two points far from the contact),
+    and tilted so that an end of its axis is the closest point."""
+    _no_fallback(monkeypatch)
+    sim = diffgym.Simulator.from_string(CAPSULES.format(rod=STATIC_ROD if rod == "static" else FREE_ROD,
+                                                        euler=euler))
+    q = sim.q0
+    iz = sim.model.joints[sim.model.getJointId("c")].idx_q + 2
+    q[iz] = 0.5
+    if rod == "free":
+        q = place(sim, q, "rod")
+    q[iz] = 0.14 + (q[2] - 0.05 if rod == "free" else 0.0)
+    q = place(sim, q, "c")
+    vv = np.array(v, float) if rod == "static" else np.r_[np.zeros(6), v]
+    check_step_jacobian(sim, q, vv, kinds={("capsule", "capsule")})
+    c = sim.cache["cons"].contacts
+    names = [(sim.sm.geoms[int(a)].name, sim.sm.geoms[int(b)].name) for a, b in zip(c.geom1, c.geom2)]
+    assert sum("c" in nm and "rod" in nm for nm in names) == 1        # one point on the crossing
+    if euler == "0 0 0" and not any(v):
+        assert "sticking" in sim.last.contact_modes
