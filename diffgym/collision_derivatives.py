@@ -339,21 +339,24 @@ def polytope_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list
     kinds = [("A", int(i)) for i in hullA] + [("B", int(i)) for i in hullB]
     eA = [(hullA[i], hullA[(i + 1) % len(hullA)]) for i in range(len(hullA) if len(hullA) > 2 else 1)]
     eB = [(hullB[i], hullB[(i + 1) % len(hullB)]) for i in range(len(hullB) if len(hullB) > 2 else 1)]
-    for ia, ja in eA:
-        a0, uA = X[ia], X[ja] - X[ia]
-        a2, ua2 = np.array([a0 @ e1, a0 @ e2]), np.array([uA @ e1, uA @ e2])
-        for ib, jb in eB:
-            b0, uB = Y[ib], Y[jb] - Y[ib]
-            b2, ub2 = np.array([b0 @ e1, b0 @ e2]), np.array([uB @ e1, uB @ e2])
-            den = ua2[0] * (-ub2[1]) - ua2[1] * (-ub2[0])
-            if abs(den) < 1e-12 * L * L:
-                continue
-            rhs = b2 - a2
-            s = (rhs[0] * (-ub2[1]) - rhs[1] * (-ub2[0])) / den
-            t = (ua2[0] * rhs[1] - ua2[1] * rhs[0]) / den
-            if -1e-9 <= s <= 1.0 + 1e-9 and -1e-9 <= t <= 1.0 + 1e-9:
-                cands.append(proj(a0 + s * uA))
-                kinds.append(("AB", (a0 + s * uA, uA, b0 + t * uB, uB)))
+    # every edge of A's hull against every edge of B's, projected (vectorized)
+    ia, ja = np.array([e[0] for e in eA]), np.array([e[1] for e in eA])
+    ib, jb = np.array([e[0] for e in eB]), np.array([e[1] for e in eB])
+    E = np.stack([e1, e2], axis=1)                       # (3, 2) plane coordinates
+    a0, uA = X[ia], X[ja] - X[ia]
+    b0, uB = Y[ib], Y[jb] - Y[ib]
+    a2, ua2, b2, ub2 = a0 @ E, uA @ E, b0 @ E, uB @ E
+    den = ua2[:, None, 0] * -ub2[None, :, 1] + ua2[:, None, 1] * ub2[None, :, 0]
+    rhs = b2[None, :, :] - a2[:, None, :]
+    ok = np.abs(den) >= 1e-12 * L * L
+    with np.errstate(divide="ignore", invalid="ignore"):
+        sp = (rhs[..., 0] * -ub2[None, :, 1] + rhs[..., 1] * ub2[None, :, 0]) / den
+        tp = (ua2[:, None, 0] * rhs[..., 1] - ua2[:, None, 1] * rhs[..., 0]) / den
+    ok &= (sp >= -1e-9) & (sp <= 1.0 + 1e-9) & (tp >= -1e-9) & (tp <= 1.0 + 1e-9)
+    for i, j in zip(*np.nonzero(ok)):
+        xa = a0[i] + sp[i, j] * uA[i]
+        cands.append(proj(xa))
+        kinds.append(("AB", (xa, uA[i], b0[j] + tp[i, j] * uB[j], uB[j])))
     cands = np.array(cands)
     # box-box patches have per-point distances (collision_driver: patch_distances)
     per_point = int(c.pair[k0]) in getattr(sim.collision, "per_point_pairs", ())

@@ -24,11 +24,14 @@ Collision geometry (how contact points, normals and distances move with q) is cl
 a static plane against every shape (``_plane_contacts``: sphere and capsule roll about their
 centre or segment point, box and mesh witness points are body-fixed vertices, a tilted
 cylinder's witness is the lowest point of its cap rim, an ellipsoid's its support point), for
-sphere-sphere and for sphere-box (``_sphere_box``: face, edge, corner and centre-inside
-regions; either body static or moving). Every other pair (box-box, capsule-capsule, anything on
-a moving plane, mesh-mesh, ...) falls back to a central difference of the collision output alone
-(``_collision_fd``, step ``collision_fd_eps``), never of the dynamics; ``closed_form_pair``
-says which. ``tests/test_gradients.py`` checks both routes against central differences of the
+sphere-sphere, for sphere-box (``_sphere_box``: face, edge, corner and centre-inside regions;
+either body static or moving), for every pair of boxes and convex meshes and for capsule-capsule
+(``collision_derivatives``: feature by feature, patches included). Every other pair (capsule
+with a box or mesh, cylinders and ellipsoids off the plane, anything on a moving plane, ...)
+falls back to a central difference of the collision output alone (``_collision_fd``, step
+``collision_fd_eps``), never of the dynamics, counted in ``fallback_counts`` with a warning
+once per pair of kinds; ``closed_form_pair`` says which. ``tests/test_gradients.py`` and
+``tests/test_collision_derivatives.py`` check both routes against central differences of the
 whole step.
 
 Two implementations give the same numbers (to rounding): ``step_jacobian``'s default compiled
@@ -352,10 +355,18 @@ def geometry_derivatives(sim, kin: _Kin, cons) -> tuple[np.ndarray, np.ndarray, 
             dp[k] = 0.5 * (dc1 + dc2) + 0.5 * (r1 - r2) * dn[k]
         else:
             plane.append(k)
-    for j1, j2, rows in polytope.values():
-        fallback += polytope_pair(sim, kin, c, rows, j1, j2, dp, dn, dd)
-    for j1, j2, rows in capsules.values():
-        fallback += capsule_pair(sim, kin, c, rows, j1, j2, dp, dn, dd)
+    for route, groups in ((polytope_pair, polytope), (capsule_pair, capsules)):
+        for j1, j2, rows in groups.values():
+            try:
+                with np.errstate(divide="raise", invalid="raise", over="raise"):
+                    left = route(sim, kin, c, rows, j1, j2, dp, dn, dd)
+            except (np.linalg.LinAlgError, FloatingPointError, ValueError, ZeroDivisionError):
+                left = list(rows)             # a degenerate configuration: the fallback
+            done = [k for k in rows if k not in left]
+            if done and not (np.isfinite(dp[done]).all() and np.isfinite(dn[done]).all()
+                             and np.isfinite(dd[done]).all()):
+                left = list(rows)
+            fallback += left
     if plane:
         _plane_contacts(sim, kin, cons, np.array(plane), dp, dn, dd)
     if fallback:
