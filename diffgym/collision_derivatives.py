@@ -130,10 +130,42 @@ def local_vertices(sim, g: int) -> np.ndarray | None:
     if sw == 0.0:
         if isinstance(shape, coal.Box):
             out = _BOX_SIGNS * np.asarray(shape.halfSide, float)
+        elif isinstance(shape, coal.Capsule):          # the axis segment (radius: _radius)
+            out = np.array([[0.0, 0.0, -shape.halfLength], [0.0, 0.0, shape.halfLength]])
         elif isinstance(shape, coal.ConvexBase):
             out = np.asarray(shape.points(), dtype=float).reshape(-1, 3).copy()
     cache[g] = out
     return out
+
+
+def _radius(sim, g: int) -> float:
+    shape = sim.geom_model.geometryObjects[g].geometry
+    return float(shape.radius) if isinstance(shape, coal.Capsule) else 0.0
+
+
+def snap_pair(XA, radA, FA, EA, XB, radB, FB, EB, n, d, tol=1e-7):
+    """The exact normal and signed distance of two polytopes or capsules (vertices X, radius
+    rad: a capsule is its axis segment with a radius) by the separating-axis test over their
+    face normals F (k, 3) and the cross products of their edge directions E (k, 3), where it
+    agrees with coal's (n, d): (n, d, c), c the height along n of the plane midway between the
+    support planes; None where it does not (closest features of a separated pair that are a
+    vertex against a vertex or an edge, a capsule's rounded end), where coal's answer stands.
+
+    Near contact coal's GJK/EPA normal is the direction of a witness difference of length |d|,
+    so its error grows like 1e-16 / |d| (1e-4 rad at 1e-12 m, where resting contacts settle);
+    the separating axis is a face normal or an edge cross product, exact to rounding."""
+    cr = np.cross(EA[:, None, :], EB[None, :, :]).reshape(-1, 3)
+    nc = np.sqrt(np.einsum("ij,ij->i", cr, cr))
+    keep = nc > 1e-6
+    M = np.concatenate([FA, FB, cr[keep] / nc[keep, None]])
+    M = M * np.where(M @ n >= 0.0, 1.0, -1.0)[:, None]        # oriented along coal's normal
+    topA = (M @ XA.T).max(axis=1) + radA
+    botB = (M @ XB.T).min(axis=1) - radB
+    f = botB - topA
+    i = int(np.argmax(f))
+    if abs(f[i] - d) > tol * (1.0 + abs(d)) or float(M[i] @ n) < 1.0 - 1e-6:
+        return None
+    return M[i], float(f[i]), 0.5 * float(topA[i] + botB[i])
 
 
 def _patch_tol(sim, pair: int) -> float:
@@ -229,21 +261,20 @@ def polytope_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list
     Y = VB @ MB.rotation.T + MB.translation
     n = np.asarray(c.normal[k0], float)
     d = float(c.dist[k0])
-    d_coal = None
-    if len(rows) > 1 and isinstance(sim.geom_model.geometryObjects[g1].geometry, coal.Box) \
-            and isinstance(sim.geom_model.geometryObjects[g2].geometry, coal.Box):
-        # a box-box patch: its rows carry per-point distances; the pair's separating distance
-        # is the separating-axis value along n
-        Ra, Rb = MA.rotation, MB.rotation
-        ha, hb = VA[-1], VB[-1]
-        d = float(MB.translation @ n - np.abs(n @ Rb) @ hb - MA.translation @ n - np.abs(n @ Ra) @ ha)
-        d_coal = d
+    radA, radB = _radius(sim, g1), _radius(sim, g2)
     A, B = _Body(kin, j1), _Body(kin, j2)
     L = max(float(np.ptp(X, axis=0).max()), float(np.ptp(Y, axis=0).max()), 1e-9)
     hA, hB = X @ n, Y @ n
-    HA, HB = float(hA.max()), float(hB.min())
+    hAmax, hBmin = float(hA.max()), float(hB.min())
+    HA, HB = hAmax + radA, hBmin - radB                       # the support planes
+    # a patch whose rows carry per-point distances (collision_driver): the pair's separating
+    # distance is the separating-axis value along n
+    per_point = len(rows) > 1 and int(c.pair[k0]) in getattr(sim.collision, "per_point_pairs", ())
+    if per_point:
+        d = HB - HA
+    dc = d + radA + radB                                      # between the cores (axes)
     tol = SUPPORT_TOL * L
-    SA, SB = np.flatnonzero(HA - hA < tol), np.flatnonzero(hB - HB < tol)
+    SA, SB = np.flatnonzero(hAmax - hA < tol), np.flatnonzero(hB - hBmin < tol)
     rA, UA = _affine(X[SA], 1e-7 * L)
     rB, UB = _affine(Y[SB], 1e-7 * L)
     xs, ys = X[SA[0]], Y[SB[0]]
@@ -254,11 +285,11 @@ def polytope_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list
     if rA == 2 and (rB < 2 or _area(X[SA], n) >= _area(Y[SB], n)):
         Dn = A.turn(n)                                          # a face of A
         yw = Y[SB].mean(axis=0)
-        xw = yw - d * n
+        xw = yw - dc * n
     elif rB == 2:
         Dn = B.turn(n)                                          # a face of B
         xw = X[SA].mean(axis=0)
-        yw = xw + d * n
+        yw = xw + dc * n
     elif rA == 1 and rB == 1 and np.linalg.norm(_cross3(UA[0], UB[0])) > 1e-6:
         uA, uB = UA[0], UB[0]                                   # two edges
         xw, yw = _line_points(xs, uA, ys, uB)
@@ -267,7 +298,7 @@ def polytope_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list
         s = 1.0 if cr @ n >= 0.0 else -1.0
         dcr = -_skew(uB) @ A.turn(uA) + _skew(uA) @ B.turn(uB)
         Dn = s * (np.eye(3) - nn) @ dcr / ncr
-    elif d > tol and rA + rB <= 1:                               # separated: vertex-edge/vertex
+    elif dc > tol and rA + rB <= 1:                              # separated: vertex-edge/vertex
         if rA == 0:
             xw = xs
             if rB == 1:
@@ -283,9 +314,9 @@ def polytope_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list
             du = A.turn(u)
         dz = B.point(yw) - A.point(xw)
         if rA + rB == 0:
-            Dn = (np.eye(3) - nn) @ dz / d
+            Dn = (np.eye(3) - nn) @ dz / dc
         else:
-            Dn = -np.outer(u, n @ du) + (np.eye(3) - np.outer(u, u) - nn) @ dz / d
+            Dn = -np.outer(u, n @ du) + (np.eye(3) - np.outer(u, u) - nn) @ dz / dc
     else:
         return list(rows)
     dxw, dyw = A.point(xw), B.point(yw)
@@ -293,12 +324,13 @@ def polytope_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list
     # -- the points ---------------------------------------------------------------------------
     if len(rows) == 1:                                          # the witness midpoint
         k = rows[0]
+        # core witness points (on the axes of capsules) and their derivatives
         if rA == 0:
-            m = xs + 0.5 * d * n
-            Dm = dxs + 0.5 * (np.outer(n, Dd) + d * Dn)
+            xc, dxc = xs, dxs
+            yc, dyc = xs + dc * n, dxs + np.outer(n, Dd) + dc * Dn
         elif rB == 0:
-            m = ys - 0.5 * d * n
-            Dm = dys - 0.5 * (np.outer(n, Dd) + d * Dn)
+            yc, dyc = ys, dys
+            xc, dxc = ys - dc * n, dys - np.outer(n, Dd) - dc * Dn
         elif rA == 1 and rB == 1 and np.linalg.norm(_cross3(UA[0], UB[0])) > 1e-6:
             uA, uB = UA[0], UB[0]
             a, b, cc = uA @ uA, uA @ uB, uB @ uB
@@ -308,17 +340,19 @@ def polytope_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list
             M = np.array([[-a, b], [-b, cc]])
             rhs = -np.vstack([uA @ (dyr - dxr) + r @ duA, uB @ (dyr - dxr) + r @ duB])
             st = np.linalg.solve(M, rhs)
-            m = 0.5 * (xw + yw)
-            Dm = 0.5 * (dxr + np.outer(uA, st[0]) + dyr + np.outer(uB, st[1]))
+            xc, dxc = xw, dxr + np.outer(uA, st[0])
+            yc, dyc = yw, dyr + np.outer(uB, st[1])
         else:
             return list(rows)
+        m = 0.5 * (xc + yc) + 0.5 * (radA - radB) * n
+        Dm = 0.5 * (dxc + dyc) + 0.5 * (radA - radB) * Dn
         if np.linalg.norm(m - c.pos[k]) > MATCH_TOL * L:
             return list(rows)
         dp[k], dn[k], dd[k] = Dm, Dn, Dd
         return []
     # a patch: candidates from the support sets taken with coal's patch tolerance
     ptol = _patch_tol(sim, int(c.pair[k0]))
-    PA, PB = np.flatnonzero(HA - hA < ptol), np.flatnonzero(hB - HB < ptol)
+    PA, PB = np.flatnonzero(hAmax - hA < ptol), np.flatnonzero(hB - hBmin < ptol)
     c0 = 0.5 * (HA + HB)
     Dc = 0.5 * (n @ (dxw + dyw) + (xw + yw) @ Dn)
     T = np.eye(3) - nn
@@ -335,7 +369,19 @@ def polytope_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list
     def proj(P):
         return P - np.outer(P @ n - c0, n) if P.ndim == 2 else P - (P @ n - c0) * n
 
-    cands = [proj(X[i]) for i in hullA] + [proj(Y[i]) for i in hullB]
+    # a capsule's support points (coal): its axis ends moved by rad (a . n) a along the axis
+    # (the rest of coal's offset, rad (dir - (a . dir) a), is along n: the projection drops it)
+    shift = []
+    for V, rad, sgn, body in ((X, radA, -1.0, A), (Y, radB, 1.0, B)):
+        if rad:
+            a = (V[1] - V[0]) / np.linalg.norm(V[1] - V[0])
+            an, da = float(a @ n), body.turn(a)
+            shift.append((sgn * rad * an * a,
+                          sgn * rad * (np.outer(a, n @ da + a @ Dn) + an * da)))
+        else:
+            shift.append((np.zeros(3), 0.0))
+    (wA, dwA), (wB, dwB) = shift
+    cands = [proj(X[i] + wA) for i in hullA] + [proj(Y[i] + wB) for i in hullB]
     kinds = [("A", int(i)) for i in hullA] + [("B", int(i)) for i in hullB]
     eA = [(hullA[i], hullA[(i + 1) % len(hullA)]) for i in range(len(hullA) if len(hullA) > 2 else 1)]
     eB = [(hullB[i], hullB[(i + 1) % len(hullB)]) for i in range(len(hullB) if len(hullB) > 2 else 1)]
@@ -358,11 +404,11 @@ def polytope_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list
         cands.append(proj(xa))
         kinds.append(("AB", (xa, uA[i], b0[j] + tp[i, j] * uB[j], uB[j])))
     cands = np.array(cands)
-    # box-box patches have per-point distances (collision_driver: patch_distances)
-    per_point = int(c.pair[k0]) in getattr(sim.collision, "per_point_pairs", ())
+    # per-point distances (collision_driver: patch_distances): a capsule's feature is its axis
+    # moved by its radius along n, which turns with n
     if per_point:
-        fa, fb = patch_feature(XA, L), patch_feature(YB, L)
-        feats = [(fa[0], feature_solver(*fa, n), A), (fb[0], feature_solver(*fb, n), B)]
+        fa, fb = patch_feature(XA + radA * n, L), patch_feature(YB - radB * n, L)
+        feats = [(fa[0], feature_solver(*fa, n), A, radA), (fb[0], feature_solver(*fb, n), B, -radB)]
     undone = []
     for k in rows:
         dist = np.linalg.norm((cands - c.pos[k]) @ T, axis=1)      # (tangential: see below)
@@ -373,11 +419,11 @@ def polytope_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list
         i = int(np.flatnonzero(dist <= best + SUPPORT_TOL * L)[0])    # ties: A, then B, then crossings
         kind, data = kinds[i]
         if kind == "A":
-            Xp = X[data]
-            DX = A.point(Xp)
+            Xp = X[data] + wA
+            DX = A.point(X[data]) + dwA
         elif kind == "B":
-            Xp = Y[data]
-            DX = B.point(Xp)
+            Xp = Y[data] + wB
+            DX = B.point(Y[data]) + dwB
         else:
             Xa, uA, Xb, uB = data
             DXa, DXb = A.point(Xa), B.point(Xb)
@@ -395,9 +441,10 @@ def polytope_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list
         # its body, so  d(y) + U da = dp + ds n + s dn
         p = cands[i]
         ds = []
-        for origin, Mp, body in feats:
+        for origin, Mp, body, off in feats:
             sv = float(Mp[-1] @ (p - origin))
-            ds.append((sv, Mp[-1] @ (Dp + sv * Dn - body.point(p + sv * n))))
+            y = p + sv * n                   # on the feature; off n back to the body's core
+            ds.append((sv, Mp[-1] @ (Dp + sv * Dn - (body.point(y - off * n) + off * Dn))))
         (sa, dsa), (sb, dsb) = ds
         dd[k] = dsb - dsa
         dp[k] = Dp + 0.5 * (np.outer(n, dsa + dsb) + (sa + sb) * Dn)

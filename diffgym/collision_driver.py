@@ -30,7 +30,7 @@ import coal
 import numpy as np
 import pinocchio as pin
 
-from .collision_derivatives import box_corners, patch_distances, segments_parallel, snap_box_box
+from .collision_derivatives import box_corners, patch_distances, segments_parallel, snap_pair
 from .frames import tangent_frames
 from .pinviews import gather_placements, placement_view
 from .model import SimModel
@@ -304,38 +304,54 @@ class CollisionDriver:
 
         self._caps_caps = {k: (int(p[k, 0]), int(p[k, 1])) for k in range(len(p))
                            if all(isinstance(gm.geometryObjects[int(g)].geometry, coal.Capsule) for g in p[k])}
-        # box-box pairs (no swept radius): normal and distance snapped to the separating axis
+        # box-box and box-capsule pairs (no swept radius): normal and distance snapped to the
+        # separating axis, per-point patch distances (collision_derivatives)
         self._box_box = {}
+
+        def core(g):
+            sh = gm.geometryObjects[g].geometry
+            if hasattr(sh, "getSweptSphereRadius") and sh.getSweptSphereRadius():
+                return None
+            if isinstance(sh, coal.Box):
+                return ("box", box_corners(np.eye(3), np.zeros(3), np.asarray(sh.halfSide, float)), 0.0)
+            if isinstance(sh, coal.Capsule):
+                return ("capsule", np.array([[0.0, 0.0, -sh.halfLength], [0.0, 0.0, sh.halfLength]]),
+                        float(sh.radius))
+            return None
+
         for k in range(len(p)):
-            a, b = (gm.geometryObjects[int(g)].geometry for g in p[k])
-            if isinstance(a, coal.Box) and isinstance(b, coal.Box) and not any(
-                    sh.getSweptSphereRadius() if hasattr(sh, "getSweptSphereRadius") else 0.0 for sh in (a, b)):
-                self._box_box[k] = (int(p[k, 0]), int(p[k, 1]), np.asarray(a.halfSide, float).copy(),
-                                    np.asarray(b.halfSide, float).copy())
+            ca, cb = core(int(p[k, 0])), core(int(p[k, 1]))
+            if ca is not None and cb is not None and "box" in (ca[0], cb[0]):
+                self._box_box[k] = ((int(p[k, 0]),) + ca, (int(p[k, 1]),) + cb)
+
+    def _world(self, k, gdata):
+        """Per side of snappable pair k: world vertices, radius, face normals, edge directions."""
+        out = []
+        for g, kind, V, rad in self._box_box[k]:
+            M = gdata.oMg[g]
+            R = M.rotation
+            X = V @ R.T + M.translation
+            out.append((X, rad, R.T if kind == "box" else np.zeros((0, 3)),
+                        R.T if kind == "box" else R[:, 2][None, :]))
+        return out
 
     def _patch_distances(self, k, gdata, n, mid):
-        """Per-point distances and points of a box-box patch (collision_derivatives)."""
-        ga, gb, ha, hb = self._box_box[k]
-        Ma, Mb = gdata.oMg[ga], gdata.oMg[gb]
-        X = box_corners(Ma.rotation, Ma.translation, ha)
-        Y = box_corners(Mb.rotation, Mb.translation, hb)
+        """Per-point distances and points of a box-box or box-capsule patch."""
+        (X, ra, _, _), (Y, rb, _, _) = self._world(k, gdata)
         tol = float(self._patch_tol)
         hx, hy = X @ n, Y @ n
         L = max(float(np.ptp(X, axis=0).max()), float(np.ptp(Y, axis=0).max()))
-        return patch_distances(X[hx.max() - hx < tol], Y[hy - hy.min() < tol], n, mid, L)
+        return patch_distances(X[hx.max() - hx < tol] + ra * n, Y[hy - hy.min() < tol] - rb * n, n, mid, L)
 
     def _crossing_segments(self, k, gdata, n) -> bool:
         """Whether both support sets of pair k along n are segments that cross (not parallel):
-        two capsules, or two box edges."""
+        two capsules, two box edges, a box edge and a capsule."""
         if k in self._caps_caps:
             ga, gb = self._caps_caps[k]
             ua, ub = gdata.oMg[ga].rotation[:, 2], gdata.oMg[gb].rotation[:, 2]
             return not segments_parallel(ua, ub)
         if k in self._box_box:
-            ga, gb, ha, hb = self._box_box[k]
-            Ma, Mb = gdata.oMg[ga], gdata.oMg[gb]
-            X = box_corners(Ma.rotation, Ma.translation, ha)
-            Y = box_corners(Mb.rotation, Mb.translation, hb)
+            (X, _, _, _), (Y, _, _, _) = self._world(k, gdata)
             hx, hy = X @ n, Y @ n
             SA = X[hx.max() - hx < self._patch_tol]
             SB = Y[hy - hy.min() < self._patch_tol]
@@ -343,9 +359,8 @@ class CollisionDriver:
         return False
 
     def _snap(self, k, gdata, n, d):
-        ga, gb, ha, hb = self._box_box[k]
-        Ma, Mb = gdata.oMg[ga], gdata.oMg[gb]
-        return snap_box_box(Ma.rotation, Ma.translation, ha, Mb.rotation, Mb.translation, hb, n, d)
+        (X, ra, FA, EA), (Y, rb, FB, EB) = self._world(k, gdata)
+        return snap_pair(X, ra, FA, EA, Y, rb, FB, EB, n, d)
 
     # -- per-step kinematics ---------------------------------------------------------------
     def _placements(self, data: pin.Data) -> np.ndarray:

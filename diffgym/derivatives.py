@@ -256,6 +256,8 @@ def closed_form_pair(kind1: str, static1: bool, kind2: str, static2: bool) -> bo
         return True
     if kind1 in POLYTOPE_KINDS and kind2 in POLYTOPE_KINDS:
         return True                       # collision_derivatives.polytope_pair
+    if {kind1, kind2} in ({"box", "capsule"}, {"mesh", "capsule"}):
+        return True                       # ... with the capsule as a segment and a radius
     if kind1 == "capsule" and kind2 == "capsule":
         return True                       # collision_derivatives.capsule_pair (not parallel)
     return (kind1 == "sphere" and kind2 == "sphere") or {kind1, kind2} == {"sphere", "box"}
@@ -332,7 +334,8 @@ def geometry_derivatives(sim, kin: _Kin, cons) -> tuple[np.ndarray, np.ndarray, 
         j1, j2 = int(gjoint[g1]), int(gjoint[g2])
         if not closed_form_pair(k1, j1 == 0, k2, j2 == 0):
             fallback.append(k)
-        elif k1 in POLYTOPE_KINDS and k2 in POLYTOPE_KINDS:
+        elif (k1 in POLYTOPE_KINDS or k1 == "capsule") and (k2 in POLYTOPE_KINDS or k2 == "capsule") \
+                and not (k1 == "capsule" and k2 == "capsule"):
             polytope.setdefault(int(c.pair[k]), (j1, j2, []))[2].append(k)
         elif k1 == "capsule" and k2 == "capsule":
             capsules.setdefault(int(c.pair[k]), (j1, j2, []))[2].append(k)

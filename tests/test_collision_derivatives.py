@@ -282,3 +282,59 @@ def test_polytope_geometry_against_coal(ea, sa, pb, eb, sb):
     assert np.abs(dd - fd).max() < 1e-7
     assert np.abs(dp - fp).max() < 1e-6
     assert np.abs(dn - fn).max() < 1e-5       # coal's near-contact normal: ~1e-16/|d| / eps
+
+
+CAPSULE_ON_TABLE = """<mujoco><option timestep="0.01"/><worldbody>
+<geom type="plane" size="5 5 .1" friction="0.5"/>
+{table}
+<body name="c" pos="0.05 -0.03 0.3" euler="{euler}"><freejoint name="c"/>
+  <geom name="c" type="capsule" fromto="-0.15 0 0 0.15 0 0" size="0.04" mass="0.5" friction="0.5"/></body>
+</worldbody></mujoco>"""
+
+
+@pytest.mark.parametrize("table, euler, v, points", [
+    ("box", "0 0 30", None, 2),
+    ("box", "0 0 30", [0.4, -0.2, 0, 0, 0, 0], 2),
+    ("box", "0 25 30", [0.3, 0.2, 0, 0, 0, 2.0], 1),
+    ("mesh", "0 25 30", [0.3, 0.2, 0, 0, 0, 2.0], 1),
+], ids=["box-resting-flat", "box-sliding-flat", "box-spinning-end", "mesh-spinning-end"])
+def test_capsule_on_polytope(table, euler, v, points, tmp_path, monkeypatch):
+    """A capsule on a table that is a static box or a static convex mesh: lying flat on the
+    box, settled (a two-point patch whose points have their own distances), at rest and
+    sliding, and tilted, sliding and spinning on one end cap. (Lying flat on a mesh, coal's
+    shared patch distance puts the state on a kink: see README.)"""
+    _no_fallback(monkeypatch)
+    (tmp_path / "slab.obj").write_text(CUBE_OBJ.replace("0.15", "0.5").replace("0.1 ", "0.5 ")
+                                       .replace("-0.1 ", "-0.5 ").replace("0.05", "0.1"))
+    tab = ('<geom name="table" type="box" pos="0 0 0.1" size="0.5 0.5 0.1" friction="0.5"/>' if table == "box"
+           else '<geom name="table" type="mesh" mesh="slab" pos="0 0 0.1" friction="0.5"/>')
+    xml = CAPSULE_ON_TABLE.format(table=tab, euler=euler)
+    if table == "mesh":
+        xml = xml.replace("<worldbody>", '<asset><mesh name="slab" file="slab.obj"/></asset><worldbody>')
+    (tmp_path / "scene.xml").write_text(xml)
+    sim = diffgym.Simulator.from_file(str(tmp_path / "scene.xml"))
+    q = sim.q0
+    R = pin.Quaternion(q[6], q[3], q[4], q[5]).toRotationMatrix()
+    q[2] = 0.2 + 0.04 + 0.15 * abs(R[2, 0])
+    q = place(sim, q, "c")
+    if v is None:
+        q, v = settle(sim, q, 40)
+    check_step_jacobian(sim, q, np.array(v, float), kinds={("box", "capsule")} if table == "box"
+                        else {("capsule", "mesh")})
+    assert sim.last.num_contacts == points
+    assert set(sim.last.contact_modes) - {"breaking"}
+
+
+def test_capsule_on_free_box(monkeypatch):
+    """A capsule lying on a free box that rests on the ground, settled: both bodies move."""
+    _no_fallback(monkeypatch)
+    sim = diffgym.Simulator.from_string("""<mujoco><option timestep="0.01"/><worldbody>
+      <geom type="plane" size="5 5 .1" friction="0.6"/>
+      <body name="b0" pos="0 0 0.1"><freejoint name="b0"/><geom name="b0" type="box" size="0.2 0.2 0.1" mass="2" friction="0.6"/></body>
+      <body name="c" pos="0.02 0.01 0.24" euler="0 0 20"><freejoint name="c"/>
+        <geom name="c" type="capsule" fromto="-0.15 0 0 0.15 0 0" size="0.04" mass="0.5" friction="0.6"/></body>
+      </worldbody></mujoco>""")
+    q, v = settle(sim, sim.q0, 40)
+    v = v.copy()
+    v[6:9] = [0.3, 0.1, 0.0]
+    check_step_jacobian(sim, q, v, kinds={("box", "capsule")})
