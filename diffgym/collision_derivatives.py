@@ -1,39 +1,48 @@
-"""Closed-form derivatives of contact geometry between polytopes (boxes and convex meshes).
+"""Closed-form derivatives of contact geometry between polytopes (boxes, convex meshes), a
+capsule against a polytope (its axis segment with a radius), and two capsules.
 
-What is differentiated is what coal returns (``collision_driver.detect`` keeps it as is): for a
-pair of convex polytopes A (geom 1) and B (geom 2) one normal ``n`` (from A to B) and one signed
-distance ``d`` shared by every point of the pair, and either a single point, the midpoint of the
-two witness points of GJK/EPA, or the vertices of a contact patch (coal's
-``ContactPatchSolver``: the support sets of A along ``n`` and of B along ``-n``, taken with the
-patch tolerance, projected on the plane through the witness midpoint normal to ``n``, and
-clipped against each other, Sutherland-Hodgman).
+What is differentiated is the collision output as ``collision_driver.detect`` produces it: for
+a pair A (geom 1), B (geom 2) one normal ``n`` (from A to B), a signed distance ``d``, and
+either a single point, the midpoint of the two witness points of GJK/EPA, or the vertices of a
+contact patch (coal's ``ContactPatchSolver``: the support sets of A along ``n`` and of B along
+``-n``, taken with the patch tolerance, projected on the plane through the witness midpoint
+normal to ``n``, and clipped against each other, Sutherland-Hodgman). For box-box and
+box-capsule pairs the driver snaps ``n`` and ``d`` to the separating axis (``snap_pair``) and
+gives each patch point its own distance (``patch_distances``); otherwise the patch shares coal's.
 
 Each of these is a smooth function of the two poses determined by a few features, which are
 identified at the current pose:
 
 * ``n`` and ``d``: ``d = max_{|m|=1} (min_B y.m - max_A x.m)`` for separated and penetrating
-  polytopes alike (separating axis), ``n`` its maximizer. By the envelope theorem
-  ``dd = n . (dy - dx)`` for any support points x of A and y of B moving with their bodies. The
+  pairs alike (separating axis), ``n`` its maximizer. By the envelope theorem
+  ``dd = n . (dy - dx)`` at the witness points x of A and y of B moving with their bodies. The
   maximizer is the normal of the Minkowski-difference feature closest to the origin: a face of A
   (``dn = w_A x n``), a face of B (``dn = w_B x n``), two edges (``n ~ u_A x u_B``), or, separated
   only, a vertex against an edge or a vertex (``n`` along the witness difference ``z = d n``,
   projected off the edge: ``dn = -u (n . du) + (I - u u^T - n n^T) dz / d``). The features are
   the exact support sets of A along n and of B along -n (vertices within ``SUPPORT_TOL`` times
-  the size of the pair), classified by their affine rank.
+  the size of the pair), classified by their affine rank; a capsule's vertices are its axis
+  ends, and its radius moves the support plane.
 * a single point: the witness midpoint, ``v +- (d/2) n`` with v a vertex of A or B, or the
   midpoint of the closest points of two edge lines (implicit differentiation of the two
   orthogonality conditions).
 * patch points: the patch plane is at height ``c = (max_A x.n + min_B y.n) / 2`` along n; a
-  point is the projection ``X - (X.n - c) n`` of a vertex X of either support set, or of the
-  point of an edge of A whose projection crosses the projection of an edge of B (implicit
-  differentiation of the crossing: ``T (X_A + s u_A - X_B - t u_B) = 0``, ``T = I - n n^T``).
-  Each point coal returned is matched to the nearest candidate.
+  point is the projection ``X - (X.n - c) n`` of a vertex X of either support set (for a
+  capsule, coal's support points: its axis ends moved by ``r (a . n) a``), or of the point of an
+  edge of A whose projection crosses the projection of an edge of B (implicit differentiation
+  of the crossing: ``T (X_A + s u_A - X_B - t u_B) = 0``, ``T = I - n n^T``). Each point coal
+  returned is matched to the nearest candidate. With per-point distances, the offsets sA, sB
+  from the patch point along n to each support feature (a face plane, an edge line, a vertex;
+  a capsule's axis moved by its radius) follow from ``y = p + s n`` on the feature, the feature
+  moving with its body.
+* two capsules (``capsule_pair``): the closest points of the axis segments, interior
+  parameters by their orthogonality conditions, clamped ones at the body-fixed ends.
 
 Everything is a 3 x nv (or nv) array of derivatives with respect to the tangent of q, chained
 with the body Jacobians (``derivatives._Kin``). Where a configuration is degenerate in a way
-these features do not cover (parallel edges, a rank the tolerances cannot decide, a point that
-matches no candidate) ``polytope_pair`` returns the rows it could not do and the caller uses the
-finite-difference fallback for them, which it counts and reports.
+these features do not cover (parallel edges or axes, a rank the tolerances cannot decide, a
+point that matches no candidate) the functions return the rows they could not do and the caller
+uses the finite-difference fallback for them, which it counts and reports.
 """
 from __future__ import annotations
 
