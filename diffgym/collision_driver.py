@@ -108,6 +108,35 @@ def _mesh_points(shape) -> np.ndarray | None:
     return np.ascontiguousarray(pts)
 
 
+def _mesh_axes(pts: np.ndarray, max_axes: int = 64):
+    """("mesh", vertices, 0, unique face normals, unique edge directions) of a convex mesh from
+    its hull (qhull), for the separating-axis snap; None for a flat or large hull. (Diagonals of
+    coplanar triangles add axes that are not edges: harmless, an extra axis never beats the
+    true one, whose separation is the largest.)"""
+    try:
+        from scipy.spatial import ConvexHull
+        hull = ConvexHull(pts)
+    except Exception:      # noqa: BLE001 - flat or degenerate
+        return None
+
+    def unique(D):
+        D = D / np.linalg.norm(D, axis=1, keepdims=True)
+        D = D * np.where((D[:, np.argmax(np.abs(D), axis=1)].diagonal() if len(D) else D[:, 0]) < 0, -1.0, 1.0)[:, None]
+        keep = []
+        for d in D:
+            if not any(abs(abs(d @ e) - 1.0) < 1e-9 for e in keep):
+                keep.append(d)
+        return np.array(keep).reshape(-1, 3)
+
+    F = unique(hull.equations[:, :3])
+    tri = hull.simplices
+    E = unique(np.concatenate([pts[tri[:, 1]] - pts[tri[:, 0]], pts[tri[:, 2]] - pts[tri[:, 1]],
+                               pts[tri[:, 0]] - pts[tri[:, 2]]]))
+    if len(F) > max_axes or len(E) > max_axes:
+        return None
+    return ("mesh", np.ascontiguousarray(pts), 0.0, F, E)
+
+
 def _norms(x: np.ndarray) -> np.ndarray:
     """Row norms of (k, 3), equal bit for bit to ``np.linalg.norm`` of each row (a BLAS dot)."""
     return np.sqrt(np.matmul(x[:, None, :], x[:, :, None])[:, 0, 0])
@@ -309,30 +338,32 @@ class CollisionDriver:
         self._box_box = {}
 
         def core(g):
+            """(kind, vertices, radius, face normals, edge directions) in the geom frame."""
             sh = gm.geometryObjects[g].geometry
             if hasattr(sh, "getSweptSphereRadius") and sh.getSweptSphereRadius():
                 return None
+            eye = np.eye(3)
             if isinstance(sh, coal.Box):
-                return ("box", box_corners(np.eye(3), np.zeros(3), np.asarray(sh.halfSide, float)), 0.0)
+                return ("box", box_corners(eye, np.zeros(3), np.asarray(sh.halfSide, float)), 0.0, eye, eye)
             if isinstance(sh, coal.Capsule):
                 return ("capsule", np.array([[0.0, 0.0, -sh.halfLength], [0.0, 0.0, sh.halfLength]]),
-                        float(sh.radius))
+                        float(sh.radius), np.zeros((0, 3)), eye[2:])
+            if isinstance(sh, coal.ConvexBase):
+                return _mesh_axes(np.asarray(sh.points(), dtype=float).reshape(-1, 3))
             return None
 
         for k in range(len(p)):
             ca, cb = core(int(p[k, 0])), core(int(p[k, 1]))
-            if ca is not None and cb is not None and "box" in (ca[0], cb[0]):
+            if ca is not None and cb is not None and (ca[0] != "capsule" or cb[0] != "capsule"):
                 self._box_box[k] = ((int(p[k, 0]),) + ca, (int(p[k, 1]),) + cb)
 
     def _world(self, k, gdata):
         """Per side of snappable pair k: world vertices, radius, face normals, edge directions."""
         out = []
-        for g, kind, V, rad in self._box_box[k]:
+        for g, kind, V, rad, F, E in self._box_box[k]:
             M = gdata.oMg[g]
             R = M.rotation
-            X = V @ R.T + M.translation
-            out.append((X, rad, R.T if kind == "box" else np.zeros((0, 3)),
-                        R.T if kind == "box" else R[:, 2][None, :]))
+            out.append((V @ R.T + M.translation, rad, F @ R.T, E @ R.T))
         return out
 
     def _patch_distances(self, k, gdata, n, mid):

@@ -180,12 +180,15 @@ CUBE_OBJ = ("".join(f"v {x} {y} {z}\n" for x in (-0.1, 0.1) for y in (-0.15, 0.1
 
 
 @pytest.mark.parametrize("table", ["box", "mesh"])
-@pytest.mark.parametrize("euler, v, points", [("25 0.1 0", [0.5, 0.2, 0, 0, 0, 2.0], 2),
+@pytest.mark.parametrize("euler, v, points", [("0 0 20", None, 4),
+                                              ("0 0 20", [0.6, 0.25, 0, 0, 0, 0], 4),
+                                              ("25 0.1 0", [0.5, 0.2, 0, 0, 0, 2.0], 2),
                                               ("20 10 0", [0.5, 0.2, 0, 0, 0, 3.0], 1)],
-                         ids=["spinning-edge", "spinning-corner"])
+                         ids=["resting-face", "sliding-face", "spinning-edge", "spinning-corner"])
 def test_convex_mesh_on_polytope(table, euler, v, points, tmp_path, monkeypatch):
-    """A convex mesh (the box as vertices and faces) sliding and spinning on an edge and on a
-    corner over a table that is a static box or a static convex mesh (mesh-box, mesh-mesh)."""
+    """A convex mesh (the box as vertices and faces) over a table that is a static box or a
+    static convex mesh (mesh-box, mesh-mesh): settled flat on its face, at rest and sliding, and
+    sliding and spinning on an edge and on a corner."""
     _no_fallback(monkeypatch)
     (tmp_path / "cube.obj").write_text(CUBE_OBJ)
     (tmp_path / "slab.obj").write_text(CUBE_OBJ.replace("0.15", "0.5").replace("0.1 ", "0.5 ")
@@ -202,7 +205,11 @@ def test_convex_mesh_on_polytope(table, euler, v, points, tmp_path, monkeypatch)
     R = pin.Quaternion(q[6], q[3], q[4], q[5]).toRotationMatrix()
     q[2] = 0.2 + 0.5 * np.abs(R[2]) @ np.array([0.2, 0.3, 0.1])
     q = place(sim, q, "box")
-    check_step_jacobian(sim, q, np.array(v, float), modes={"sliding"},
+    modes = {"sticking"} if v is None else {"sliding"}
+    if euler == "0 0 20":
+        q, v0 = settle(sim, q, 40)                                   # settled flat
+        v = v0 if v is None else v
+    check_step_jacobian(sim, q, np.array(v, float), modes=modes,
                         kinds={("box", "mesh")} if table == "box" else {("mesh", "mesh")})
     assert sim.last.num_contacts == points
 
@@ -297,13 +304,15 @@ CAPSULE_ON_TABLE = """<mujoco><option timestep="0.01"/><worldbody>
     ("box", "0 0 30", None, 2),
     ("box", "0 0 30", [0.4, -0.2, 0, 0, 0, 0], 2),
     ("box", "0 25 30", [0.3, 0.2, 0, 0, 0, 2.0], 1),
+    ("mesh", "0 0 30", None, 2),
+    ("mesh", "0 0 30", [0.4, -0.2, 0, 0, 0, 0], 2),
     ("mesh", "0 25 30", [0.3, 0.2, 0, 0, 0, 2.0], 1),
-], ids=["box-resting-flat", "box-sliding-flat", "box-spinning-end", "mesh-spinning-end"])
+], ids=["box-resting-flat", "box-sliding-flat", "box-spinning-end", "mesh-resting-flat",
+        "mesh-sliding-flat", "mesh-spinning-end"])
 def test_capsule_on_polytope(table, euler, v, points, tmp_path, monkeypatch):
-    """A capsule on a table that is a static box or a static convex mesh: lying flat on the
-    box, settled (a two-point patch whose points have their own distances), at rest and
-    sliding, and tilted, sliding and spinning on one end cap. (Lying flat on a mesh, coal's
-    shared patch distance puts the state on a kink: see README.)"""
+    """A capsule on a table that is a static box or a static convex mesh: lying flat, settled
+    (a two-point patch whose points have their own distances), at rest and sliding, and
+    tilted, sliding and spinning on one end cap."""
     _no_fallback(monkeypatch)
     (tmp_path / "slab.obj").write_text(CUBE_OBJ.replace("0.15", "0.5").replace("0.1 ", "0.5 ")
                                        .replace("-0.1 ", "-0.5 ").replace("0.05", "0.1"))
