@@ -123,6 +123,15 @@ def _cross3(a, b) -> np.ndarray:
     return np.array([a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0]])
 
 
+# rows left to the finite-difference fallback since the process started, by reason
+fallback_reasons: dict = {}
+
+
+def _undone(rows, reason: str) -> list:
+    fallback_reasons[reason] = fallback_reasons.get(reason, 0) + len(rows)
+    return list(rows)
+
+
 def _skew(x: np.ndarray) -> np.ndarray:
     return np.array([[0.0, -x[2], x[1]], [x[2], 0.0, -x[0]], [-x[1], x[0], 0.0]])
 
@@ -172,7 +181,10 @@ def snap_pair(XA, radA, FA, EA, XB, radB, FB, EB, n, d, tol=1e-7):
     botB = (M @ XB.T).min(axis=1) - radB
     f = botB - topA
     i = int(np.argmax(f))
-    if abs(f[i] - d) > tol * (1.0 + abs(d)) or float(M[i] @ n) < 1.0 - 1e-6:
+    # coal's distance can be off by ~1e-6 of the size near contact (its normal by as much):
+    # accept the axis where they agree to that
+    size = float(max(np.ptp(XA, axis=0).max(), np.ptp(XB, axis=0).max())) + radA + radB
+    if abs(f[i] - d) > max(tol * (1.0 + abs(d)), 1e-5 * size) or float(M[i] @ n) < 1.0 - 1e-6:
         return None
     return M[i], float(f[i]), 0.5 * float(topA[i] + botB[i])
 
@@ -264,7 +276,7 @@ def polytope_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list
     g1, g2 = int(c.geom1[k0]), int(c.geom2[k0])
     VA, VB = local_vertices(sim, g1), local_vertices(sim, g2)
     if VA is None or VB is None:
-        return list(rows)
+        return _undone(rows, 'not polytopes')
     MA, MB = sim.geom_data.oMg[g1], sim.geom_data.oMg[g2]
     X = VA @ MA.rotation.T + MA.translation
     Y = VB @ MB.rotation.T + MB.translation
@@ -327,7 +339,7 @@ def polytope_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list
         else:
             Dn = -np.outer(u, n @ du) + (np.eye(3) - np.outer(u, u) - nn) @ dz / dc
     else:
-        return list(rows)
+        return _undone(rows, 'features undecided')
     dxw, dyw = A.point(xw), B.point(yw)
     Dd = n @ (dyw - dxw)
     # -- the points ---------------------------------------------------------------------------
@@ -352,11 +364,11 @@ def polytope_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list
             xc, dxc = xw, dxr + np.outer(uA, st[0])
             yc, dyc = yw, dyr + np.outer(uB, st[1])
         else:
-            return list(rows)
+            return _undone(rows, 'single point: features undecided')
         m = 0.5 * (xc + yc) + 0.5 * (radA - radB) * n
         Dm = 0.5 * (dxc + dyc) + 0.5 * (radA - radB) * Dn
-        if np.linalg.norm(m - c.pos[k]) > MATCH_TOL * L:
-            return list(rows)
+        if np.linalg.norm(m - c.pos[k]) > 100.0 * MATCH_TOL * L:      # (GJK's witness on curved shapes)
+            return _undone(rows, 'single point: no match')
         dp[k], dn[k], dd[k] = Dm, Dn, Dd
         return []
     # a patch: candidates from the support sets taken with coal's patch tolerance
@@ -373,7 +385,7 @@ def polytope_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list
     B2 = np.stack([YB @ e1, YB @ e2], axis=1)
     hullA, hullB = PA[_hull2(A2)], PB[_hull2(B2)]
     if len(hullA) == 2 and len(hullB) == 2:
-        return list(rows)         # segment against segment (coal's parallel-edge case)
+        return _undone(rows, 'parallel segments')  # segment against segment (coal's parallel-edge case)
 
     def proj(P):
         return P - np.outer(P @ n - c0, n) if P.ndim == 2 else P - (P @ n - c0) * n
@@ -423,7 +435,7 @@ def polytope_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list
         dist = np.linalg.norm((cands - c.pos[k]) @ T, axis=1)      # (tangential: see below)
         best = float(dist.min())
         if best > MATCH_TOL * L:
-            undone.append(k)
+            undone += _undone([k], 'patch point: no match')
             continue
         i = int(np.flatnonzero(dist <= best + SUPPORT_TOL * L)[0])    # ties: A, then B, then crossings
         kind, data = kinds[i]
@@ -485,14 +497,14 @@ def capsule_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list:
     dd = n . (dc2 - dc1). Parallel axes (a line contact, coal returns two points) are left to
     the fallback."""
     if len(rows) != 1:
-        return list(rows)
+        return _undone(rows, 'capsules: several points')
     k = rows[0]
     g1, g2 = int(c.geom1[k]), int(c.geom2[k])
     a0, a1, rA = capsule_axis(sim, g1)
     b0, b1, rB = capsule_axis(sim, g2)
     uA, uB = a1 - a0, b1 - b0
     if segments_parallel(uA, uB):
-        return list(rows)
+        return _undone(rows, 'capsules: parallel axes')
     # closest points of the segments (clamped, as coal's capsule-capsule distance)
     w0 = a0 - b0
     a, b, cc = uA @ uA, uA @ uB, uB @ uB
@@ -507,10 +519,10 @@ def capsule_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list:
     r = p2 - p1
     L = float(np.linalg.norm(r))
     if L < 1e-12:
-        return list(rows)
+        return _undone(rows, 'capsules: coincident axes')
     n = r / L
     if n @ c.normal[k] < 0.99:
-        return list(rows)
+        return _undone(rows, 'capsules: normal mismatch')
     A, B = _Body(kin, j1), _Body(kin, j2)
     dP1, dP2 = A.point(p1), B.point(p2)
     duA, duB = A.turn(uA), B.turn(uB)
@@ -536,7 +548,7 @@ def capsule_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list:
     Dn = (np.eye(3) - np.outer(n, n)) @ dr / L
     pos = 0.5 * (p1 + p2) + 0.5 * (rA - rB) * n
     if np.linalg.norm(pos - c.pos[k]) > MATCH_TOL * max(L, 1.0):
-        return list(rows)
+        return _undone(rows, 'capsules: no match')
     dn[k] = Dn
     dd[k] = n @ dr
     dp[k] = 0.5 * (dc1 + dc2) + 0.5 * (rA - rB) * Dn

@@ -523,6 +523,12 @@ class CollisionDriver:
                 c = cres[k].getContact(0)
                 p1, p2 = c.getNearestPoint1(), c.getNearestPoint2()
                 n = np.asarray(c.normal).copy()
+                if k in self._box_box:
+                    snap = self._snap(k, gdata, n, float(n @ (p2 - p1)))
+                    if snap is not None:  # the exact separating axis; the same witness midpoint
+                        mid = 0.5 * (p1 + p2)
+                        n, d = snap[0], snap[1]
+                        p1, p2 = mid - 0.5 * d * n, mid + 0.5 * d * n
                 rows_pair.append(k); rows_pt.append(0)
                 rows_pos.append(0.5 * (p1 + p2)); rows_n.append(n); rows_d.append(float(n @ (p2 - p1)))
                 continue
