@@ -348,3 +348,27 @@ def test_capsule_on_free_box(monkeypatch):
     v = v.copy()
     v[6:9] = [0.3, 0.1, 0.0]
     check_step_jacobian(sim, q, v, kinds={("box", "capsule")})
+
+
+def test_no_fallback_in_a_drop(monkeypatch):
+    """States the simulator visits: boxes and capsules of random sizes dropped at random poses
+    onto a table box on a plane (scripts/drop_fallback_census.py, shorter), every step with its
+    Jacobian; no contact row takes the finite-difference fallback and every Jacobian is finite."""
+    _no_fallback(monkeypatch)
+    r = np.random.default_rng(0)
+    bodies = []
+    for i, kind in enumerate(["box", "capsule", "box", "capsule"]):
+        geom = ('<geom type="box" size="%.3f %.3f %.3f"/>' % tuple(r.uniform(0.04, 0.1, 3)) if kind == "box"
+                else '<geom type="capsule" fromto="-0.08 0 0 0.08 0 0" size="0.03"/>')
+        bodies.append('<body pos="%.3f %.3f %.3f" euler="%d %d %d"><freejoint/>%s</body>'
+                      % (r.uniform(-0.1, 0.1), r.uniform(-0.1, 0.1), 0.12 + 0.15 * i, *r.integers(0, 360, 3), geom))
+    sim = diffgym.Simulator.from_string(
+        '<mujoco><option timestep="0.01"/><worldbody><geom type="plane" size="5 5 .1" friction="0.6"/>'
+        '<geom type="box" pos="0 0 0.02" size="0.3 0.3 0.02"/>%s</worldbody></mujoco>' % "".join(bodies))
+    q, v = sim.q0, np.zeros(sim.nv)
+    pairs = set()
+    for _ in range(50):
+        q, v, jac = sim.step(q, v, np.zeros(sim.nv), jacobian=True)
+        assert np.isfinite(jac.state).all() and np.isfinite(jac.control).all()
+        pairs |= {tuple(sorted(k)) for k in sim.last.contact_geoms}
+    assert len(pairs) >= 4
