@@ -30,12 +30,17 @@ import coal
 import numpy as np
 import pinocchio as pin
 
+from .collision_derivatives import box_corners, patch_distances, segments_parallel, snap_pair
 from .frames import tangent_frames
 from .pinviews import gather_placements, placement_view
 from .model import SimModel
 from .collision_kernels import BROAD_SLACK as _BROAD_SLACK, KIND_CODES, detect_closed_form
 from .plane_contacts import ANALYTIC_KINDS, shape_points
 
+
+
+# GJK/EPA tolerance of the narrow phase (coal's default is 1e-6)
+GJK_TOL = 1e-10
 
 
 @dataclass
@@ -103,6 +108,35 @@ def _mesh_points(shape) -> np.ndarray | None:
     return np.ascontiguousarray(pts)
 
 
+def _mesh_axes(pts: np.ndarray, max_axes: int = 64):
+    """("mesh", vertices, 0, unique face normals, unique edge directions) of a convex mesh from
+    its hull (qhull), for the separating-axis snap; None for a flat or large hull. (Diagonals of
+    coplanar triangles add axes that are not edges: harmless, an extra axis never beats the
+    true one, whose separation is the largest.)"""
+    try:
+        from scipy.spatial import ConvexHull
+        hull = ConvexHull(pts)
+    except Exception:      # noqa: BLE001 - flat or degenerate
+        return None
+
+    def unique(D):
+        D = D / np.linalg.norm(D, axis=1, keepdims=True)
+        D = D * np.where((D[:, np.argmax(np.abs(D), axis=1)].diagonal() if len(D) else D[:, 0]) < 0, -1.0, 1.0)[:, None]
+        keep = []
+        for d in D:
+            if not any(abs(abs(d @ e) - 1.0) < 1e-9 for e in keep):
+                keep.append(d)
+        return np.array(keep).reshape(-1, 3)
+
+    F = unique(hull.equations[:, :3])
+    tri = hull.simplices
+    E = unique(np.concatenate([pts[tri[:, 1]] - pts[tri[:, 0]], pts[tri[:, 2]] - pts[tri[:, 1]],
+                               pts[tri[:, 0]] - pts[tri[:, 2]]]))
+    if len(F) > max_axes or len(E) > max_axes:
+        return None
+    return ("mesh", np.ascontiguousarray(pts), 0.0, F, E)
+
+
 def _norms(x: np.ndarray) -> np.ndarray:
     """Row norms of (k, 3), equal bit for bit to ``np.linalg.norm`` of each row (a BLAS dot)."""
     return np.sqrt(np.matmul(x[:, None, :], x[:, :, None])[:, 0, 0])
@@ -131,6 +165,8 @@ class CollisionDriver:
             if len(p) else np.zeros(0, dtype=np.int64)
         self.pair_other = np.where(self.pair_plane == p[:, 0], p[:, 1], p[:, 0]) if len(p) else self.pair_plane
         self.patch_request = coal.ContactPatchRequest()
+        self.per_point_pairs: set = set()
+        self._patch_tol = self.patch_request.getPatchTolerance()
         # shape-on-plane pairs with closed-form contact points (see plane_contacts.py)
         kinds = [g.kind for g in sm.geoms]
         self.analytic = np.array([pl >= 0 and kinds[ot] in ANALYTIC_KINDS
@@ -295,6 +331,68 @@ class CollisionDriver:
                 n_plane = M.rotation[:, 2].copy()
                 self._plane_frame[pl] = (n_plane, float(n_plane @ M.translation))
 
+        self._caps_caps = {k: (int(p[k, 0]), int(p[k, 1])) for k in range(len(p))
+                           if all(isinstance(gm.geometryObjects[int(g)].geometry, coal.Capsule) for g in p[k])}
+        # box-box and box-capsule pairs (no swept radius): normal and distance snapped to the
+        # separating axis, per-point patch distances (collision_derivatives)
+        self._box_box = {}
+
+        def core(g):
+            """(kind, vertices, radius, face normals, edge directions) in the geom frame."""
+            sh = gm.geometryObjects[g].geometry
+            if hasattr(sh, "getSweptSphereRadius") and sh.getSweptSphereRadius():
+                return None
+            eye = np.eye(3)
+            if isinstance(sh, coal.Box):
+                return ("box", box_corners(eye, np.zeros(3), np.asarray(sh.halfSide, float)), 0.0, eye, eye)
+            if isinstance(sh, coal.Capsule):
+                return ("capsule", np.array([[0.0, 0.0, -sh.halfLength], [0.0, 0.0, sh.halfLength]]),
+                        float(sh.radius), np.zeros((0, 3)), eye[2:])
+            if isinstance(sh, coal.ConvexBase):
+                return _mesh_axes(np.asarray(sh.points(), dtype=float).reshape(-1, 3))
+            return None
+
+        for k in range(len(p)):
+            ca, cb = core(int(p[k, 0])), core(int(p[k, 1]))
+            if ca is not None and cb is not None and (ca[0] != "capsule" or cb[0] != "capsule"):
+                self._box_box[k] = ((int(p[k, 0]),) + ca, (int(p[k, 1]),) + cb)
+
+    def _world(self, k, gdata):
+        """Per side of snappable pair k: world vertices, radius, face normals, edge directions."""
+        out = []
+        for g, kind, V, rad, F, E in self._box_box[k]:
+            M = gdata.oMg[g]
+            R = M.rotation
+            out.append((V @ R.T + M.translation, rad, F @ R.T, E @ R.T))
+        return out
+
+    def _patch_distances(self, k, gdata, n, mid):
+        """Per-point distances and points of a box-box or box-capsule patch."""
+        (X, ra, _, _), (Y, rb, _, _) = self._world(k, gdata)
+        tol = float(self._patch_tol)
+        hx, hy = X @ n, Y @ n
+        L = max(float(np.ptp(X, axis=0).max()), float(np.ptp(Y, axis=0).max()))
+        return patch_distances(X[hx.max() - hx < tol] + ra * n, Y[hy - hy.min() < tol] - rb * n, n, mid, L)
+
+    def _crossing_segments(self, k, gdata, n) -> bool:
+        """Whether both support sets of pair k along n are segments that cross (not parallel):
+        two capsules, two box edges, a box edge and a capsule."""
+        if k in self._caps_caps:
+            ga, gb = self._caps_caps[k]
+            ua, ub = gdata.oMg[ga].rotation[:, 2], gdata.oMg[gb].rotation[:, 2]
+            return not segments_parallel(ua, ub)
+        if k in self._box_box:
+            (X, _, _, _), (Y, _, _, _) = self._world(k, gdata)
+            hx, hy = X @ n, Y @ n
+            SA = X[hx.max() - hx < self._patch_tol]
+            SB = Y[hy - hy.min() < self._patch_tol]
+            return len(SA) == 2 and len(SB) == 2 and not segments_parallel(SA[1] - SA[0], SB[1] - SB[0])
+        return False
+
+    def _snap(self, k, gdata, n, d):
+        (X, ra, FA, EA), (Y, rb, FB, EB) = self._world(k, gdata)
+        return snap_pair(X, ra, FA, EA, Y, rb, FB, EB, n, d)
+
     # -- per-step kinematics ---------------------------------------------------------------
     def _placements(self, data: pin.Data) -> np.ndarray:
         """Joint placements (njoints, 12) of data: a view of its memory (pinviews), made once
@@ -403,11 +501,20 @@ class CollisionDriver:
         rows_d: list = []
         analytic = self._analytic_list
         reqs, cres, pres_all = self._narrow_tables(gdata)
+        # box-box pairs whose patch points carry their own distances (derivatives read it)
+        per_point = self.per_point_pairs = set()
         for k, mk in zip(cand.tolist(), margin[cand].tolist()):
             if analytic[k]:
                 self._plane_pair(k, gdata, mk, rows_pair, rows_pt, rows_pos, rows_n, rows_d)
                 continue
-            reqs[k].security_margin = mk
+            req = reqs[k]
+            req.security_margin = mk
+            if req.gjk_tolerance != GJK_TOL:
+                # coal's default GJK tolerance (1e-6) reports every gap below it as a distance
+                # of exactly 0: resting contacts settle inside that flat band, where the
+                # distance stops following the poses. A tight tolerance keeps it exact.
+                req.gjk_tolerance = GJK_TOL
+                req.epa_tolerance = GJK_TOL
             if not pin.computeCollision(gm, gdata, k):
                 continue
             pin.computeContactPatch(gm, gdata, k)
@@ -416,24 +523,54 @@ class CollisionDriver:
                 c = cres[k].getContact(0)
                 p1, p2 = c.getNearestPoint1(), c.getNearestPoint2()
                 n = np.asarray(c.normal).copy()
+                if k in self._box_box:
+                    snap = self._snap(k, gdata, n, float(n @ (p2 - p1)))
+                    if snap is not None:  # the exact separating axis; the same witness midpoint
+                        mid = 0.5 * (p1 + p2)
+                        n, d = snap[0], snap[1]
+                        p1, p2 = mid - 0.5 * d * n, mid + 0.5 * d * n
                 rows_pair.append(k); rows_pt.append(0)
                 rows_pos.append(0.5 * (p1 + p2)); rows_n.append(n); rows_d.append(float(n @ (p2 - p1)))
                 continue
             patch = pres.getContactPatch(0)
             n = np.asarray(patch.getNormal()).copy()
             m = patch.size()
-            if m == 1:
-                p1, p2 = patch.getPointShape1(0), patch.getPointShape2(0)
+            crossing = m == 2 and self._crossing_segments(k, gdata, n)
+            if m == 1 or crossing:
+                if crossing:
+                    # coal 3.0's segment-segment patch (two capsule axes, two box edges) returns
+                    # two points far from the contact for some crossing segments (its
+                    # determinant test is a comparison): the contact is the one witness point
+                    ct = cres[k].getContact(0)
+                    mid, pd = np.asarray(ct.pos).copy(), float(ct.penetration_depth)
+                    p1, p2 = mid - 0.5 * pd * n, mid + 0.5 * pd * n
+                else:
+                    p1, p2 = patch.getPointShape1(0), patch.getPointShape2(0)
+                if k in self._box_box:
+                    snap = self._snap(k, gdata, n, float(n @ (p2 - p1)))
+                    if snap is not None:  # the exact separating axis; the same witness midpoint
+                        mid = 0.5 * (p1 + p2)
+                        n, d = snap[0], snap[1]
+                        p1, p2 = mid - 0.5 * d * n, mid + 0.5 * d * n
                 rows_pair.append(k); rows_pt.append(0)
                 rows_pos.append(0.5 * (p1 + p2)); rows_n.append(n); rows_d.append(float(n @ (p2 - p1)))
                 continue
             P1 = np.array([patch.getPointShape1(i) for i in range(m)])
             P2 = np.array([patch.getPointShape2(i) for i in range(m)])
-            keep = _reduce_patch(0.5 * (P1 + P2), self.max_points)
+            mid = 0.5 * (P1 + P2)
+            dist = n @ (P2 - P1).T
+            if k in self._box_box:
+                snap = self._snap(k, gdata, n, float(dist[0]))
+                if snap is not None:      # the exact separating axis: points onto its plane
+                    n, d, c = snap
+                    mid = mid - np.outer(mid @ n - c, n)
+                    dist, mid = self._patch_distances(k, gdata, n, mid)
+                    per_point.add(k)
+            keep = _reduce_patch(mid, self.max_points)
             for j, i in enumerate(keep):
                 rows_pair.append(k); rows_pt.append(j)
-                rows_pos.append(0.5 * (P1[i] + P2[i])); rows_n.append(n)
-                rows_d.append(float(n @ (P2[i] - P1[i])))
+                rows_pos.append(mid[i]); rows_n.append(n)
+                rows_d.append(float(dist[i]))
         if rows_pair:
             pair = np.array(rows_pair, dtype=np.int64)
             blocks.append((pair, np.array(rows_pt, dtype=np.int64), np.array(rows_pos).reshape(-1, 3),

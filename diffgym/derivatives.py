@@ -26,11 +26,14 @@ Collision geometry (how contact points, normals and distances move with q) is cl
 a static plane against every shape (``_plane_contacts``: sphere and capsule roll about their
 centre or segment point, box and mesh witness points are body-fixed vertices, a tilted
 cylinder's witness is the lowest point of its cap rim, an ellipsoid's its support point), for
-sphere-sphere and for sphere-box (``_sphere_box``: face, edge, corner and centre-inside
-regions; either body static or moving). Every other pair (box-box, capsule-capsule, anything on
-a moving plane, mesh-mesh, ...) falls back to a central difference of the collision output alone
-(``_collision_fd``, step ``collision_fd_eps``), never of the dynamics; ``closed_form_pair``
-says which. ``tests/test_gradients.py`` checks both routes against central differences of the
+sphere-sphere, for sphere-box (``_sphere_box``: face, edge, corner and centre-inside regions;
+either body static or moving), for every pair of boxes and convex meshes and for capsule-capsule
+(``collision_derivatives``: feature by feature, patches included). Every other pair (capsule
+with a box or mesh, cylinders and ellipsoids off the plane, anything on a moving plane, ...)
+falls back to a central difference of the collision output alone (``_collision_fd``, step
+``collision_fd_eps``), never of the dynamics, counted in ``fallback_counts`` with a warning
+once per pair of kinds; ``closed_form_pair`` says which. ``tests/test_gradients.py`` and
+``tests/test_collision_derivatives.py`` check both routes against central differences of the
 whole step.
 
 Two implementations give the same numbers (to rounding): ``step_jacobian``'s default compiled
@@ -48,6 +51,7 @@ import numpy as np
 import pinocchio as pin
 
 from . import derivative_kernels as K
+from .collision_derivatives import POLYTOPE_KINDS, capsule_pair, polytope_pair
 from .constraint import baumgarte_gain
 from .pinviews import addr as _addr, gather_placements, placement_view, raw_rows as _raw_rows
 from .solver import BREAKING, STICKING
@@ -391,6 +395,12 @@ def closed_form_pair(kind1: str, static1: bool, kind2: str, static2: bool) -> bo
         return True
     if kind2 == "plane" and static2 and kind1 in PLANE_CLOSED_FORM:
         return True
+    if kind1 in POLYTOPE_KINDS and kind2 in POLYTOPE_KINDS:
+        return True                       # collision_derivatives.polytope_pair
+    if {kind1, kind2} in ({"box", "capsule"}, {"mesh", "capsule"}):
+        return True                       # ... with the capsule as a segment and a radius
+    if kind1 == "capsule" and kind2 == "capsule":
+        return True                       # collision_derivatives.capsule_pair (not parallel)
     return (kind1 == "sphere" and kind2 == "sphere") or {kind1, kind2} == {"sphere", "box"}
 
 
@@ -458,11 +468,18 @@ def geometry_derivatives(sim, kin: _Kin, cons) -> tuple[np.ndarray, np.ndarray, 
     dn = np.zeros((nc, 3, nv))
     dd = np.zeros((nc, nv))
     plane, fallback = [], []
+    polytope: dict = {}
+    capsules: dict = {}
     for k, (g1, g2) in enumerate(zip(c.geom1.tolist(), c.geom2.tolist())):
         k1, k2 = geoms[g1].kind, geoms[g2].kind
         j1, j2 = int(gjoint[g1]), int(gjoint[g2])
         if not closed_form_pair(k1, j1 == 0, k2, j2 == 0):
             fallback.append(k)
+        elif (k1 in POLYTOPE_KINDS or k1 == "capsule") and (k2 in POLYTOPE_KINDS or k2 == "capsule") \
+                and not (k1 == "capsule" and k2 == "capsule"):
+            polytope.setdefault(int(c.pair[k]), (j1, j2, []))[2].append(k)
+        elif k1 == "capsule" and k2 == "capsule":
+            capsules.setdefault(int(c.pair[k]), (j1, j2, []))[2].append(k)
         elif {k1, k2} == {"sphere", "box"}:
             if _swept(sim, g1) or _swept(sim, g2):       # (coal's rounded box: no closed form)
                 fallback.append(k)
@@ -482,11 +499,43 @@ def geometry_derivatives(sim, kin: _Kin, cons) -> tuple[np.ndarray, np.ndarray, 
             dp[k] = 0.5 * (dc1 + dc2) + 0.5 * (r1 - r2) * dn[k]
         else:
             plane.append(k)
+    for route, groups in ((polytope_pair, polytope), (capsule_pair, capsules)):
+        for j1, j2, rows in groups.values():
+            try:
+                with np.errstate(divide="raise", invalid="raise", over="raise"):
+                    left = route(sim, kin, c, rows, j1, j2, dp, dn, dd)
+            except (np.linalg.LinAlgError, FloatingPointError, ValueError, ZeroDivisionError):
+                left = list(rows)             # a degenerate configuration: the fallback
+            done = [k for k in rows if k not in left]
+            if done and not (np.isfinite(dp[done]).all() and np.isfinite(dn[done]).all()
+                             and np.isfinite(dd[done]).all()):
+                left = list(rows)
+            fallback += left
     if plane:
         _plane_contacts(sim, kin, cons, np.array(plane), dp, dn, dd)
     if fallback:
+        _note_fallback(sim, c, fallback)
         _collision_fd(sim, cons, fallback, dp, dn, dd)
     return dp, dn, dd
+
+
+# contact rows whose geometry derivatives took the finite-difference fallback, per pair of geom
+# kinds, since the process started (``fallback_counts``); the first of each kind pair warns
+fallback_counts: dict = {}
+
+
+def _note_fallback(sim, c, rows) -> None:
+    import warnings
+    geoms = sim.sm.geoms
+    for k in rows:
+        key = tuple(sorted((geoms[int(c.geom1[k])].kind, geoms[int(c.geom2[k])].kind)))
+        if key not in fallback_counts:
+            fallback_counts[key] = 0
+            warnings.warn(f"contact geometry derivatives of a {key[0]}-{key[1]} pair "
+                          f"({geoms[int(c.geom1[k])].name}, {geoms[int(c.geom2[k])].name}) "
+                          "use a finite difference of the collision output (no closed form for "
+                          "this pair or configuration)", RuntimeWarning, stacklevel=3)
+        fallback_counts[key] += 1
 
 
 def _collision_fd(sim, cons, idx, dp, dn, dd) -> None:
