@@ -15,7 +15,9 @@ our step with ``jacobian=True`` against MuJoCo's centered ``mjd_transitionFD`` (
 states of each engine's own trajectory, again block by block. Times are medians over blocks.
 ``growth`` is the least-squares slope of log(time) against log(N) over the N measured.
 ``load MB``: peak resident memory of a fresh process that imports diffgym, loads the scene and
-takes one step, minus the same process's peak after the imports (so the bytes the scene costs).
+takes one step, minus the same process's peak after the imports (so the bytes the scene costs);
+the process's address space is capped, and a scene that cannot load under the cap is reported
+and not timed. ``islands``: mean independent problems per step (``sim.last.islands``).
 """
 from __future__ import annotations
 
@@ -105,6 +107,7 @@ class ScaleRow:
     t_mjd: float = float("nan")
     nonconverged: int = 0
     steps: int = 0
+    load_mb: float = float("nan")
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -152,7 +155,7 @@ def run_scene(scene: str, n: int, blocks: int = 3, steps: int = 50, jac_states: 
             st["q"], st["v"] = sim.step(st["q"], st["v"], zero)
         last = sim.last
         st["nc"] += last.num_contacts
-        st["ni"] += getattr(last, "islands", 1)
+        st["ni"] += getattr(last, "islands", float("nan"))
         st["k"] += 1
         st["fail"] += not last.converged
 
@@ -263,7 +266,7 @@ def _f(x, spec):
 def format_rows(rows: list[ScaleRow]) -> str:
     head = (f"{'scene':<6} {'N':>4} {'nv':>5} {'contacts':>8} {'mj ncon':>7} {'islands':>7} "
             f"{'fwd us':>10} {'mj_step us':>10} {'fwd/mj':>7} {'jac us':>11} {'mjdFD us':>10} "
-            f"{'jac/mjd':>7} {'nonconv':>7}")
+            f"{'jac/mjd':>7} {'nonconv':>7} {'load MB':>7}")
     lines = [head, "-" * len(head)]
     for r in rows:
         lines.append(f"{r.scene:<6} {r.n:>4} {r.nv:>5} {_f(r.contacts, '.1f'):>8} "
@@ -271,7 +274,8 @@ def format_rows(rows: list[ScaleRow]) -> str:
                      f"{_f(r.t_fwd * 1e6, '.0f'):>10} {_f(r.t_mj * 1e6, '.1f'):>10} "
                      f"{_f(r.fwd_ratio, '.1f'):>7} {_f(r.t_jac * 1e6, '.0f'):>11} "
                      f"{_f(r.t_mjd * 1e6, '.0f'):>10} {_f(r.jac_ratio, '.2f'):>7} "
-                     f"{r.nonconverged:>4}/{r.steps}")
+                     f"{r.nonconverged:>4}/{r.steps:<3} {_f(r.load_mb, '.0f'):>7}"
+                     + (f"  {'; '.join(r.notes)}" if r.notes else ""))
     return "\n".join(lines)
 
 
@@ -303,7 +307,14 @@ def main(args) -> int:
     rows = []
     for s in scenes:
         for n in ns:
-            r = run_scene(s, n, blocks=blocks, budget=budget, jacobian=jac)
+            # first the memory at load in a capped process: a scene that cannot be loaded is
+            # reported, not allowed to take the machine's memory
+            mem = load_memory(s, n)
+            if not math.isfinite(mem["mb"]):
+                r = ScaleRow(s, n, notes=[f"not timed: the load {mem['note']}"])
+            else:
+                r = run_scene(s, n, blocks=blocks, budget=budget, jacobian=jac)
+            r.load_mb = mem["mb"]
             rows.append(r)
             print(format_rows([r]).splitlines()[-1], flush=True)
     print()
