@@ -336,9 +336,12 @@ def main(args) -> int:
             ok = at64[0].fwd_ratio <= TARGET_AT_64[s]
             line += (f"; at N=64 forward {_f(at64[0].fwd_ratio, '.1f')}x mj_step (target "
                      f"{TARGET_AT_64[s]:g}x: {'met' if ok else 'NOT met'})")
-        slower = [r.n for r in sr if not r.jac_ratio < 1.0]
-        line += ("; Jacobian faster than MuJoCo's centered FD at every N" if not slower else
-                 f"; Jacobian NOT faster than MuJoCo's centered FD at N = {slower}")
+        slower = [r.n for r in sr if math.isfinite(r.jac_ratio) and not r.jac_ratio < 1.0]
+        unmeasured = [r.n for r in sr if not math.isfinite(r.jac_ratio)]
+        line += ("; Jacobian faster than MuJoCo's centered FD at every N measured" if not slower
+                 else f"; Jacobian NOT faster than MuJoCo's centered FD at N = {slower}")
+        if unmeasured:
+            line += f" (not measured at N = {unmeasured})"
         print(line)
     load_ns = getattr(args, "load_ns", None)
     load_ns = list(LOAD_NS) if load_ns is None else load_ns
