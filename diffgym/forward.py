@@ -132,6 +132,15 @@ def _solve_islands(G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mo
     residual (max)); the rows of a failed island are left at zero for the later stages."""
     m = G.shape[0]
     nl = m - 3 * nc
+    if nis == 1:            # (one island: its rows are all rows, in order; no copies)
+        ok, lam, sigma, modes, lim_act, its, res = solve_stage1(
+            G, g, nc, mu, lam0, modes0, found, tol, mode_tol, newton_iter, mode_rounds, budget)
+        island_ok = np.ones(1, dtype=np.bool_)
+        if not ok:
+            island_ok[0] = False
+            return (island_ok, np.zeros(m), np.zeros(m), np.zeros(nc, dtype=np.int64),
+                    np.zeros(nl, dtype=np.bool_), its, 0.0)
+        return island_ok, lam, sigma, modes, lim_act, its, res
     lam = np.zeros(m)
     sigma = np.zeros(m)
     modes = np.zeros(nc, dtype=np.int64)

@@ -149,3 +149,12 @@ def test_islands_whose_stage1_fails_take_the_later_stages_alone():
         assert ref.last.converged
         np.testing.assert_allclose(v, vr, atol=1e-8, rtol=0)
         np.testing.assert_allclose(q, qr, atol=1e-10, rtol=0)
+
+
+def test_one_island_whose_stage1_fails_reports_the_fallback_residual():
+    sim = diffgym.Simulator.from_string(_scene(_stack(0, 0, 2, "a")))
+    sim.solver = NCPSolver(SolverSettings(newton_budget=0))
+    q, v = sim.step(sim.q0, np.zeros(sim.nv), np.zeros(sim.nv))
+    last = sim.last
+    assert last.islands == 1 and last.method != "newton" and last.converged
+    assert np.isfinite(last.residual) and last.residual <= 1e-9
