@@ -338,10 +338,14 @@ def main(args) -> int:
                      f"{TARGET_AT_64[s]:g}x: {'met' if ok else 'NOT met'})")
         slower = [r.n for r in sr if math.isfinite(r.jac_ratio) and not r.jac_ratio < 1.0]
         unmeasured = [r.n for r in sr if not math.isfinite(r.jac_ratio)]
-        line += ("; Jacobian faster than MuJoCo's centered FD at every N measured" if not slower
-                 else f"; Jacobian NOT faster than MuJoCo's centered FD at N = {slower}")
-        if unmeasured:
-            line += f" (not measured at N = {unmeasured})"
+        if len(unmeasured) == len(sr):
+            line += "; Jacobian not measured"
+        else:
+            line += ("; Jacobian faster than MuJoCo's centered FD at every N measured"
+                     if not slower else
+                     f"; Jacobian NOT faster than MuJoCo's centered FD at N = {slower}")
+            if unmeasured:
+                line += f" (not measured at N = {unmeasured})"
         print(line)
     load_ns = getattr(args, "load_ns", None)
     load_ns = list(LOAD_NS) if load_ns is None else load_ns
