@@ -682,6 +682,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--fd-states", type=int, default=5,
                         help="states at which the finite-difference Jacobians are timed")
     parser.add_argument("--jacobian-csv", default=None, help="write the Jacobian table to this CSV")
+    from .bench_scaling import add_arguments as scaling_arguments
+    scaling_arguments(parser)
     return parser
 
 
@@ -713,6 +715,9 @@ def run(names: list[str], steps: int, warmup: int = 20, repeats: int = 3) -> tup
 
 
 def main(args) -> int:
+    if getattr(args, "scaling", False):
+        from .bench_scaling import main as scaling_main
+        return scaling_main(args)
     names = getattr(args, "models", None) or list(MODELS)
     unknown = [n for n in names if n not in MODELS]
     if unknown:

@@ -77,40 +77,145 @@ def _offset(d, dt, erp, skin):
 
 
 @njit
-def assemble_problem(pos, frames, j1, j2, dist, Jw, support, tree_lo, tree_hi, lim_idx, lim_dist,
-                     lim_v, lim_sign, dt, erp, skin, Minv, v_free):
-    """The rows J (m, nv) and offsets b of the contacts (3 each) and active limits, and the
-    velocity-level problem ``G = J M^-1 J^T``, ``g = J v_free + b`` with ``M^-1 J^T`` and the
-    symmetric ``M^-1``.
+def _find(parent, a):
+    while parent[a] != a:
+        parent[a] = parent[parent[a]]
+        a = parent[a]
+    return a
 
-    A contact point p on the bodies of joints j1 and j2 moves with ``sum_d (Jlin_d - p x
-    Jang_d) v_d`` over the columns d of pinocchio's world-frame joint Jacobian ``Jw`` that
-    support each joint (``support``, (njoints, nv); a column supporting both cancels).
-    ``Minv``: pinocchio's computeMinverse (its upper triangle is filled)."""
+
+@njit
+def row_islands(j1, j2, joint_tree, lim_idx, lim_v, tree_lo):
+    """The islands of the constraint rows: connected components of the kinematic trees (the
+    subtrees of the children of the world, named by their first dof ``tree_lo``) linked by
+    contacts; a contact with a static geom and a joint limit belong to the island of their one
+    tree. Returns (island of each contact (nc,), of each active limit (nl,), island count),
+    islands numbered in the order of their first row."""
+    nc = j1.shape[0]
+    nl = lim_idx.shape[0]
+    nv = tree_lo.shape[0]
+    parent = np.arange(max(nv, 1))
+    for k in range(nc):
+        a, b = joint_tree[j1[k]], joint_tree[j2[k]]
+        if a >= 0 and b >= 0:
+            ra, rb = _find(parent, a), _find(parent, b)
+            if ra != rb:
+                if ra < rb:
+                    parent[rb] = ra
+                else:
+                    parent[ra] = rb
+    label = np.full(max(nv, 1), -1, dtype=np.int64)
+    isl_c = np.empty(nc, dtype=np.int64)
+    isl_l = np.empty(nl, dtype=np.int64)
+    n = 0
+    for k in range(nc):
+        t = joint_tree[j1[k]]
+        if t < 0:
+            t = joint_tree[j2[k]]
+        if t < 0:                  # (two static geoms: not produced by collision; own island)
+            isl_c[k] = n
+            n += 1
+            continue
+        r = _find(parent, t)
+        if label[r] < 0:
+            label[r] = n
+            n += 1
+        isl_c[k] = label[r]
+    for i in range(nl):
+        r = _find(parent, tree_lo[lim_v[lim_idx[i]]])
+        if label[r] < 0:
+            label[r] = n
+            n += 1
+        isl_l[i] = label[r]
+    return isl_c, isl_l, n
+
+
+@njit
+def island_rows(isl_c, isl_l, nis):
+    """The rows of each island (contacts' 3 rows in order, then its limits), as CSR:
+    (ptr (nis + 1,), rows (m,), contacts' ptr (nis + 1,), contacts (nc,), limits' ptr, limits)."""
+    nc = isl_c.shape[0]
+    nl = isl_l.shape[0]
+    cptr = np.zeros(nis + 1, dtype=np.int64)
+    lptr = np.zeros(nis + 1, dtype=np.int64)
+    for k in range(nc):
+        cptr[isl_c[k] + 1] += 1
+    for i in range(nl):
+        lptr[isl_l[i] + 1] += 1
+    for s in range(nis):
+        cptr[s + 1] += cptr[s]
+        lptr[s + 1] += lptr[s]
+    cs = np.empty(nc, dtype=np.int64)
+    ls = np.empty(nl, dtype=np.int64)
+    fc = cptr[:-1].copy()
+    fl = lptr[:-1].copy()
+    for k in range(nc):
+        cs[fc[isl_c[k]]] = k
+        fc[isl_c[k]] += 1
+    for i in range(nl):
+        ls[fl[isl_l[i]]] = i
+        fl[isl_l[i]] += 1
+    ptr = np.zeros(nis + 1, dtype=np.int64)
+    rows = np.empty(3 * nc + nl, dtype=np.int64)
+    n = 0
+    for s in range(nis):
+        for t in range(cptr[s], cptr[s + 1]):
+            for a in range(3):
+                rows[n] = 3 * cs[t] + a
+                n += 1
+        for t in range(lptr[s], lptr[s + 1]):
+            rows[n] = 3 * nc + ls[t]
+            n += 1
+        ptr[s + 1] = n
+    return ptr, rows, cptr, cs, lptr, ls
+
+
+@njit
+def assemble_sparse(pos, frames, j1, j2, dist, Jw, support, sup_ptr, sup_idx, tree_lo, tree_hi,
+                    joint_tree, lim_idx, lim_dist, lim_v, lim_sign, dt, erp, skin, Minv, v_free):
+    """The rows J (m, nv) and offsets b of the contacts (3 each) and active limits, the
+    velocity-level problem ``G = J M^-1 J^T``, ``g = J v_free + b``, ``M^-1 J^T`` and the
+    islands of the rows (``row_islands``).
+
+    Work and memory follow the structure: a contact row touches only the dofs supporting its two
+    bodies (``sup_idx[sup_ptr[j]:sup_ptr[j + 1]]``, the dofs moving joint j; a dof supporting
+    both cancels), ``M^-1`` is block diagonal over the kinematic trees (dof d's tree is the
+    contiguous range ``tree_lo[d]:tree_hi[d]``, read from pinocchio's computeMinverse, of which
+    only the upper triangle is filled), and ``G`` couples only rows of one island sharing a
+    tree: only those entries are computed (the others are zero). Also returns the (at most two)
+    trees of each row, ``rt`` (m, 2), each by its first dof, -1 where there is none."""
     nc = pos.shape[0]
     nl = lim_idx.shape[0]
     nv = Jw.shape[1]
     m = 3 * nc + nl
     J = np.zeros((m, nv))
     b = np.zeros(m)
-    nz = np.zeros((m, nv), dtype=np.int64)      # the nonzero columns of each row
+    # the nonzero columns of each row: at most the dofs supporting its two bodies
+    wmax = 1
+    for k in range(nc):
+        w = (sup_ptr[j1[k] + 1] - sup_ptr[j1[k]]) + (sup_ptr[j2[k] + 1] - sup_ptr[j2[k]])
+        if w > wmax:
+            wmax = w
+    nz = np.zeros((m, wmax), dtype=np.int64)
     nnz = np.zeros(m, dtype=np.int64)
     for k in range(nc):
         p0, p1, p2 = pos[k, 0], pos[k, 1], pos[k, 2]
-        for d in range(nv):
-            s2 = support[j2[k], d]
-            if s2 == support[j1[k], d]:
-                continue
-            sg = 1.0 if s2 else -1.0
-            wx, wy, wz = Jw[3, d], Jw[4, d], Jw[5, d]
-            r0 = sg * (Jw[0, d] - (p1 * wz - p2 * wy))
-            r1 = sg * (Jw[1, d] - (p2 * wx - p0 * wz))
-            r2 = sg * (Jw[2, d] - (p0 * wy - p1 * wx))
-            for a in range(3):
-                row = 3 * k + a
-                J[row, d] = frames[k, 0, a] * r0 + frames[k, 1, a] * r1 + frames[k, 2, a] * r2
-                nz[row, nnz[row]] = d
-                nnz[row] += 1
+        for side in range(2):
+            ja, jb = (j2[k], j1[k]) if side == 0 else (j1[k], j2[k])
+            sg = 1.0 if side == 0 else -1.0
+            for t in range(sup_ptr[ja], sup_ptr[ja + 1]):
+                d = sup_idx[t]
+                if support[jb, d]:
+                    continue
+                wx, wy, wz = Jw[3, d], Jw[4, d], Jw[5, d]
+                r0 = sg * (Jw[0, d] - (p1 * wz - p2 * wy))
+                r1 = sg * (Jw[1, d] - (p2 * wx - p0 * wz))
+                r2 = sg * (Jw[2, d] - (p0 * wy - p1 * wx))
+                for a in range(3):
+                    row = 3 * k + a
+                    J[row, d] = frames[k, 0, a] * r0 + frames[k, 1, a] * r1 + frames[k, 2, a] * r2
+                    nz[row, nnz[row]] = d
+                    nnz[row] += 1
         b[3 * k + 2] = _offset(dist[k], dt, erp, skin)
     for i in range(nl):
         row = 3 * nc + i
@@ -119,12 +224,7 @@ def assemble_problem(pos, frames, j1, j2, dist, Jw, support, tree_lo, tree_hi, l
         nz[row, 0] = d
         nnz[row] = 1
         b[row] = _offset(lim_dist[i], dt, erp, skin)
-    Ms = np.empty((nv, nv))                     # M^-1, both triangles
-    for i in range(nv):
-        for d in range(i, nv):
-            Ms[i, d] = Ms[d, i] = Minv[i, d]
-    # M^-1 is block diagonal over the kinematic trees hanging from the world (dof d's tree is
-    # the contiguous range tree_lo[d]:tree_hi[d]): a row couples only with rows on its trees
+    # the (at most two) trees of each row
     rt = np.full((m, 2), -1, dtype=np.int64)
     for r in range(m):
         for t in range(nnz[r]):
@@ -139,24 +239,72 @@ def assemble_problem(pos, frames, j1, j2, dist, Jw, support, tree_lo, tree_hi, l
             d = nz[r, t]
             x = J[r, d]
             for i in range(tree_lo[d], tree_hi[d]):
-                MJt[i, r] += Ms[i, d] * x
-    G = np.zeros((m, m))
+                MJt[i, r] += (Minv[i, d] if i <= d else Minv[d, i]) * x
     g = b.copy()
     for r in range(m):
-        a0, a1 = rt[r, 0], rt[r, 1]
         for t in range(nnz[r]):
             d = nz[r, t]
             g[r] += J[r, d] * v_free[d]
-        for c in range(r, m):
-            c0, c1 = rt[c, 0], rt[c, 1]
-            if c0 < 0 or not (c0 == a0 or c0 == a1 or (c1 >= 0 and (c1 == a0 or c1 == a1))):
-                continue
-            acc = 0.0
-            for t in range(nnz[r]):
-                d = nz[r, t]
-                acc += J[r, d] * MJt[d, c]
-            G[r, c] = acc
-            G[c, r] = acc
+    isl_c, isl_l, nis = row_islands(j1, j2, joint_tree, lim_idx, lim_v, tree_lo)
+    ptr, rows = island_rows(isl_c, isl_l, nis)[:2]
+    G = np.zeros((m, m))
+    for s in range(nis):
+        for ia in range(ptr[s], ptr[s + 1]):
+            r = rows[ia]
+            a0, a1 = rt[r, 0], rt[r, 1]
+            for ib in range(ia, ptr[s + 1]):
+                c = rows[ib]
+                c0, c1 = rt[c, 0], rt[c, 1]
+                if c0 < 0 or not (c0 == a0 or c0 == a1 or (c1 >= 0 and (c1 == a0 or c1 == a1))):
+                    continue
+                acc = 0.0
+                for t in range(nnz[r]):
+                    d = nz[r, t]
+                    acc += J[r, d] * MJt[d, c]
+                G[r, c] = acc
+                G[c, r] = acc
+    return J, b, G, g, MJt, isl_c, isl_l, nis, rt
+
+
+@njit
+def support_lists(support, tree_lo):
+    """CSR lists of the dofs supporting each joint and each joint's tree (-1: the world)."""
+    nj, nv = support.shape
+    ptr = np.zeros(nj + 1, dtype=np.int64)
+    for j in range(nj):
+        c = 0
+        for d in range(nv):
+            if support[j, d]:
+                c += 1
+        ptr[j + 1] = ptr[j] + c
+    idx = np.empty(ptr[nj], dtype=np.int64)
+    tree = np.full(nj, -1, dtype=np.int64)
+    for j in range(nj):
+        n = ptr[j]
+        for d in range(nv):
+            if support[j, d]:
+                idx[n] = d
+                n += 1
+                if tree[j] < 0:
+                    tree[j] = tree_lo[d]
+    return ptr, idx, tree
+
+
+@njit
+def assemble_problem(pos, frames, j1, j2, dist, Jw, support, tree_lo, tree_hi, lim_idx, lim_dist,
+                     lim_v, lim_sign, dt, erp, skin, Minv, v_free):
+    """``assemble_sparse`` with the support lists computed here, returning (J, b, G, g,
+    M^-1 J^T, M^-1 with both triangles) (``Minv``: pinocchio's computeMinverse, upper
+    triangle filled)."""
+    sup_ptr, sup_idx, joint_tree = support_lists(support, tree_lo)
+    J, b, G, g, MJt = assemble_sparse(pos, frames, j1, j2, dist, Jw, support, sup_ptr, sup_idx,
+                                      tree_lo, tree_hi, joint_tree, lim_idx, lim_dist, lim_v,
+                                      lim_sign, dt, erp, skin, Minv, v_free)[:5]
+    nv = Jw.shape[1]
+    Ms = np.empty((nv, nv))                     # M^-1, both triangles
+    for i in range(nv):
+        for d in range(i, nv):
+            Ms[i, d] = Ms[d, i] = Minv[i, d]
     return J, b, G, g, MJt, Ms
 
 
@@ -204,6 +352,8 @@ class ConstraintBuilder:
                 if dofs:
                     self.tree_lo[dofs] = min(dofs)
                     self.tree_hi[dofs] = max(dofs) + 1
+        # the dofs supporting each joint (CSR) and each joint's tree (its tree_lo; -1: world)
+        self.sup_ptr, self.sup_idx, self.joint_tree = support_lists(self.support, self.tree_lo)
 
     def active_limits(self, q: np.ndarray, v: np.ndarray, dt: float):
         """Indices (into SimModel.limits) and signed distances of the limits within reach of

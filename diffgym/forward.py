@@ -17,7 +17,8 @@ import numpy as np
 import pinocchio as pin
 
 from .collision_driver import CollisionDriver, Contacts
-from .constraint import ConstraintBuilder, Constraints, _active_limits, assemble_problem
+from .constraint import (ConstraintBuilder, Constraints, _active_limits, assemble_problem,  # noqa: F401
+                         assemble_sparse, island_rows)
 from .derivatives import step_jacobian
 from .jit import njit
 from .model import ModelError, SimModel
@@ -139,18 +140,91 @@ class Contact:
 
 
 @njit
+def _solve_islands(G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mode_tol,
+                   newton_iter, mode_rounds, budget):
+    """Stage 1 of the NCP solve island by island: the rows of different islands do not couple
+    (their block of G is zero), so each island's problem (its contacts' rows, then its limits'
+    rows, with their warm start) is solved on its own by ``solve_stage1`` and the results are
+    scattered back. Returns (island_ok (nis,), lam, sigma, modes, lim_act, iterations (sum),
+    residual (max)); the rows of a failed island are left at zero for the later stages."""
+    m = G.shape[0]
+    nl = m - 3 * nc
+    if nis == 1:            # (one island: its rows are all rows, in order; no copies)
+        ok, lam, sigma, modes, lim_act, its, res = solve_stage1(
+            G, g, nc, mu, lam0, modes0, found, tol, mode_tol, newton_iter, mode_rounds, budget)
+        island_ok = np.ones(1, dtype=np.bool_)
+        if not ok:
+            island_ok[0] = False
+            return (island_ok, np.zeros(m), np.zeros(m), np.zeros(nc, dtype=np.int64),
+                    np.zeros(nl, dtype=np.bool_), its, 0.0)
+        return island_ok, lam, sigma, modes, lim_act, its, res
+    lam = np.zeros(m)
+    sigma = np.zeros(m)
+    modes = np.zeros(nc, dtype=np.int64)
+    lim_act = np.zeros(nl, dtype=np.bool_)
+    island_ok = np.ones(nis, dtype=np.bool_)
+    ptr, rows, cptr, cs, lptr, ls = island_rows(isl_c, isl_l, nis)
+    its = 0
+    res = 0.0
+    for s in range(nis):
+        r0, r1 = ptr[s], ptr[s + 1]
+        ms = r1 - r0
+        ncs = cptr[s + 1] - cptr[s]
+        nls = lptr[s + 1] - lptr[s]
+        Gs = np.empty((ms, ms))
+        gs = np.empty(ms)
+        for a in range(ms):
+            ra = rows[r0 + a]
+            gs[a] = g[ra]
+            for c in range(ms):
+                Gs[a, c] = G[ra, rows[r0 + c]]
+        mus = np.empty(ncs)
+        for t in range(ncs):
+            mus[t] = mu[cs[cptr[s] + t]]
+        if found:
+            lam0s = np.empty(ms)
+            for a in range(ms):
+                lam0s[a] = lam0[rows[r0 + a]]
+            modes0s = np.empty(ncs + nls, dtype=np.int64)
+            for t in range(ncs):
+                modes0s[t] = modes0[cs[cptr[s] + t]]
+            for t in range(nls):
+                modes0s[ncs + t] = modes0[nc + ls[lptr[s] + t]]
+        else:
+            lam0s, modes0s = np.zeros(0), np.zeros(0, dtype=np.int64)
+        ok, lam_s, sigma_s, modes_s, lact_s, its_s, res_s = solve_stage1(
+            Gs, gs, ncs, mus, lam0s, modes0s, found, tol, mode_tol, newton_iter, mode_rounds,
+            budget)
+        its += its_s
+        if not ok:
+            island_ok[s] = False
+            continue
+        if res_s > res:
+            res = res_s
+        for a in range(ms):
+            lam[rows[r0 + a]] = lam_s[a]
+            sigma[rows[r0 + a]] = sigma_s[a]
+        for t in range(ncs):
+            modes[cs[cptr[s] + t]] = modes_s[t]
+        for t in range(nls):
+            lim_act[ls[lptr[s] + t]] = lact_s[t]
+    return island_ok, lam, sigma, modes, lim_act, its, res
+
+
+@njit
 def _constrained_velocity(pos, frames, geom1, geom2, geom_joint, dist, mu, pair, point, Jw, support,
-                          tree_lo, tree_hi,
+                          sup_ptr, sup_idx, joint_tree, tree_lo, tree_hi,
                           q, v, lim_q, lim_v, lim_bound, lim_sign, limit_margin, dt, erp, skin,
                           Minv, v_free, warm, pair_w, point_w, lam_w, modes_w, limits_w, lim_act_w,
                           tol, mode_tol, newton_iter, mode_rounds, budget):
     """The constrained part of the step in one compiled call: the active joint limits, the
-    problem (constraint.assemble_problem), the warm start (_match_warm_start), stage 1 of the
-    NCP solve (solver_kernels.solve_stage1) and ``v1 = v_free + M^-1 J^T lam``.
+    problem and its islands (constraint.assemble_sparse), the warm start (_match_warm_start),
+    stage 1 of the NCP solve per island (_solve_islands) and ``v1 = v_free + M^-1 J^T lam``.
 
-    Returns (ok, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, lim_act, its, res, v1) (each
-    returned array costs a Python object: only those the step keeps); ``ok`` False: stage 1
-    failed (the caller runs the later stages on G, g), ``v1`` is then v_free."""
+    Returns (island_ok, isl_c, isl_l, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes,
+    lim_act, its, res, v1, MJt) (each returned array costs a Python object: only those the step
+    keeps); an island whose stage 1 failed has ``island_ok`` False (the caller runs the later
+    stages on it); ``v1`` then holds only the other islands' impulses."""
     nc = pos.shape[0]
     j1 = np.empty(nc, dtype=np.int64)
     j2 = np.empty(nc, dtype=np.int64)
@@ -161,9 +235,9 @@ def _constrained_velocity(pos, frames, geom1, geom2, geom_joint, dist, mu, pair,
         lim_idx, lim_dist = _active_limits(q, v, lim_q, lim_v, lim_bound, lim_sign, limit_margin, dt)
     else:
         lim_idx, lim_dist = np.zeros(0, dtype=np.int64), np.zeros(0)
-    J, b, G, g, MJt, Ms = assemble_problem(pos, frames, j1, j2, dist, Jw, support, tree_lo,
-                                           tree_hi, lim_idx, lim_dist, lim_v, lim_sign, dt, erp,
-                                           skin, Minv, v_free)
+    J, b, G, g, MJt, isl_c, isl_l, nis, rt = assemble_sparse(
+        pos, frames, j1, j2, dist, Jw, support, sup_ptr, sup_idx, tree_lo, tree_hi, joint_tree,
+        lim_idx, lim_dist, lim_v, lim_sign, dt, erp, skin, Minv, v_free)
     m = G.shape[0]
     found = False
     if warm:
@@ -173,18 +247,30 @@ def _constrained_velocity(pos, frames, geom1, geom2, geom_joint, dist, mu, pair,
         lam0, modes0 = np.zeros(0), np.zeros(0, dtype=np.int64)
     v1 = v_free.copy()
     if m == 0:
-        return (True, lim_idx, lim_dist, J, b, G, g, np.zeros(0), np.zeros(0),
-                np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.bool_), 0, 0.0, v1)
-    ok, lam, sigma, modes, lim_act, its, res = solve_stage1(G, g, nc, mu, lam0, modes0, found, tol,
-                                                           mode_tol, newton_iter, mode_rounds,
-                                                           budget)
-    if ok:
-        for i in range(v1.shape[0]):
-            acc = 0.0
-            for r in range(m):
-                acc += MJt[i, r] * lam[r]
-            v1[i] += acc
-    return ok, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, lim_act, its, res, v1
+        return (np.ones(0, dtype=np.bool_), isl_c, isl_l, lim_idx, lim_dist, J, b, G, g,
+                np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.bool_),
+                0, 0.0, v1, MJt)
+    island_ok, lam, sigma, modes, lim_act, its, res = _solve_islands(
+        G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mode_tol, newton_iter,
+        mode_rounds, budget)
+    _add_impulses(v1, MJt, rt, lam, tree_hi)
+    return (island_ok, isl_c, isl_l, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, lim_act,
+            its, res, v1, MJt)
+
+
+@njit
+def _add_impulses(v1, MJt, rt, lam, tree_hi):
+    """``v1 += M^-1 J^T lam`` over the structure: row r moves only the dofs of its (at most
+    two) trees ``rt[r]`` (each named by its first dof)."""
+    for r in range(rt.shape[0]):
+        lr = lam[r]
+        if lr == 0.0:
+            continue
+        for a in range(2):
+            t = rt[r, a]
+            if t >= 0:
+                for i in range(t, tree_hi[t]):
+                    v1[i] += MJt[i, r] * lr
 
 
 _LAZY_FIELDS = frozenset(("contact_points", "contact_normals", "contact_distances",
@@ -213,6 +299,7 @@ class StepInfo:
     residual: float = 0.0
     converged: bool = True
     method: str = "none"
+    islands: int = 0           # independent constraint problems (islands) the step solved
 
     @classmethod
     def _lazy(cls, cons: Constraints, res: SolverResult, sm: SimModel) -> "StepInfo":
@@ -518,6 +605,7 @@ class Simulator:
         cb = self.constraints
         solver = self.solver
         nc = len(contacts)
+        nis = 1
         if not nc and cb.has_limits and not len(cb.active_limits(q, v, dt)[0]):
             cons = None                          # (no contact, no limit within reach)
         elif (nc or cb.has_limits) and type(solver) is NCPSolver and solver.settings.compiled:
@@ -530,23 +618,24 @@ class Simulator:
                 frames = tangent_frames(contacts.normal) if nc else _NO_FRAMES
             w = self._warm
             st = solver.settings
-            (ok, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, lim_act, its, resid,
-             v1) = _constrained_velocity(
+            (island_ok, isl_c, isl_l, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, lim_act,
+             its, resid, v1, MJt) = _constrained_velocity(
                 contacts.pos, frames, contacts.geom1, contacts.geom2, cb.geom_joint, contacts.dist,
-                contacts.mu, contacts.pair, contacts.point, Jw, cb.support, cb.tree_lo, cb.tree_hi,
+                contacts.mu, contacts.pair, contacts.point, Jw, cb.support, cb.sup_ptr,
+                cb.sup_idx, cb.joint_tree, cb.tree_lo, cb.tree_hi,
                 q, v, cb.lim_q, cb.lim_v, cb.lim_bound, cb.lim_sign, cb.limit_margin, dt, cb.erp,
                 cb.skin, Minv, v_free, w is not None, *(w if w is not None else _NO_WARM),
                 st.tol, st.mode_tol, st.newton_iter, st.mode_rounds, st.newton_budget)
+            nis = island_ok.shape[0]
             if G.shape[0]:
                 cons = Constraints(J, b, nc, contacts.mu, frames, contacts, lim_idx, lim_dist,
                                    contacts.dist)
-                if ok:
+                if island_ok.all():
                     res = SolverResult(lam, sigma, modes, lim_act, its, resid, True, "newton")
-                else:                              # (rare) stages 2-4 in Python
-                    lam0, modes0 = self._warm_start(cons)
-                    res = self._solve(solver, G, g, cons, lam0, modes0, v, later_stages=True)
-                    Ms = np.where(np.triu(np.ones((nv, nv), dtype=bool)), Minv, Minv.T)
-                    v1 = v_free + Ms @ (J.T @ res.lam)
+                else:                              # (rare) stages 2-4 in Python, per island
+                    res = self._solve_failed_islands(solver, G, g, cons, island_ok, isl_c, isl_l,
+                                                     lam, sigma, modes, lim_act, its, resid, v)
+                    v1 = v_free + MJt @ res.lam
             else:
                 cons, res, Minv, G, g = None, None, None, None, None
         elif nc or cb.has_limits:
@@ -574,7 +663,7 @@ class Simulator:
         warm_modes = None
         if cons is not None and cons.nc and _minimum(cons.mu) == 0.0:
             res, warm_modes = _label_frictionless(res, cons.mu)
-        self._record(cons, res, warm_modes)
+        self._record(cons, res, warm_modes, nis if cons is not None else 0)
         # (Minv: pinocchio's computeMinverse, of which only the upper triangle is filled)
         self.cache = dict(q=q, v=v, tau=tau, tau_total=tau_total, a_free=a_free, v_free=v_free,
                           cons=cons, res=res, Minv=Minv, G=G, g=g, v1=v1, q1=q1)
@@ -596,6 +685,34 @@ class Simulator:
             raise SimulationError(f"the contact solver failed on a degenerate problem ({exc}); "
                                   f"{cons.nc} contacts, |v| = {np.linalg.norm(v):.3g}") from exc
 
+    def _solve_failed_islands(self, solver, G, g, cons: Constraints, island_ok, isl_c, isl_l,
+                              lam, sigma, modes, lim_act, its, resid, v) -> SolverResult:
+        """The later stages (2-4, in Python) on each island whose compiled stage 1 failed, the
+        other islands' solutions kept; the result of the whole problem."""
+        lam, sigma = lam.copy(), sigma.copy()
+        modes, lim_act = modes.copy(), lim_act.copy()
+        nc = cons.nc
+        lam0, modes0 = self._warm_start(cons)
+        converged, methods = True, []
+        for s in np.flatnonzero(~island_ok).tolist():
+            cs = np.flatnonzero(isl_c == s)
+            ls = np.flatnonzero(isl_l == s)
+            rows = np.concatenate([(3 * cs[:, None] + np.arange(3)).ravel(), 3 * nc + ls])
+            sub = cons.__class__(cons.J[rows], cons.b[rows], len(cs), cons.mu[cs], cons.frames[cs],
+                                 cons.contacts, cons.limits[ls], cons.limit_dist[ls], cons.dist[cs])
+            r = self._solve(solver, np.ascontiguousarray(G[np.ix_(rows, rows)]), g[rows], sub,
+                            None if lam0 is None else lam0[rows],
+                            None if modes0 is None else np.concatenate([modes0[cs], modes0[nc + ls]]),
+                            v, later_stages=True)
+            lam[rows], sigma[rows] = r.lam, r.sigma
+            modes[cs], lim_act[ls] = r.modes, r.limit_active
+            its += r.iterations
+            resid = max(resid, r.residual)
+            converged &= bool(r.converged)
+            methods.append(r.method)
+        method = max(set(methods), key=methods.count) if methods else "newton"
+        return SolverResult(lam, sigma, modes, lim_act, its, resid, converged, method)
+
     def _warm_start(self, cons: Constraints):
         """Impulses and modes of the previous step for the contacts (same pair and point) and
         limits found again; (None, None) when none is."""
@@ -608,7 +725,7 @@ class Simulator:
         return (lam0, modes) if found else (None, None)
 
     def _record(self, cons: Constraints | None, res: SolverResult | None,
-                warm_modes: np.ndarray | None = None) -> None:
+                warm_modes: np.ndarray | None = None, islands: int = 1) -> None:
         if cons is None:
             self._warm = None
             self.last = StepInfo._lazy(None, _NO_RESULT, self.sm)
@@ -620,6 +737,7 @@ class Simulator:
         self._warm = (c.pair, c.point, res.lam, modes.astype(np.int64, copy=False),
                       cons.limits, res.limit_active)
         self.last = StepInfo._lazy(cons, res, self.sm)
+        self.last.__dict__["islands"] = islands
         if not res.converged and not self._warned:
             self._warned = True
             warnings.warn(f"contact solver did not converge: residual {res.residual:.3e} m/s after "

@@ -130,3 +130,21 @@ def test_ur5_scenario_matches_mujoco():
     for _ in range(50):
         q, v = sc.sim.step(q, v, sc.control(q, v))
     assert np.abs(d.qpos - qpos).max() < 1e-6 and np.abs(q - sc.q_ref).max() < 1e-6
+
+
+def test_scaling_table_smoke(capsys):
+    """``diffgym bench --scaling`` on the smallest N: both scenes load in both engines, the rows
+    are timed and the memory at load measured (a child process)."""
+    from diffgym import bench_scaling as bs
+    args = _args(scaling=True, max_n=4, scenes=None, load_ns=[], scaling_budget=0.05,
+                 jacobian=True)
+    assert bench.main(args) == 0
+    out = capsys.readouterr().out
+    rows = [l.split() for l in out.splitlines() if l.split()[:2] in (["balls", "4"], ["boxes", "4"])]
+    assert len(rows) == 4                  # (printed as measured, then in the table)
+    for r in rows:
+        assert r[2] == "24" and float(r[6]) > 0 and r[-1] != "n/a"      # nv, fwd us, load MB
+    assert "forward grows like" in out
+    if bench._import_mujoco() is not None:
+        assert all(float(r[7]) > 0 for r in rows)                        # mj_step us
+    assert bs.growth([4, 16, 64], [1.0, 4.0, 16.0]) == pytest.approx(1.0)
