@@ -1,11 +1,13 @@
 """diffgym: Gymnasium environments on a differentiable simulator with unrelaxed frictional contact."""
 from .forward import Contact, SimulationError, Simulator, SolverWarning, StepInfo
 from .model import ModelError, SimModel
+from .gradcheck import GradientReport, JacobianMismatchError, check_step_jacobians
 
 __version__ = "0.1.0"
 
 __all__ = ["Simulator", "StepInfo", "Contact", "SimModel", "ModelError", "SimulationError",
-           "SolverWarning", "__version__"]
+           "SolverWarning", "__version__", "check_step_jacobians", "GradientReport",
+           "JacobianMismatchError"]
 
 
 def _mount_envs() -> None:

@@ -25,3 +25,16 @@ def register_all() -> None:
 
 
 register_all()
+
+
+def check_jacobians(env, states=None, actions=None, **kwargs):
+    """Compare every Jacobian block of ``env.step_with_jacobian`` (any DiffEnv, or a Gymnasium
+    wrapper of one) with central differences, at the given ``states`` (full states in the
+    ``get_state()`` layout, with ``actions`` or random ones) or along an episode of random
+    actions, including the simulator's blocks at every frame-skip sub-step. Returns a
+    :class:`diffgym.GradientReport` naming every block, column, step and state that disagrees
+    without a mode switch to explain it. Keyword arguments are those of
+    :func:`diffgym.check_step_jacobians` (``steps``, ``max_states``, ``seed``, ``eps``, ``tol``,
+    ``substeps``, ``raise_on_failure``...)."""
+    from diffgym.gradcheck import check_step_jacobians
+    return check_step_jacobians(env, states=states, actions=actions, **kwargs)
