@@ -48,6 +48,7 @@ import numpy as np
 import pinocchio as pin
 
 from . import derivative_kernels as K
+from .collision_driver import tighten_requests
 from .constraint import baumgarte_gain
 from .pinviews import addr as _addr, gather_placements, placement_view, raw_rows as _raw_rows
 from .solver import BREAKING, STICKING
@@ -494,6 +495,7 @@ def _collision_fd(sim, cons, idx, dp, dn, dd) -> None:
     model, q = sim.model, sim.cache["q"]
     data = model.createData()
     gdata = pin.GeometryData(sim.geom_model)
+    tighten_requests(gdata.collisionRequests)        # (as the narrow phase: see GJK_TOLERANCE)
     c = cons.contacts
     for i in range(sim.nv):
         outs = []
