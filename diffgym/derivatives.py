@@ -557,9 +557,16 @@ def _mode_system(res, G, nc, mu):
                 A[3 * i:3 * i + 2, 3 * i:3 * i + 2] = np.eye(2)
                 continue
             u = st / nst
-            P = (mu[i] * lam[3 * i + 2] / nst) * (np.eye(2) - np.outer(u, u))
-            A[3 * i:3 * i + 2, 3 * i:3 * i + 2] = np.eye(2)
-            A[3 * i:3 * i + 2, 3 * i + 2] = mu[i] * u
+            # the slip-direction rows divided by 1 + f, f = mu lam_N / ||sigma_T|| (an equivalent
+            # system): at a slip of 1e-8 f is ~1e6 and, unscaled, these rows dwarf the others,
+            # so the least-squares rank cut-off of a rank-deficient A (relative to its largest
+            # singular value) discarded genuine directions: a box settling on three feet with
+            # one foot creeping got d v1 entries of 6e-6 where the step's are 1e-10
+            f = mu[i] * lam[3 * i + 2] / nst
+            e = 1.0 / (1.0 + f)
+            P = (e * f) * (np.eye(2) - np.outer(u, u))
+            A[3 * i:3 * i + 2, 3 * i:3 * i + 2] = e * np.eye(2)
+            A[3 * i:3 * i + 2, 3 * i + 2] = e * mu[i] * u
             A[3 * i:3 * i + 2] += P @ G[3 * i:3 * i + 2]
             W[3 * i:3 * i + 2, 3 * i:3 * i + 2] = P
     for jl in range(m - 3 * nc):

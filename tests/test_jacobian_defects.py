@@ -328,3 +328,39 @@ def test_push_rod_near_box_collision_output_is_continuous():
     for _ in range(10):
         n, d = rod_box(1e-14 * rng.standard_normal(sim.nv))
         assert np.abs(n - n0).max() < 1e-9 and abs(d - d0) < 1e-11
+
+
+def test_creeping_foot_mode_system_is_equilibrated():
+    """DiffPush-v0's box settling on its three feet after a head-on push (step 16 of the flush
+    push of tests/test_gradient_audit.py): one foot still sliding at a slip of ~5e-8 m/s, where
+    the slip-direction rows of the mode system carry mu lam_N / |slip| ~ 1e6. Unscaled, those
+    rows set the least-squares rank cut-off and d v1 / d tau got a spurious 6e-6 in the box's
+    yaw rate (the step's own derivative there is ~1e-9: the box is held by its feet)."""
+    from test_gradient_audit import _flush_push_state
+    env = gym.make("DiffPush-v0", target=(0.3, 0.0))
+    u = env.unwrapped
+    u.set_state(_flush_push_state(env))
+    a = np.array([0.6, 0.0, 0.0])
+    for _ in range(16):
+        env.step(a)
+    x = u.get_state()
+    q, v = x[:u.nq], x[u.nq:u.nq + u.nv]
+    tau = u._forces(x, a)[0]
+    sim = u.sim
+    warm = sim.warm_start_state()
+    _, _, jac = _run_jac(sim, warm, q, v, tau)
+    sig = sim.cache["res"].sigma.reshape(-1, 3)
+    slip = np.hypot(sig[:, 0], sig[:, 1])
+    sliding = [m == "sliding" for m in sim.last.contact_modes]
+    assert any(s and 0 < sl < 1e-7 for s, sl in zip(sliding, slip)), (sim.last.contact_modes, slip)
+    h = 1e-6
+    for col in range(3, sim.nv):                     # the box's columns
+        e = np.zeros(sim.nv)
+        e[col] = h
+        cd = (_run(sim, warm, q, v, tau + e)[1] - _run(sim, warm, q, v, tau - e)[1]) / (2 * h)
+        assert np.abs(jac.dv_dtau[:, col] - cd).max() < 1e-7, (col, jac.dv_dtau[:, col], cd)
+
+
+def _run_jac(sim, warm, q, v, tau):
+    sim.set_warm_start_state(warm)
+    return sim.step(q, v, tau, jacobian=True)
