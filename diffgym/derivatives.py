@@ -77,7 +77,8 @@ class JacobianDiagnostics:
     - ``min_margin``, ``argmin`` (entry index or -1 when there is none), ``argmin_kind``,
       ``argmin_label``: the nearest switch over all entries;
     - the mode system ``A`` of the implicit differentiation (``m x m``, m = 3 per contact + 1 per
-      limit row): ``singular_values``, ``sigma_min``, ``condition`` (``inf`` when singular),
+      limit row; a sliding contact's slip-direction rows divided by ``1 + mu lam_N / |slip|``,
+      as the solve uses them): ``singular_values``, ``sigma_min``, ``condition`` (``inf`` when singular),
       ``rank`` (singular values above 1e-12 of the largest, the least-squares cut-off),
       ``rank_deficient`` (smallest <= 1e-8 largest: the impulses' derivative is not unique) and
       ``solve``: ``"lu"`` (unique) or ``"min-norm"`` (the minimum-norm least-squares choice of
