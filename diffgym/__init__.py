@@ -11,20 +11,34 @@ __all__ = ["Simulator", "StepInfo", "Contact", "SimModel", "ModelError", "Simula
 
 
 def _mount_envs() -> None:
-    """In a checkout, ``envs/`` sits beside ``diffgym/``; a wheel installs it as diffgym/envs."""
+    """Import ``diffgym.envs`` (which registers the environment ids with Gymnasium).
+
+    An installed diffgym (wheel or editable) finds it as the subpackage ``diffgym.envs``; a
+    checkout used without installing (``envs/`` beside ``diffgym/`` on ``sys.path``) mounts
+    ``envs/`` under that name.
+    """
+    import importlib
     import importlib.util
     import os
     import sys
 
+    if "diffgym.envs" in sys.modules:
+        return
     if importlib.util.find_spec("diffgym.envs") is not None:
+        importlib.import_module("diffgym.envs")
         return
     envs = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "envs")
     init = os.path.join(envs, "__init__.py")
-    if os.path.isfile(init):
-        spec = importlib.util.spec_from_file_location("diffgym.envs", init, submodule_search_locations=[envs])
-        module = importlib.util.module_from_spec(spec)
-        sys.modules["diffgym.envs"] = module
+    if not os.path.isfile(init):
+        raise ImportError(f"diffgym: the environments package is missing (neither diffgym.envs nor {envs})")
+    spec = importlib.util.spec_from_file_location("diffgym.envs", init, submodule_search_locations=[envs])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["diffgym.envs"] = module
+    try:
         spec.loader.exec_module(module)
+    except BaseException:
+        del sys.modules["diffgym.envs"]
+        raise
 
 
 _mount_envs()

@@ -85,6 +85,31 @@ def _sweep(args: argparse.Namespace) -> int:
     return 0 if all(r.get("status") == "ok" for r in recs) else 1
 
 
+def _compile(args: argparse.Namespace) -> int:
+    import time
+
+    import gymnasium as gym
+    import numpy as np
+
+    from . import jit
+    if not jit.ENABLED:
+        print("diffgym compile: DIFFGYM_JIT=0, nothing to compile", file=sys.stderr)
+        return 0
+    where = jit.CACHE_DIR or "memory only (no writable cache: nothing will be kept)"
+    print(f"kernel cache: {where}")
+    from .envs import ENV_IDS
+    for env_id in args.ids or list(ENV_IDS):
+        t = time.perf_counter()
+        env = gym.make(env_id)
+        env.reset(seed=0)
+        a = np.zeros(env.action_space.shape)
+        env.step(a)
+        env.unwrapped.step_with_jacobian(a)
+        env.close()
+        print(f"{env_id}: ready in {time.perf_counter() - t:.1f} s", flush=True)
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="diffgym", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -98,6 +123,10 @@ def main(argv: list[str] | None = None) -> int:
     from .record import add_arguments as record_arguments
     p = record_arguments(sub.add_parser("record", help="render a rollout of an environment to a GIF or MP4"))
     p.set_defaults(func=_record)
+    p = sub.add_parser("compile", help="compile and cache the simulation kernels now (for example "
+                       "while building a container image), by stepping each environment once")
+    p.add_argument("ids", nargs="*", help="environment ids (default: all)")
+    p.set_defaults(func=_compile)
     p = sub.add_parser("train", help="train SHAC or PPO from a YAML config")
     p.add_argument("config", nargs="?", help="CONFIG.yaml (a path, or a name in diffgym's configs/)")
     p.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. shac.actor_lr=1e-3 seed=2")

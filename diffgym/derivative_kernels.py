@@ -340,14 +340,18 @@ def mode_system(lam, sigma, modes, limit_active, G, nc, mu):
                 continue
             u0, u1 = s0 / nst, s1 / nst
             f = mu[i] * lam[r + 2] / nst
-            P00 = f * (1.0 - u0 * u0)
-            P01 = f * (0.0 - u0 * u1)
-            P10 = f * (0.0 - u1 * u0)
-            P11 = f * (1.0 - u1 * u1)
-            A[r, r] = 1.0
-            A[r + 1, r + 1] = 1.0
-            A[r, r + 2] = mu[i] * u0
-            A[r + 1, r + 2] = mu[i] * u1
+            # the two rows divided by 1 + f (an equivalent system): at a small slip f is huge
+            # and, unscaled, these rows would set the rank cut-off of the solve (see
+            # derivatives._mode_system)
+            e = 1.0 / (1.0 + f)
+            P00 = e * f * (1.0 - u0 * u0)
+            P01 = e * f * (0.0 - u0 * u1)
+            P10 = e * f * (0.0 - u1 * u0)
+            P11 = e * f * (1.0 - u1 * u1)
+            A[r, r] = e
+            A[r + 1, r + 1] = e
+            A[r, r + 2] = e * mu[i] * u0
+            A[r + 1, r + 2] = e * mu[i] * u1
             for b in range(m):
                 A[r, b] += P00 * G[r, b] + P01 * G[r + 1, b]
                 A[r + 1, b] += P10 * G[r, b] + P11 * G[r + 1, b]

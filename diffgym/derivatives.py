@@ -52,6 +52,7 @@ import pinocchio as pin
 
 from . import derivative_kernels as K
 from .collision_derivatives import POLYTOPE_KINDS, capsule_pair, polytope_pair
+from .collision_driver import tighten_requests
 from .constraint import baumgarte_gain
 from .pinviews import addr as _addr, gather_placements, placement_view, raw_rows as _raw_rows
 from .solver import BREAKING, STICKING
@@ -80,7 +81,8 @@ class JacobianDiagnostics:
     - ``min_margin``, ``argmin`` (entry index or -1 when there is none), ``argmin_kind``,
       ``argmin_label``: the nearest switch over all entries;
     - the mode system ``A`` of the implicit differentiation (``m x m``, m = 3 per contact + 1 per
-      limit row): ``singular_values``, ``sigma_min``, ``condition`` (``inf`` when singular),
+      limit row; a sliding contact's slip-direction rows divided by ``1 + mu lam_N / |slip|``,
+      as the solve uses them): ``singular_values``, ``sigma_min``, ``condition`` (``inf`` when singular),
       ``rank`` (singular values above 1e-12 of the largest, the least-squares cut-off),
       ``rank_deficient`` (smallest <= 1e-8 largest: the impulses' derivative is not unique) and
       ``solve``: ``"lu"`` (unique) or ``"min-norm"`` (the minimum-norm least-squares choice of
@@ -543,6 +545,7 @@ def _collision_fd(sim, cons, idx, dp, dn, dd) -> None:
     model, q = sim.model, sim.cache["q"]
     data = model.createData()
     gdata = pin.GeometryData(sim.geom_model)
+    tighten_requests(gdata.collisionRequests)        # (as the narrow phase: see GJK_TOLERANCE)
     c = cons.contacts
     for i in range(sim.nv):
         outs = []
@@ -604,9 +607,16 @@ def _mode_system(res, G, nc, mu):
                 A[3 * i:3 * i + 2, 3 * i:3 * i + 2] = np.eye(2)
                 continue
             u = st / nst
-            P = (mu[i] * lam[3 * i + 2] / nst) * (np.eye(2) - np.outer(u, u))
-            A[3 * i:3 * i + 2, 3 * i:3 * i + 2] = np.eye(2)
-            A[3 * i:3 * i + 2, 3 * i + 2] = mu[i] * u
+            # the slip-direction rows divided by 1 + f, f = mu lam_N / ||sigma_T|| (an equivalent
+            # system): at a slip of 1e-8 f is ~1e6 and, unscaled, these rows dwarf the others,
+            # so the least-squares rank cut-off of a rank-deficient A (relative to its largest
+            # singular value) discarded genuine directions: a box settling on three feet with
+            # one foot creeping got d v1 entries of 6e-6 where the step's are 1e-10
+            f = mu[i] * lam[3 * i + 2] / nst
+            e = 1.0 / (1.0 + f)
+            P = (e * f) * (np.eye(2) - np.outer(u, u))
+            A[3 * i:3 * i + 2, 3 * i:3 * i + 2] = e * np.eye(2)
+            A[3 * i:3 * i + 2, 3 * i + 2] = e * mu[i] * u
             A[3 * i:3 * i + 2] += P @ G[3 * i:3 * i + 2]
             W[3 * i:3 * i + 2, 3 * i:3 * i + 2] = P
     for jl in range(m - 3 * nc):

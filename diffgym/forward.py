@@ -393,6 +393,10 @@ class Simulator:
     def __init__(self, sm: SimModel, *, dt: float | None = None, erp: float = 0.2,
                  margin: float = 1e-3, tol: float = 1e-9, max_iter: int = 2000,
                  max_contact_points: int = 4):
+        # how to rebuild this simulator (pickling); from_file / from_string replace it
+        self._source: tuple | None = None
+        self._settings = dict(dt=dt, erp=erp, margin=margin, tol=tol, max_iter=max_iter,
+                              max_contact_points=max_contact_points)
         if dt is not None:
             sm.dt = dt
         if not (isinstance(sm.dt, (int, float, np.floating)) and np.isfinite(sm.dt) and sm.dt > 0):
@@ -443,6 +447,7 @@ class Simulator:
         path = os.fspath(path)
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{path}: no such model file")
+        source = ("file", os.path.abspath(path), dict(kwargs))
         ext = os.path.splitext(path)[1].lower()
         loader_kw = {k: kwargs.pop(k) for k in list(kwargs) if k in _LOADER_KEYS}
         if ext == ".urdf":
@@ -458,7 +463,9 @@ class Simulator:
             sm = load_mjcf(text, os.path.dirname(os.path.abspath(path)), source=path)
         else:
             raise ModelError(f"{path}: unknown model format {ext!r} (expected .xml MJCF or .urdf)")
-        return cls(sm, **kwargs)
+        sim = cls(sm, **kwargs)
+        sim._source = source
+        return sim
 
     @classmethod
     def from_string(cls, text: str, base_dir: str = ".", **kwargs) -> "Simulator":
@@ -466,7 +473,38 @@ class Simulator:
         if not isinstance(text, str):
             raise TypeError(f"from_string expects the MJCF text as str, got {type(text).__name__}")
         from .mjcf import load_mjcf
-        return cls(load_mjcf(text, base_dir), **kwargs)
+        sim = cls(load_mjcf(text, base_dir), **kwargs)
+        sim._source = ("string", text, os.path.abspath(base_dir), dict(kwargs))
+        return sim
+
+    # -- pickling and copying ----------------------------------------------------------------
+    # pinocchio's GeometryData and coal's collision requests cannot be pickled: a pickled (or
+    # deep-copied) Simulator holds the recipe it was built from (model file or MJCF text and
+    # the settings) plus what a step carries to the next, and rebuilds the native objects.
+    def __getstate__(self):
+        if self._source is None:
+            raise TypeError("a Simulator built directly from a SimModel cannot be pickled or "
+                            "deep-copied; build it with Simulator.from_file or from_string")
+        import copy
+        return {"source": self._source, "dt": float(self.sm.dt),
+                "solver_settings": copy.copy(self.solver.settings),
+                "warm_start": self.warm_start_state(), "warned": self._warned,
+                "last": self.last}
+
+    def __setstate__(self, state) -> None:
+        src = state["source"]
+        if src[0] == "file":
+            fresh = Simulator.from_file(src[1], **src[2])
+        elif src[0] == "string":
+            fresh = Simulator.from_string(src[1], src[2], **src[3])
+        else:
+            raise ValueError(f"unknown Simulator source kind {src[0]!r}")
+        self.__dict__.update(fresh.__dict__)
+        self.sm.dt = state["dt"]
+        self.solver.settings = state["solver_settings"]
+        self.set_warm_start_state(state["warm_start"])
+        self._warned = state["warned"]
+        self.last = state["last"]
 
     # -- properties ------------------------------------------------------------------------
     @property

@@ -41,6 +41,13 @@ def _quat_tangent(quat: np.ndarray) -> np.ndarray:
     return 0.5 * np.array([[w, -z, y], [z, w, -x], [-y, x, w], [-x, -y, -z]])
 
 
+@dataclass
+class _Scratch:
+    """Stands for a pinocchio Data or GeometryData in a pickled environment."""
+
+    kind: str
+
+
 def wrap_angle(a):
     """Wrap to (-pi, pi]."""
     return np.pi - np.mod(np.pi - a, 2.0 * np.pi)
@@ -62,7 +69,7 @@ class DiffEnv(gym.Env):
     - ``_terminated(x) -> bool``.
     """
 
-    metadata = {"render_modes": ["rgb_array"], "render_fps": 30}
+    metadata = {"render_modes": ["rgb_array", "human"], "render_fps": 30}
     asset: str = ""
     frame_skip: int = 1
     episode_steps: int = 1000
@@ -85,7 +92,16 @@ class DiffEnv(gym.Env):
             if int(frame_skip) < 1:
                 raise ValueError(f"frame_skip must be >= 1, got {frame_skip!r}")
             self.frame_skip = int(frame_skip)
+        if render_mode == "human":
+            try:
+                import pygame  # noqa: F401
+            except ImportError:
+                raise gym.error.DependencyNotInstalled(
+                    "render_mode='human' shows the environment in a window drawn with pygame, which is "
+                    "not installed: pip install 'diffgym[human]' (or pygame); or use "
+                    "render_mode='rgb_array' (frames as arrays) or `diffgym record ID OUT.gif`") from None
         self.render_mode = render_mode
+        self._window = None
         self.sim = self._make_sim(**(sim_options or {}))
         self.nq, self.nv = self.sim.nq, self.sim.nv
         self.n_a = self._action_dim()
@@ -242,6 +258,8 @@ class DiffEnv(gym.Env):
         self._elapsed = 0
         self.sim.reset_warmstart()
         obs, _ = self._observe(self._x)
+        if self.render_mode == "human":
+            self._show()
         return obs, {}
 
     def step(self, action):
@@ -253,8 +271,14 @@ class DiffEnv(gym.Env):
         return self._step(action, jacobian=True)
 
     def render(self):
+        if self.render_mode == "human":
+            self._show()
+            return None
         if self.render_mode != "rgb_array":
-            raise RuntimeError(f"render() needs render_mode='rgb_array' (got {self.render_mode!r})")
+            raise RuntimeError(f"render() needs render_mode='rgb_array' or 'human' (got {self.render_mode!r})")
+        return self._frame()
+
+    def _frame(self) -> np.ndarray:
         self._require_reset()
         if self._renderer is None:
             from diffgym.render import Camera, Renderer
@@ -264,6 +288,51 @@ class DiffEnv(gym.Env):
 
     def _render_kwargs(self) -> dict:
         return {}
+
+    def _show(self) -> None:
+        """render_mode='human': draw the current frame in a pygame window at the env's rate."""
+        import pygame
+        frame = self._frame()
+        if self._window is None:
+            pygame.display.init()
+            pygame.display.set_caption(f"diffgym {self.spec.id if self.spec else type(self).__name__}")
+            self._window = (pygame.display.set_mode((frame.shape[1], frame.shape[0])), pygame.time.Clock())
+        screen, clock = self._window
+        pygame.event.pump()
+        screen.blit(pygame.surfarray.make_surface(np.ascontiguousarray(frame.swapaxes(0, 1))), (0, 0))
+        pygame.display.flip()
+        clock.tick(self.metadata["render_fps"])
+
+    def close(self) -> None:
+        if getattr(self, "_window", None) is not None:
+            import pygame
+            pygame.display.quit()
+            self._window = None
+        super().close()
+
+    # -- pickling and copying -------------------------------------------------------------------
+    # The simulator pickles itself (rebuilt from its model file, warm start kept); the RNG, the
+    # state and the episode clock are plain attributes. The renderer and a human-mode window are
+    # rebuilt on the next render().
+    # pinocchio Data / GeometryData held by a subclass (scratch for its own kinematics) are
+    # rebuilt empty from the simulator's models.
+    def __getstate__(self):
+        d = dict(self.__dict__)
+        d["_renderer"] = None
+        d["_window"] = None
+        for k, v in d.items():
+            if isinstance(v, pin.GeometryData):
+                d[k] = _Scratch("geometry")
+            elif isinstance(v, pin.Data):
+                d[k] = _Scratch("data")
+        return d
+
+    def __setstate__(self, d) -> None:
+        self.__dict__.update(d)
+        for k, v in d.items():
+            if isinstance(v, _Scratch):
+                setattr(self, k, self.sim.model.createData() if v.kind == "data"
+                        else pin.GeometryData(self.sim.geom_model))
 
     # -- the step -------------------------------------------------------------------------------
     def _require_reset(self) -> None:
@@ -342,6 +411,8 @@ class DiffEnv(gym.Env):
         info["diverged"] = diverged
         terminated = bool(diverged or self._terminated(xk))
         truncated = bool(self._elapsed >= self.episode_steps and not terminated)
+        if self.render_mode == "human":
+            self._show()
         if not jacobian:
             return obs, float(r), terminated, truncated, info, None
         if diverged:

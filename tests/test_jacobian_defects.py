@@ -293,3 +293,74 @@ def test_gradcheck_fails_without_the_limit_torques(monkeypatch):
     monkeypatch.setattr(D, "_joint_torques", lambda sim, cons, res: sim.cache["tau_total"])
     s = CARTPOLE_AT_STOP
     assert not _bridge_gradcheck("DiffCartPole-v0", s["q"], s["v"], [[0.85], [0.6], [0.9]])
+
+
+# DiffPush-v0 at step 2 of the torch gradcheck's rollout (seed-0 contact state, then actions
+# default_rng(1).uniform(-.5, .5)): the capsule rod 5.4 mm from a box face, closing within the
+# step. With coal's default GJK tolerance (1e-6) the rod/box normal flipped between
+# (0.9918, -0.1274, 0) and (0.9925, -0.1220, -0.0055) under perturbations of q by 1e-14, so
+# the step was discontinuous at the state (a jump of ~0.09 m/s in the rod's velocity).
+PUSH_ROD_NEAR_BOX = dict(
+    q=[0.2461673095425376, 0.08781669446109783, 0.20774570709353957, 0.043480048670235666,
+       -0.0044808865001945654, 0.05, 9.510287325252918e-17, -1.8112161323205208e-16,
+       -0.9979592774000455, -0.06385358761400191],
+    v=[1.44903687237822, -0.157438574408561, -8.491945209083198, 0.4553963114166208,
+       -0.10198555298942341, -1.6653345369377348e-16, 3.463241674777793e-15,
+       -8.412107815880527e-16, 2.992684516783276],
+    tau=[7.278030012986127, -11.747326883566108, 1.335009390858102, 0, 0, 0, 0, 0, 0])
+
+
+def test_push_rod_near_box_collision_output_is_continuous():
+    sim = _env_sim("DiffPush-v0")
+    q, v, tau = _state(PUSH_ROD_NEAR_BOX)
+
+    def rod_box(dq):
+        sim.reset_warmstart()
+        sim.step(pin.integrate(sim.model, q, dq), v, tau)
+        last = sim.last
+        k = [i for i, g in enumerate(last.contact_geoms) if set(g) == {"rod", "box"}]
+        assert len(k) == 1
+        return last.contact_normals[k[0]], last.contact_distances[k[0]]
+
+    n0, d0 = rod_box(np.zeros(sim.nv))
+    assert abs(n0[2]) < 1e-9 and 5e-3 < d0 < 6e-3      # the rod is level with the box face
+    rng = np.random.default_rng(0)
+    for _ in range(10):
+        n, d = rod_box(1e-14 * rng.standard_normal(sim.nv))
+        assert np.abs(n - n0).max() < 1e-9 and abs(d - d0) < 1e-11
+
+
+def test_creeping_foot_mode_system_is_equilibrated():
+    """DiffPush-v0's box settling on its three feet after a head-on push (step 16 of the flush
+    push of tests/test_gradient_audit.py): one foot still sliding at a slip of ~5e-8 m/s, where
+    the slip-direction rows of the mode system carry mu lam_N / |slip| ~ 1e6. Unscaled, those
+    rows set the least-squares rank cut-off and d v1 / d tau got a spurious 6e-6 in the box's
+    yaw rate (the step's own derivative there is ~1e-9: the box is held by its feet)."""
+    from test_gradient_audit import _flush_push_state
+    env = gym.make("DiffPush-v0", target=(0.3, 0.0))
+    u = env.unwrapped
+    u.set_state(_flush_push_state(env))
+    a = np.array([0.6, 0.0, 0.0])
+    for _ in range(16):
+        env.step(a)
+    x = u.get_state()
+    q, v = x[:u.nq], x[u.nq:u.nq + u.nv]
+    tau = u._forces(x, a)[0]
+    sim = u.sim
+    warm = sim.warm_start_state()
+    _, _, jac = _run_jac(sim, warm, q, v, tau)
+    sig = sim.cache["res"].sigma.reshape(-1, 3)
+    slip = np.hypot(sig[:, 0], sig[:, 1])
+    sliding = [m == "sliding" for m in sim.last.contact_modes]
+    assert any(s and 0 < sl < 1e-7 for s, sl in zip(sliding, slip)), (sim.last.contact_modes, slip)
+    h = 1e-6
+    for col in range(3, sim.nv):                     # the box's columns
+        e = np.zeros(sim.nv)
+        e[col] = h
+        cd = (_run(sim, warm, q, v, tau + e)[1] - _run(sim, warm, q, v, tau - e)[1]) / (2 * h)
+        assert np.abs(jac.dv_dtau[:, col] - cd).max() < 1e-7, (col, jac.dv_dtau[:, col], cd)
+
+
+def _run_jac(sim, warm, q, v, tau):
+    sim.set_warm_start_state(warm)
+    return sim.step(q, v, tau, jacobian=True)
