@@ -147,7 +147,6 @@ def _norms(x: np.ndarray) -> np.ndarray:
 # It also reports every gap below it as a distance of exactly 0, so resting contacts settled
 # inside that flat band, where the distance stops following the poses.
 GJK_TOLERANCE = 1e-10
-GJK_TOL = GJK_TOLERANCE
 
 
 def tighten_requests(requests) -> None:
