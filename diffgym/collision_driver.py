@@ -347,8 +347,8 @@ class CollisionDriver:
         d = height[sel]
         rows_pair += [k] * m
         rows_pt += ids[sel].tolist()
-        # midpoint of the witness point x and its projection on the plane
-        rows_pos.extend(x[sel] - (0.5 * d)[:, None] * n_plane)
+        # the projection of the witness point x on the plane (see collision_kernels)
+        rows_pos.extend(x[sel] - d[:, None] * n_plane)
         rows_n += [N] * m
         rows_d += d.tolist()
 
@@ -412,12 +412,16 @@ class CollisionDriver:
                 continue
             pin.computeContactPatch(gm, gdata, k)
             pres = pres_all[k]
+            # a shape on a plane: the contact point is the witness on the plane (as the closed
+            # forms: the points of a face on a plane are coplanar); otherwise the midpoint
+            on_plane = self._pl_list[k]
+            side = 1 if on_plane == int(self.pairs[k, 0]) else (2 if on_plane >= 0 else 0)
             if pres.numContactPatches() == 0:
                 c = cres[k].getContact(0)
                 p1, p2 = c.getNearestPoint1(), c.getNearestPoint2()
                 n = np.asarray(c.normal).copy()
                 rows_pair.append(k); rows_pt.append(0)
-                rows_pos.append(0.5 * (p1 + p2)); rows_n.append(n); rows_d.append(float(n @ (p2 - p1)))
+                rows_pos.append(0.5 * (p1 + p2) if not side else (p1 if side == 1 else p2)); rows_n.append(n); rows_d.append(float(n @ (p2 - p1)))
                 continue
             patch = pres.getContactPatch(0)
             n = np.asarray(patch.getNormal()).copy()
@@ -425,14 +429,14 @@ class CollisionDriver:
             if m == 1:
                 p1, p2 = patch.getPointShape1(0), patch.getPointShape2(0)
                 rows_pair.append(k); rows_pt.append(0)
-                rows_pos.append(0.5 * (p1 + p2)); rows_n.append(n); rows_d.append(float(n @ (p2 - p1)))
+                rows_pos.append(0.5 * (p1 + p2) if not side else (p1 if side == 1 else p2)); rows_n.append(n); rows_d.append(float(n @ (p2 - p1)))
                 continue
             P1 = np.array([patch.getPointShape1(i) for i in range(m)])
             P2 = np.array([patch.getPointShape2(i) for i in range(m)])
             keep = _reduce_patch(0.5 * (P1 + P2), self.max_points)
             for j, i in enumerate(keep):
                 rows_pair.append(k); rows_pt.append(j)
-                rows_pos.append(0.5 * (P1[i] + P2[i])); rows_n.append(n)
+                rows_pos.append(0.5 * (P1[i] + P2[i]) if not side else (P1[i] if side == 1 else P2[i])); rows_n.append(n)
                 rows_d.append(float(n @ (P2[i] - P1[i])))
         if rows_pair:
             pair = np.array(rows_pair, dtype=np.int64)

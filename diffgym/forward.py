@@ -22,7 +22,7 @@ from .derivatives import step_jacobian
 from .jit import njit
 from .model import ModelError, SimModel
 from .solver import MODE_NAMES, NCPSolver, SolverResult, SolverSettings
-from .solver_kernels import solve_stage1
+from .solver_kernels import natres, solve_stage1
 from .frames import tangent_frames
 
 
@@ -100,7 +100,68 @@ def _match_warm_start(pair_w, point_w, lam_w, modes_w, limits_w, lim_act_w, pair
 
 
 class SimulationError(RuntimeError):
-    """The simulation produced a non-finite state (it diverged)."""
+    """The simulation produced a non-finite state (it diverged), the state exploded while the
+    solver reported convergence, or the linear algebra of a step failed on a degenerate problem.
+    The message names the model, the step and its contacts."""
+
+
+class StabilityWarning(RuntimeWarning):
+    """The time step is too large for the model's stiffness or damping (explicit integration
+    of those forces is unstable at this step)."""
+
+
+def _check_settings(*, tol, margin, max_iter, max_contact_points) -> None:
+    """Refuse settings that make no sense (ValueError naming the setting and its value)."""
+    def real(x):
+        return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+
+    if not (real(tol) and np.isfinite(tol) and tol > 0):
+        raise ValueError(f"tol must be a positive finite residual (m/s), got {tol!r}")
+    if not (real(margin) and np.isfinite(margin) and margin >= 0):
+        raise ValueError(f"margin must be a finite distance >= 0 (m), got {margin!r}")
+    if not (isinstance(max_iter, (int, np.integer)) and not isinstance(max_iter, bool)
+            and max_iter >= 1):
+        raise ValueError(f"max_iter must be an integer >= 1, got {max_iter!r}")
+    if not (isinstance(max_contact_points, (int, np.integer))
+            and not isinstance(max_contact_points, bool) and max_contact_points >= 1):
+        raise ValueError(f"max_contact_points must be an integer >= 1, got {max_contact_points!r}")
+
+
+def _warn_unstable_dt(sim) -> None:
+    """Warn (StabilityWarning) when the time step cannot be stable for the model: the joint
+    springs and dampers are integrated explicitly, so at the default configuration the step
+    needs ``dt * omega_max < 2`` (``omega^2`` the eigenvalues of ``M^-1 K``) and
+    ``dt * lambda_max(M^-1 D) < 2`` (the explicit-Euler bounds of an undamped spring and of a
+    pure damper)."""
+    sm, model, dt = sim.sm, sim.model, sim.dt
+    damping = np.asarray(sm.damping, dtype=float)
+    stiff = getattr(sm, "stiffness", {}) or {}
+    if not (np.any(damping > 0) or stiff) or model.nv == 0:
+        return
+    try:
+        M = pin.crba(model, model.createData(), sim.q0)
+        M = np.triu(M) + np.triu(M, 1).T
+        L = np.linalg.cholesky(M)
+        Li = np.linalg.inv(L)
+        msgs = []
+        if np.any(damping > 0):
+            lam_d = float(np.linalg.eigvalsh(Li @ np.diag(damping) @ Li.T).max())
+            if dt * lam_d >= 2.0:
+                msgs.append(f"joint damping: dt * lambda_max(M^-1 D) = {dt * lam_d:.3g} >= 2 "
+                            f"(stable below dt = {2.0 / lam_d:.3g} s)")
+        if stiff:
+            K = np.zeros((model.nv, model.nv))
+            for iv, (k, _) in stiff.items():
+                K[iv, iv] = k
+            w2 = float(np.linalg.eigvalsh(Li @ K @ Li.T).max())
+            if w2 > 0 and dt * np.sqrt(w2) >= 2.0:
+                msgs.append(f"joint stiffness: dt * omega_max = {dt * np.sqrt(w2):.3g} >= 2 "
+                            f"(stable below dt = {2.0 / np.sqrt(w2):.3g} s)")
+    except np.linalg.LinAlgError:
+        return             # a singular mass matrix is reported by the loader, not here
+    if msgs:
+        warnings.warn(f"{sm.source}: time step dt = {dt:g} s is too large for this model; "
+                      + "; ".join(msgs), StabilityWarning, stacklevel=3)
 
 
 class SolverWarning(RuntimeWarning):
@@ -168,6 +229,37 @@ def _constrained_velocity(pos, frames, geom1, geom2, geom_joint, dist, mu, pair,
                 acc += MJt[i, r] * lam[r]
             v1[i] += acc
     return ok, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, lim_act, its, res, v1
+
+
+@njit
+def _verify_velocity(J, b, v1, lam, nc, mu, G):
+    """An independent check of a step's solution: the natural-map residual (m/s) of the NCP at
+    the final velocity, ``sigma = J v1 + b`` (not the solver's ``G lam + g``), and the scale of
+    the velocities it is compared with (``max |J v1|``, ``max |b|``). Catches a solver that
+    reports convergence on a wrong solution and a wrong ``v1`` (a bad ``M^-1 J^T lam``)."""
+    m = J.shape[0]
+    sigma = np.empty(m)
+    scale = 0.0
+    for r in range(m):
+        acc = 0.0
+        for i in range(J.shape[1]):
+            acc += J[r, i] * v1[i]
+        sigma[r] = acc + b[r]
+        a = max(abs(acc), abs(b[r]))
+        if a > scale:
+            scale = a
+    dmax = 0.0
+    for i in range(m):
+        if G[i, i] > dmax:
+            dmax = G[i, i]
+    floor = 1e-12 * (dmax if dmax > 1.0 else 1.0)
+    dG = np.empty(m)
+    for i in range(m):
+        dG[i] = G[i, i] if G[i, i] >= floor else floor
+    dc = np.empty(nc)
+    for i in range(nc):
+        dc[i] = (dG[3 * i] + dG[3 * i + 1] + dG[3 * i + 2]) / 3.0
+    return natres(lam, sigma, nc, mu, dc, dG), scale
 
 
 _LAZY_FIELDS = frozenset(("contact_points", "contact_normals", "contact_distances",
@@ -295,6 +387,8 @@ class Simulator:
             raise ValueError(f"dt must be a positive finite number of seconds, got {sm.dt!r}")
         if not 0.0 <= erp <= 1.0:
             raise ValueError(f"erp must be in [0, 1], got {erp!r}")
+        _check_settings(tol=tol, margin=margin, max_iter=max_iter,
+                        max_contact_points=max_contact_points)
         self.sm = sm
         self.model: pin.Model = sm.model
         self.geom_model: pin.GeometryModel = sm.geom_model
@@ -310,6 +404,8 @@ class Simulator:
         # last step's contacts, or None
         self._warm: tuple | None = None
         self._warned = False
+        self._nstep = 0                   # steps taken (error messages)
+        self._last_contacts = None
         self._stiff_idx = np.array(list(getattr(sm, "stiffness", {}).keys()), dtype=np.int64)
         self._stiff_k = np.array([v[0] for v in getattr(sm, "stiffness", {}).values()])
         self._stiff_ref = np.array([v[1] for v in getattr(sm, "stiffness", {}).values()])
@@ -324,6 +420,7 @@ class Simulator:
                 s0 = jm.idx_q + (3 if name == "JointModelFreeFlyer" else 0)
                 rows.extend(range(s0, s0 + 4))
         self._quat_rows = np.array(rows, dtype=np.int64)
+        _warn_unstable_dt(self)
 
     def _idx_q_of_v(self, iv: int) -> int:
         for j in range(1, self.model.njoints):
@@ -466,7 +563,34 @@ class Simulator:
         return f
 
     def step(self, q, v, tau, jacobian: bool = False):
-        """Advance one time step. Returns ``(q1, v1)`` or ``(q1, v1, jac)`` with jacobian=True."""
+        """Advance one time step. Returns ``(q1, v1)`` or ``(q1, v1, jac)`` with jacobian=True.
+
+        Raises SimulationError (naming the model, the step and its contacts) when the step
+        diverges or its linear algebra fails on a degenerate problem."""
+        self._nstep += 1
+        try:
+            return self._step(q, v, tau, jacobian)
+        except (np.linalg.LinAlgError, ZeroDivisionError, FloatingPointError) as exc:
+            raise SimulationError(f"{self._context()}: the step failed on a degenerate problem "
+                                  f"({type(exc).__name__}: {exc})") from exc
+
+    def _context(self) -> str:
+        """Where a failing step happened: model, step number, contacts and limits."""
+        sm = self.sm
+        name = getattr(sm.model, "name", "") or "model"
+        c = getattr(self, "_last_contacts", None)
+        ctx = f"{name} ({sm.source}), step {self._nstep} of this simulator"
+        if c is not None and len(c):
+            pairs = sorted({(self.sm.geoms[int(a)].name, self.sm.geoms[int(b)].name)
+                            for a, b in zip(c.geom1.tolist(), c.geom2.tolist())})
+            shown = ", ".join(f"{a}/{b}" for a, b in pairs[:8]) + (" ..." if len(pairs) > 8 else "")
+            ctx += (f", {len(c)} contact points (pairs {shown}), deepest "
+                    f"{-float(np.min(c.dist)):.3g} m")
+        else:
+            ctx += ", no contact"
+        return ctx
+
+    def _step(self, q, v, tau, jacobian: bool = False):
         model, data, dt = self.model, self.data, self.dt
         nq, nv = model.nq, model.nv
         # Input checks. Fast path: float64 vectors of the right shapes whose sums are finite
@@ -489,7 +613,7 @@ class Simulator:
         pin.computeJointJacobians(model, data)
         Jw = data.J.reshape(6, nv)          # (eigenpy gives a (6,) vector when nv = 1)
         Jw = Jw.copy()
-        contacts = self.collision.detect(data, self.geom_data, dt, v)
+        contacts = self._last_contacts = self.collision.detect(data, self.geom_data, dt, v)
 
         if len(self._stiff_idx):
             tau_total = tau + self.passive_forces(q, v)
@@ -549,11 +673,18 @@ class Simulator:
         if cons is None:
             res, Minv, G, g = None, None, None, None
             v1 = v_free
+        elif res.converged:
+            # independent check of the reported solution at the final velocity
+            r1, vs = _verify_velocity(cons.J, cons.b, v1, res.lam, cons.nc, cons.mu, G)
+            if not r1 <= max(100.0 * solver.settings.tol, 1e-9 * vs):
+                res = dataclasses.replace(res, converged=False, residual=float(r1),
+                                          method=res.method + "+unverified")
         q1 = pin.integrate(model, q, v1 * dt)
         total = float(_add(v1)) + float(_add(q1))
         if total - total != 0.0 and not (np.isfinite(v1).all() and np.isfinite(q1).all()):
-            raise SimulationError("the step produced a non-finite state (the simulation diverged); "
-                                  f"|v| = {np.linalg.norm(v):.3g}, |tau| = {np.linalg.norm(tau):.3g}")
+            raise SimulationError(f"{self._context()}: the step produced a non-finite state (the "
+                                  f"simulation diverged); |v| = {np.linalg.norm(v):.3g}, "
+                                  f"|tau| = {np.linalg.norm(tau):.3g}")
         self._record(cons, res)
         # (Minv: pinocchio's computeMinverse, of which only the upper triangle is filled)
         self.cache = dict(q=q, v=v, tau=tau, tau_total=tau_total, a_free=a_free, v_free=v_free,
@@ -571,8 +702,9 @@ class Simulator:
                 return solver._solve(G, g, cons.nc, cons.mu, lam0, modes0, stage1=False)
             return solver.solve(G, g, cons.nc, cons.mu, lam0, modes0)
         except np.linalg.LinAlgError as exc:     # LAPACK gave up on a degenerate problem
-            raise SimulationError(f"the contact solver failed on a degenerate problem ({exc}); "
-                                  f"{cons.nc} contacts, |v| = {np.linalg.norm(v):.3g}") from exc
+            # (step() adds the model, step and contacts to the SimulationError it becomes)
+            raise np.linalg.LinAlgError(f"the contact solver failed ({exc}); {cons.nc} contacts, "
+                                        f"|v| = {np.linalg.norm(v):.3g}") from exc
 
     def _warm_start(self, cons: Constraints):
         """Impulses and modes of the previous step for the contacts (same pair and point) and
