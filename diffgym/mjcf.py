@@ -159,6 +159,7 @@ class _MJCFBuilder:
         self.defaults: dict[str, dict[str, dict[str, str]]] = {}
         self.default_parent: dict[str, str | None] = {}
         self.model = pin.Model()
+        self.model.name = root.get("model", "") or "model"     # (<mujoco model="...">)
         self.geom_model = pin.GeometryModel()
         self.geoms: list[GeomInfo] = []
         self.geom_body_index: list[str] = []

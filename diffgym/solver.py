@@ -684,6 +684,44 @@ class NCPSolver:
             return lam, sigma, modes, lim_act, its, res
         return None
 
+    # -- stage 1b: proximal active-set Newton ---------------------------------------------
+    def _proximal(self, G, g, nc, mu, modes, lim_act, lam, dG, dc, vscale, rho_rel=1e-6,
+                  max_outer=8):
+        """Proximal-point iterations: each subproblem is the NCP of ``G + rho I`` and
+        ``g - rho lam_k`` (``lam_{k+1}`` closest to ``lam_k`` among the solutions), solved by the
+        active-set Newton from the previous modes. Where contacts are redundant (a face on a
+        face) the impulses of ``G`` are not unique and the active-set iteration can wander
+        between equivalent impulses and modes; the subproblems have unique impulses, and the
+        outer iteration converges to a solution of the original NCP (the velocity solution
+        ``sigma`` is unique; the error in the range of G shrinks by ``rho / (rho + eig)``
+        each outer step, the null-space part of the impulses stays where the warm start put
+        it). Rows with a zero diagonal stay eliminated. Returns ``_active_set``'s tuple for the
+        original problem (modes made canonical by ``_finish``), or None."""
+        s = self.settings
+        m = G.shape[0]
+        rho = rho_rel * float(np.mean(dG))
+        Gr = G + rho * np.eye(m)
+        dGr, dcr = dG + rho, dc + rho
+        lam = np.array(lam, dtype=float)
+        modes = np.asarray(modes, dtype=np.int64)
+        lim_act = np.asarray(lim_act, dtype=bool)
+        total = 0
+        for _ in range(max_outer):
+            out = self._aset(Gr, g - rho * lam, nc, mu, modes, lim_act, lam, dGr, dcr, vscale,
+                             s.newton_budget)
+            if out is None:
+                return None
+            lam, _, modes, lim_act, its, _ = out
+            total += its
+            sigma = G @ lam + g
+            res = natural_residual(lam, sigma, nc, mu, dG)
+            if res <= s.tol:
+                fin = self._finish(G, g, nc, mu, modes, lim_act, lam, sigma, dG, dc, vscale)
+                if fin is not None:
+                    return fin[:4] + (total + fin[4], fin[5])
+                return lam, sigma, modes, lim_act, total, res
+        return None
+
     # -- stage 2: semismooth Newton on the natural map ------------------------------------
     def _natural_map(self, G, g, nc, mu, lam, rc, rl):
         """F(lam) = lam - P_K(lam - r (sigma + Gamma(sigma))) (contacts), lam - max(0, lam - r
@@ -1076,6 +1114,18 @@ class NCPSolver:
             lam, sigma, modes, lim_act, its, res = out
             return SolverResult(lam, sigma, modes, lim_act, its, res, True, "newton")
         its = s.newton_budget
+        # stage 1b: proximal active-set Newton (regularized subproblems; see _proximal), from
+        # the warm start, then from a cold start
+        approach = g[2:k:3] < 0.0
+        for start in ((modes, lim0, lam),
+                      (np.where(approach, STICKING, BREAKING).astype(np.int64), g[k:] < 0.0,
+                       np.zeros(m)),
+                      (np.where(approach, SLIDING, BREAKING).astype(np.int64), g[k:] < 0.0,
+                       np.zeros(m))):
+            out = self._proximal(G, g, nc, mu, *start, dG, dc, vscale)
+            if out is not None:
+                return SolverResult(*out[:4], its + out[4], out[5], True, "prox+newton")
+            its += s.newton_budget
         # stage 2: a short run of pinocchio's ADMM (C++, fast), then active-set Newton from its
         # modes; stage 3: semismooth Newton on the natural map, then active-set Newton from its
         # modes; then longer runs of pinocchio's ADMM (only while its polish fails)
