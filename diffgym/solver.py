@@ -716,6 +716,12 @@ class NCPSolver:
             sigma = G @ lam + g
             res = natural_residual(lam, sigma, nc, mu, dG)
             if res <= s.tol:
+                # the modes are found: the active-set Newton on the original problem from them
+                # solves the mode equations to machine precision (one or two steps)
+                out = self._aset(G, g, nc, mu, modes, lim_act, lam, dG, dc, vscale,
+                                 s.newton_budget)
+                if out is not None:
+                    return out[:4] + (total + out[4], out[5])
                 fin = self._finish(G, g, nc, mu, modes, lim_act, lam, sigma, dG, dc, vscale)
                 if fin is not None:
                     return fin[:4] + (total + fin[4], fin[5])
