@@ -37,6 +37,15 @@ Stages:
    tolerance is re-labelled sticking (its impulse is on the cone boundary, its velocity zero:
    both sets of mode equations hold), so the modes given to the implicit gradients are well
    conditioned.
+1b. If that fails, **proximal active-set Newton** (``_proximal``): proximal-point iterations
+   whose subproblems are the NCPs of ``G + rho I`` and ``g - rho lam_k`` (``rho = 1e-6`` of the
+   mean Delassus diagonal), each solved by the same active-set kernel from the previous modes,
+   then the active-set Newton on the original problem from the modes found. Redundant contacts
+   (a face on a face) make the impulses non-unique and the plain iteration can wander between
+   equivalent impulses and modes; the subproblems have unique impulses, the velocity solution
+   is unique, and the outer iteration converges (the error in the range of G shrinks by
+   ``rho / (rho + eig)`` per outer step). Tried from the warm start, a cold all-sticking start
+   and an all-sliding start; typically 2-5 outer steps of a few Newton solves each.
 2. If that fails (many contacts changing between stick and slip at once), approximate solutions
    seed stage 1 again ("polish", modes classified at three thresholds): a short run of
    pinocchio's ``ADMMConstraintSolver`` (C++, ``solve_ncp``; limits are embedded as frictionless
@@ -118,7 +127,9 @@ class SolverResult:
     iterations: int
     residual: float
     converged: bool
-    method: str                  # "none", "newton", "admm+newton", "pgs+newton", "admm", "pgs"
+    method: str                  # "none", "newton", "prox+newton", "pinadmm+newton", "ssn+newton",
+    #                              "admm+newton", "pgs+newton", "admm", "pgs" ("+unverified": the
+    #                              step's check of the final velocity failed, converged=False)
 
 
 def project_cone(x: np.ndarray, mu: np.ndarray) -> np.ndarray:
