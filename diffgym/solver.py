@@ -541,12 +541,14 @@ class NCPSolver:
             return mt * vscale, mt * max(max(map(abs, lam.tolist()), default=0.0), 1e-300)
         return mt * vscale, mt * max(float(np.abs(lam).max()), 1e-300)
 
-    def _active_set(self, G, g, nc, mu, modes, lim_act, lam, dG, dc, vscale, budget=None):
+    def _active_set(self, G, g, nc, mu, modes, lim_act, lam, dG, dc, vscale, budget=None,
+                    rounds=None):
         """Active-set Newton from the given modes; ``budget`` bounds the Newton iterations of
-        all rounds together. Returns (lam, sigma, modes, lim_act, iterations, residual) or
-        None."""
+        all rounds together, ``rounds`` the mode switches (default ``settings.mode_rounds``).
+        Returns (lam, sigma, modes, lim_act, iterations, residual) or None."""
         s = self.settings
         budget = s.mode_rounds * s.newton_iter if budget is None else budget
+        mode_rounds = s.mode_rounds if rounds is None else int(rounds)
         dl = dG[3 * nc:]
         total = 0
         seen: dict[bytes, int] = {}
@@ -555,7 +557,7 @@ class NCPSolver:
         lam = self._prepare(np.asarray(lam, dtype=float).copy(), nc, mu, modes, lim_act)
         single = False
         first = True
-        for _ in range(s.mode_rounds):
+        for _ in range(mode_rounds):
             kk = _key(modes, lim_act)
             seen[kk] = seen.get(kk, 0) + 1
             if total >= budget:
@@ -710,6 +712,10 @@ class NCPSolver:
         original problem (modes made canonical by ``_finish``), or None."""
         s = self.settings
         m = G.shape[0]
+        # a pile activates layer by layer from a cold start (each round's solution makes the
+        # next layer approach): as many rounds as constraints, a few Newton steps each
+        rounds = max(s.mode_rounds, nc + (m - 3 * nc) + 2)
+        budget = max(s.newton_budget, 4 * rounds)
         rho = rho_rel * float(np.mean(dG))
         Gr = G + rho * np.eye(m)
         dGr, dcr = dG + rho, dc + rho
@@ -719,7 +725,7 @@ class NCPSolver:
         total = 0
         for _ in range(max_outer):
             out = self._aset(Gr, g - rho * lam, nc, mu, modes, lim_act, lam, dGr, dcr, vscale,
-                             s.newton_budget)
+                             budget, rounds)
             if out is None:
                 return None
             lam, _, modes, lim_act, its, _ = out
@@ -729,8 +735,8 @@ class NCPSolver:
             if res <= s.tol:
                 # the modes are found: the active-set Newton on the original problem from them
                 # solves the mode equations to machine precision (one or two steps)
-                out = self._aset(G, g, nc, mu, modes, lim_act, lam, dG, dc, vscale,
-                                 s.newton_budget)
+                out = self._aset(G, g, nc, mu, modes, lim_act, lam, dG, dc, vscale, budget,
+                                 rounds)
                 if out is not None:
                     return out[:4] + (total + out[4], out[5])
                 fin = self._finish(G, g, nc, mu, modes, lim_act, lam, sigma, dG, dc, vscale)
@@ -1026,13 +1032,16 @@ class NCPSolver:
                 return out
         return None
 
-    def _aset(self, G, g, nc, mu, modes, lim_act, lam, dG, dc, vscale, budget=None):
+    def _aset(self, G, g, nc, mu, modes, lim_act, lam, dG, dc, vscale, budget=None,
+              rounds=None):
         """``_active_set``, compiled (``solver_kernels.active_set``) unless
         ``settings.compiled`` is False. Uses ``self._zero_rows`` set by ``solve``."""
         s = self.settings
         if not s.compiled:
-            return self._active_set(G, g, nc, mu, modes, lim_act, lam, dG, dc, vscale, budget)
+            return self._active_set(G, g, nc, mu, modes, lim_act, lam, dG, dc, vscale, budget,
+                                    rounds)
         budget = s.mode_rounds * s.newton_iter if budget is None else budget
+        rounds = s.mode_rounds if rounds is None else int(rounds)
         m = G.shape[0]
         zero = self.__dict__.get("_zero_rows")
         out = _sk.active_set(np.ascontiguousarray(G, dtype=np.float64),
@@ -1045,7 +1054,7 @@ class NCPSolver:
                              np.ascontiguousarray(dc, dtype=np.float64),
                              np.zeros(m, dtype=np.bool_) if zero is None else zero,
                              zero is not None, float(vscale), int(budget), float(s.tol),
-                             float(s.mode_tol), int(s.newton_iter), int(s.mode_rounds))
+                             float(s.mode_tol), int(s.newton_iter), int(rounds))
         if not out[0]:
             return None
         return out[1:]

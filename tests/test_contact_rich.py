@@ -100,6 +100,20 @@ def test_box_stack_converges_every_step():
     assert min(d for *_, d in log) > -1e-3
 
 
+def test_tall_stack_converges_from_a_cold_start():
+    """14 planks: from a cold start the contacts activate layer by layer (one mode round per
+    layer, more than the default 12 rounds); the proximal stage gives them as many rounds as
+    constraints, so no slow stage runs."""
+    h = 0.02
+    bodies = "".join(_box_body(f"p{i}", h + 2 * h * i + 1e-4 * (i + 1), (0.3, 0.1, h),
+                               x=0.005 * (i % 3)) for i in range(14))
+    sim = diffgym.Simulator.from_string(BOX.format(dt=0.01, mu=0.8, bodies=bodies))
+    q, v, log = _run_steps(sim, sim.q0, np.zeros(sim.nv), 15)
+    assert all(c for c, _, _, _ in log)
+    assert not [m for _, m, _, _ in log if m in SLOW_STAGES], [m for _, m, _, _ in log]
+    assert sim.last.num_contacts == 4 * 14
+
+
 # -- ellipsoid ----------------------------------------------------------------------------
 @pytest.mark.parametrize("euler", ["0 0 0", "0 90 0", "90 0 0"])
 def test_ellipsoid_resting_penetration(euler):
