@@ -232,6 +232,18 @@ def _constrained_velocity(pos, frames, geom1, geom2, geom_joint, dist, mu, pair,
 
 
 @njit
+def _speed_jump(v, v1, gate):
+    """Whether |v1|^2 > 1.5 |v|^2 + gate (a cheap test before the energy check of a step;
+    ``gate = (2 dt |gravity|)^2``: free fall never triggers it on its own)."""
+    a = 0.0
+    b = 0.0
+    for i in range(v.shape[0]):
+        a += v[i] * v[i]
+        b += v1[i] * v1[i]
+    return b > 1.5 * a + gate
+
+
+@njit
 def _verify_velocity(J, b, v1, lam, nc, mu, G):
     """An independent check of a step's solution: the natural-map residual (m/s) of the NCP at
     the final velocity, ``sigma = J v1 + b`` (not the solver's ``G lam + g``), and the scale of
@@ -404,6 +416,7 @@ class Simulator:
         # last step's contacts, or None
         self._warm: tuple | None = None
         self._warned = False
+        self._gate = (2.0 * self.sm.dt * float(np.linalg.norm(self.model.gravity.linear))) ** 2
         self._nstep = 0                   # steps taken (error messages)
         self._last_contacts = None
         self._stiff_idx = np.array(list(getattr(sm, "stiffness", {}).keys()), dtype=np.int64)
@@ -574,6 +587,27 @@ class Simulator:
             raise SimulationError(f"{self._context()}: the step failed on a degenerate problem "
                                   f"({type(exc).__name__}: {exc})") from exc
 
+    def _energy_excess(self, q, v, v1, tau_total, cons, res) -> float:
+        """How much the kinetic energy of the step, at the configuration q, grew beyond the work
+        of the applied and passive forces and gravity (``dt v1 . (tau - g(q))``, counted when
+        positive), the energy contact and limit stabilization may inject (``sum max(0, -lam_i
+        b_i)``) and a slack of half the kinetic energy before the step: a positive value flags
+        an exploding step (0.0 otherwise). Called only when the speed jumped."""
+        model, dt = self.model, self.dt
+        d = self.__dict__.get("_edata")
+        if d is None:
+            d = self._edata = model.createData()
+        M = pin.crba(model, d, q)
+        M = np.triu(M) + np.triu(M, 1).T
+        ke0 = 0.5 * float(v @ M @ v)
+        ke1 = 0.5 * float(v1 @ M @ v1)
+        work = dt * float(v1 @ (tau_total - pin.computeGeneralizedGravity(model, d, q)))
+        inj = 0.0
+        if cons is not None and res is not None and len(res.lam):
+            inj = float(np.maximum(0.0, -res.lam * cons.b).sum())
+        excess = ke1 - ke0 - max(work, 0.0) - inj - 0.5 * ke0 - 1e-9 * (ke0 + ke1) - 1e-12
+        return excess if excess > 0.0 else 0.0
+
     def _context(self) -> str:
         """Where a failing step happened: model, step number, contacts and limits."""
         sm = self.sm
@@ -686,7 +720,18 @@ class Simulator:
             raise SimulationError(f"{self._context()}: the step produced a non-finite state (the "
                                   f"simulation diverged); |v| = {np.linalg.norm(v):.3g}, "
                                   f"|tau| = {np.linalg.norm(tau):.3g}")
+        excess = (self._energy_excess(q, v, v1, tau_total, cons, res)
+                  if _speed_jump(v, v1, self._gate) else 0.0)
         self._record(cons, res)
+        if excess > 0.0:
+            d = self.last.__dict__
+            d["converged"] = False
+            d["method"] = d["method"] + "+energy"
+            warnings.warn(f"{self._context()}: the kinetic energy grew by {excess:.3g} J more than "
+                          "the work of the applied forces, gravity and contact stabilization "
+                          "(the explicit integration is unstable at this time step for this "
+                          "motion, e.g. a fast spin); sim.last.converged is False",
+                          SolverWarning, stacklevel=3)
         # (Minv: pinocchio's computeMinverse, of which only the upper triangle is filled)
         self.cache = dict(q=q, v=v, tau=tau, tau_total=tau_total, a_free=a_free, v_free=v_free,
                           cons=cons, res=res, Minv=Minv, G=G, g=g, v1=v1, q1=q1)
