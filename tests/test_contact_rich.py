@@ -271,3 +271,37 @@ def test_talos_drop_ends_in_no_raw_numpy_error():
             assert "talos" in msg and "step" in msg and "contact" in msg, msg
             return
     assert np.isfinite(q).all() and np.isfinite(v).all()
+
+
+SPIN = """<mujoco><option timestep="{dt}" gravity="0 0 0"/><worldbody>
+<body name="e" pos="0 0 1"><freejoint name="e"/><geom name="eg" type="ellipsoid" size="0.2 0.1 0.02"/></body>
+</worldbody></mujoco>"""
+
+
+def test_exploding_free_spin_is_flagged():
+    """A flat ellipsoid spinning about a non-principal axis at 10 Hz: the explicit step of the
+    gyroscopic term pumps energy in (no contact, no force does work), which the step's energy
+    check flags (converged False, method ending in +energy, a SolverWarning); the same spin at
+    1 kHz is not flagged."""
+    sim = diffgym.Simulator.from_string(SPIN.format(dt=0.1))
+    q, v = sim.q0, np.zeros(sim.nv)
+    v[3:6] = [6.0, 0.5, 6.0]
+    flagged = False
+    with warnings.catch_warnings(record=True) as rec:
+        warnings.simplefilter("always")
+        for _ in range(40):
+            try:
+                q, v = sim.step(q, v, np.zeros(sim.nv))
+            except SimulationError:
+                break
+            if not sim.last.converged:
+                assert sim.last.method.endswith("+energy")
+                flagged = True
+                break
+    assert flagged
+    assert any(issubclass(w.category, diffgym.SolverWarning) for w in rec)
+    sim = diffgym.Simulator.from_string(SPIN.format(dt=0.001))
+    q, v = sim.q0, np.zeros(sim.nv)
+    v[3:6] = [6.0, 0.5, 6.0]
+    q, v, log = _run_steps(sim, q, v, 400)
+    assert all(c for c, _, _, _ in log)
