@@ -128,7 +128,8 @@ class RunResult:
     fails: set = field(default_factory=set)
     steps: int = 0
     nonconv_steps: int = 0
-    fallback_steps: int = 0
+    fallback_steps: int = 0      # steps solved after the warm-started active-set Newton
+    slow_steps: int = 0          # ... by the slow stages (ADMM, SSN, PGS), not the proximal one
     max_residual: float = 0.0
     max_iterations: int = 0
     max_pen: float = 0.0
@@ -195,6 +196,8 @@ def run_scene(scene: Scene, tol: float = 1e-9) -> RunResult:
                 out.fails.add("nonconv")
             if last.method not in ("newton", "none"):
                 out.fallback_steps += 1
+                if not last.method.startswith("prox+newton"):
+                    out.slow_steps += 1
             out.max_residual = max(out.max_residual, float(last.residual))
             out.max_iterations = max(out.max_iterations, int(last.iterations))
             if len(last.contact_distances):
@@ -222,7 +225,7 @@ def run_scene(scene: Scene, tol: float = 1e-9) -> RunResult:
 
 def _table(results: list[RunResult], key, keys, title) -> str:
     lines = [f"{title:<10} {'runs':>5} " + " ".join(f"{c:>9}" for c in CATEGORIES)
-             + f" {'any fail':>9} {'fallback':>9} {'max res':>9} {'max its':>8} {'max pen':>9}"]
+             + f" {'any fail':>9} {'fallback':>11} {'slow':>6} {'max res':>9} {'max its':>8} {'max pen':>9}"]
     for kv in list(keys) + ["all"]:
         rs = [r for r in results if kv == "all" or key(r) == kv]
         if not rs:
@@ -231,8 +234,9 @@ def _table(results: list[RunResult], key, keys, title) -> str:
         anyf = sum(bool(r.fails) for r in rs)
         fb = sum(r.fallback_steps for r in rs)
         st = sum(r.steps for r in rs)
+        slow = sum(r.slow_steps for r in rs)
         lines.append(f"{str(kv):<10} {len(rs):>5} " + " ".join(f"{c:>9d}" for c in counts)
-                     + f" {anyf:>9d} {fb:>4d}/{st:<4d} {max(r.max_residual for r in rs):>9.1e}"
+                     + f" {anyf:>9d} {fb:>5d}/{st:<6d}{slow:>5d} {max(r.max_residual for r in rs):>9.1e}"
                      f" {max(r.max_iterations for r in rs):>8d} {max(r.max_pen for r in rs):>9.1e}")
     return "\n".join(lines)
 
@@ -243,7 +247,8 @@ def format_report(results: list[RunResult], seconds: float) -> str:
     steps = sum(r.steps for r in results)
     parts.append(f"{len(results)} runs, {steps} steps in {seconds:.1f} s; counts are runs failing "
                  "each category (a run may fail several); fallback = steps solved by a stage after "
-                 "the active-set Newton / steps; max pen in m.")
+                 "the warm-started active-set Newton / steps, slow = those solved by the ADMM, "
+                 "SSN or PGS stages (not the proximal one); max pen in m.")
     bad = [r for r in results if r.fails]
     if bad:
         parts.append("failing runs (first 15):")
