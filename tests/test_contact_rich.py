@@ -305,3 +305,12 @@ def test_exploding_free_spin_is_flagged():
     v[3:6] = [6.0, 0.5, 6.0]
     q, v, log = _run_steps(sim, q, v, 400)
     assert all(c for c, _, _, _ in log)
+
+
+def test_drop_benchmark_from_the_command_line(capsys):
+    from diffgym.cli import main
+    assert main(["bench", "--drops", "--n", "6", "--seed", "3"]) == 0
+    out = capsys.readouterr().out
+    for word in ("shape", "rate (Hz)", "nonconv", "energy", "through", "pen", "exception"):
+        assert word in out
+    assert out.count("\n6 runs") == 1 or "6 runs," in out
