@@ -647,15 +647,14 @@ class Simulator:
         pin.computeJointJacobians(model, data)
         Jw = data.J.reshape(6, nv)          # (eigenpy gives a (6,) vector when nv = 1)
         Jw = Jw.copy()
+        contacts = self._last_contacts = self.collision.detect(data, self.geom_data, dt, v)
+
         if len(self._stiff_idx):
             tau_total = tau + self.passive_forces(q, v)
         else:
             tau_total = tau - self.sm.damping * v       # (= tau + (-damping * v), exactly)
-        a_free = pin.aba(model, data, q, v, tau_total)   # (leaves data.J and placements as they are)
+        a_free = pin.aba(model, data, q, v, tau_total)
         v_free = v + dt * a_free
-        # the speculative margins bound the motion of this step by the velocity after the free
-        # acceleration (a ball falling at 10 Hz moves by dt * (v + g dt), not dt * v)
-        contacts = self._last_contacts = self.collision.detect(data, self.geom_data, dt, v_free)
 
         cb = self.constraints
         solver = self.solver
