@@ -11,6 +11,9 @@ def _demo(args: argparse.Namespace) -> int:
 
 
 def _bench(args: argparse.Namespace) -> int:
+    if getattr(args, "drops", False):
+        from .bench_drops import main as drops_main
+        return drops_main(args)
     from .bench import main as bench_main
     return bench_main(args)
 
@@ -119,6 +122,11 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("bench", help="print the step-time benchmark table (MuJoCo side by side)")
     from .bench import add_arguments
     add_arguments(p)
+    p.add_argument("--drops", action="store_true",
+                   help="instead, the random drop benchmark (diffgym.bench_drops): failure "
+                        "categories per shape and rate")
+    p.add_argument("--n", type=int, default=300, help="--drops: number of drops (paper: 3600)")
+    p.add_argument("--seed", type=int, default=0, help="--drops: seed of the random scenes")
     p.set_defaults(func=_bench)
     from .record import add_arguments as record_arguments
     p = record_arguments(sub.add_parser("record", help="render a rollout of an environment to a GIF or MP4"))

@@ -14,7 +14,8 @@
 * closed form, without coal (``collision_kernels``): spheres, capsules and boxes on a static
   plane, sphere-sphere and sphere-box pairs (a ball against a cushion).
 
-The margin of a pair is ``base_margin + dt * (speed bound of geom 1 + speed bound of geom 2)``.
+The margin of a pair is ``base_margin + dt^2 |gravity| + dt * (speed bound of geom 1 + speed
+bound of geom 2)``.
 Normals point from geom 1 to geom 2; ``dist`` is the signed distance (negative in penetration).
 
 Cost: the per-step Python work is one loop over the *moving joints* (their placements and
@@ -165,6 +166,9 @@ class CollisionDriver:
         # the broad phase, the reference the tests compare the batched pass with)
         self.batch_plane_pairs = bool(batch_plane_pairs)
         self.base_margin = float(base_margin)
+        # in one step a body falls by dt (v + g dt), not dt v: the margins add dt^2 |gravity|
+        # (a ball at 10 Hz entered the floor by up to 6 cm before its contact was seen)
+        self._gravity = float(np.linalg.norm(sm.model.gravity.linear))
         self.max_points = int(max_points)
         gm = sm.geom_model
         self.pairs = sm.pairs
@@ -460,8 +464,8 @@ class CollisionDriver:
         d = height[sel]
         rows_pair += [k] * m
         rows_pt += ids[sel].tolist()
-        # midpoint of the witness point x and its projection on the plane
-        rows_pos.extend(x[sel] - (0.5 * d)[:, None] * n_plane)
+        # the projection of the witness point x on the plane (see collision_kernels)
+        rows_pos.extend(x[sel] - d[:, None] * n_plane)
         rows_n += [N] * m
         rows_d += d.tolist()
 
@@ -498,7 +502,7 @@ class CollisionDriver:
                                               self._no_speed, False)
         margin, cand, rows = detect_closed_form(
             oM, self._mj_arr, Jw, v, self._support, lin, ang, from_jacobian, self._gslot, self._W0, self._reach,
-            self.pairs, self.base_margin, dt, self._rest, self._hp, self._hp_pl, self._hp_ot,
+            self.pairs, self.base_margin + dt * dt * self._gravity, dt, self._rest, self._hp, self._hp_pl, self._hp_ot,
             self._hp_ext_vec, self._hp_ext_const, self._hp_use_rot, self._np, self._np_a,
             self._np_b, self._np_rad, self._box_pair, self._box_geom, self._box_other,
             self._box_half, self._box_orad, *self._mesh, self._friction, self.max_points, *self._bp,
@@ -529,6 +533,10 @@ class CollisionDriver:
                 continue
             pin.computeContactPatch(gm, gdata, k)
             pres = pres_all[k]
+            # a shape on a plane: the contact point is the witness on the plane (as the closed
+            # forms: the points of a face on a plane are coplanar); otherwise the midpoint
+            on_plane = self._pl_list[k]
+            side = 1 if on_plane == int(self.pairs[k, 0]) else (2 if on_plane >= 0 else 0)
             if pres.numContactPatches() == 0:
                 c = cres[k].getContact(0)
                 p1, p2 = c.getNearestPoint1(), c.getNearestPoint2()
@@ -540,7 +548,7 @@ class CollisionDriver:
                         n, d = snap[0], snap[1]
                         p1, p2 = mid - 0.5 * d * n, mid + 0.5 * d * n
                 rows_pair.append(k); rows_pt.append(0)
-                rows_pos.append(0.5 * (p1 + p2)); rows_n.append(n); rows_d.append(float(n @ (p2 - p1)))
+                rows_pos.append(0.5 * (p1 + p2) if not side else (p1 if side == 1 else p2)); rows_n.append(n); rows_d.append(float(n @ (p2 - p1)))
                 continue
             patch = pres.getContactPatch(0)
             n = np.asarray(patch.getNormal()).copy()
@@ -563,7 +571,7 @@ class CollisionDriver:
                         n, d = snap[0], snap[1]
                         p1, p2 = mid - 0.5 * d * n, mid + 0.5 * d * n
                 rows_pair.append(k); rows_pt.append(0)
-                rows_pos.append(0.5 * (p1 + p2)); rows_n.append(n); rows_d.append(float(n @ (p2 - p1)))
+                rows_pos.append(0.5 * (p1 + p2) if not side else (p1 if side == 1 else p2)); rows_n.append(n); rows_d.append(float(n @ (p2 - p1)))
                 continue
             P1 = np.array([patch.getPointShape1(i) for i in range(m)])
             P2 = np.array([patch.getPointShape2(i) for i in range(m)])
@@ -579,7 +587,8 @@ class CollisionDriver:
             keep = _reduce_patch(mid, self.max_points)
             for j, i in enumerate(keep):
                 rows_pair.append(k); rows_pt.append(j)
-                rows_pos.append(mid[i]); rows_n.append(n)
+                rows_pos.append(mid[i] if not side else (P1[i] if side == 1 else P2[i]))
+                rows_n.append(n)
                 rows_d.append(float(dist[i]))
         if rows_pair:
             pair = np.array(rows_pair, dtype=np.int64)

@@ -268,8 +268,9 @@ def plane_points(W, margin, pairs, friction, max_points, bp_pair, bp_kind, bp_ge
             g2[r] = pairs[k, 1]
             point[r] = ids[i, s]
             for a in range(3):
-                # midpoint of the witness point and its projection on the plane
-                pos[r, a] = xs[i, s, a] - (0.5 * d) * n[a]
+                # the witness point's projection on the plane (points of one face on a plane
+                # are then coplanar: the sticking equations of a resting face are consistent)
+                pos[r, a] = xs[i, s, a] - d * n[a]
                 normal[r, a] = bp_N[i, a]
             dist[r] = d
             mu[r] = friction[k]

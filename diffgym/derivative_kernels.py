@@ -172,7 +172,7 @@ def contact_terms(JT, oM, ov, fext, supp, dof_joint, parents, gjoint, static_pla
                 continue                       # dx = 0
             sx = slot[jx]
             n0, n1, n2 = sg * normal[k, 0], sg * normal[k, 1], sg * normal[k, 2]
-            h = 0.5 * dist[k]
+            h = dist[k]
             rr = roll_radius[gx]
             # witness point x on the shape, then its centre / segment point / vertex
             ax0 = (pos[k, 0] + h * n0) + rr * n0 - oM[jx, 9]
@@ -187,9 +187,9 @@ def contact_terms(JT, oM, ov, fext, supp, dof_joint, parents, gjoint, static_pla
                 d2 = Jl[sx, 2, c] - (ax0 * a1 - ax1 * a0)
                 ddist = n0 * d0 + n1 * d1 + n2 * d2
                 dd[k, c] = ddist
-                dp[k, 0, c] = d0 - 0.5 * n0 * ddist
-                dp[k, 1, c] = d1 - 0.5 * n1 * ddist
-                dp[k, 2, c] = d2 - 0.5 * n2 * ddist
+                dp[k, 0, c] = d0 - n0 * ddist
+                dp[k, 1, c] = d1 - n1 * ddist
+                dp[k, 2, c] = d2 - n2 * ddist
 
     # frame derivatives where the normal moves: dR (3, 3, nv) [component, column, dof]
     moving = np.zeros(nc, dtype=np.bool_)

@@ -54,6 +54,7 @@ from . import derivative_kernels as K
 from .collision_derivatives import POLYTOPE_KINDS, capsule_pair, polytope_pair
 from .collision_driver import tighten_requests
 from .constraint import baumgarte_gain
+from .plane_contacts import ellipsoid_directions
 from .pinviews import addr as _addr, gather_placements, placement_view, raw_rows as _raw_rows
 from .solver import BREAKING, STICKING
 
@@ -324,9 +325,10 @@ def _plane_contacts(sim, kin: _Kin, cons, idx: np.ndarray, dp, dn, dd) -> None:
     segment point) minus r n, so it moves with that body-fixed point; for a box, a mesh or a
     cylinder lying flat it is a body-fixed vertex; for a tilted cylinder it is the lowest point
     of a cap's rim, c - r u with u the unit projection of the plane normal on the cap plane; for
-    an ellipsoid it is the support point c - E n / sqrt(n^T E n), E = R diag(radii^2) R^T. The
-    plane's normal is constant, so dn = 0, d dist = n_X . dx and the contact point (midway
-    between x and the plane) moves by dx - (1/2) n d dist.
+    an ellipsoid it is the support point c - E m / sqrt(m^T E m), E = R diag(radii^2) R^T, along
+    m = n or one of the fixed tilted directions (plane_contacts.ellipsoid_directions). The
+    plane's normal is constant, so dn = 0, d dist = n_X . dx and the contact point (the projection
+    of x on the plane) moves by dx - n d dist.
     """
     c = cons.contacts
     geoms = sim.sm.geoms
@@ -346,7 +348,7 @@ def _plane_contacts(sim, kin: _Kin, cons, idx: np.ndarray, dp, dn, dd) -> None:
     jx = gjoint[gx]
     n = c.normal[idx]
     npl = sgn[:, None] * n                              # plane normal, out of the plane
-    x = c.pos[idx] + (0.5 * c.dist[idx])[:, None] * npl   # witness points on X
+    x = c.pos[idx] + c.dist[idx][:, None] * npl         # witness points on X
     anchor = x + roll_radius[gx][:, None] * npl         # centre / segment point / vertex
     dx = kin.point_jacobians(jx, anchor)
     Jang = None
@@ -372,6 +374,8 @@ def _plane_contacts(sim, kin: _Kin, cons, idx: np.ndarray, dp, dn, dd) -> None:
             dx[r] = kin.point_jacobians(jx[r:r + 1], centre[None])[0] - rad * du
         else:                                           # ellipsoid: support point
             E = Rg @ np.diag(np.asarray(geoms[int(gx[r])].size[:3], float) ** 2) @ Rg.T
+            # (point k is the support point along the fixed direction k of the plane's normal)
+            m = ellipsoid_directions(m)[int(c.point[idx[r]])]
             y = E @ m
             s2 = float(m @ y)
             centre = x[r] + y / np.sqrt(s2)
@@ -382,7 +386,7 @@ def _plane_contacts(sim, kin: _Kin, cons, idx: np.ndarray, dp, dn, dd) -> None:
             dx[r] = kin.point_jacobians(jx[r:r + 1], centre[None])[0] - dg
     ddist = np.einsum("ki,kin->kn", npl, dx)
     dd[idx] = ddist
-    dp[idx] = dx - 0.5 * npl[:, :, None] * ddist[:, None, :]
+    dp[idx] = dx - npl[:, :, None] * ddist[:, None, :]
     dn[idx] = 0.0
 
 

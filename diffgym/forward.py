@@ -23,7 +23,7 @@ from .derivatives import step_jacobian
 from .jit import njit
 from .model import ModelError, SimModel
 from .solver import MODE_NAMES, SLIDING, STICKING, NCPSolver, SolverResult, SolverSettings
-from .solver_kernels import solve_stage1
+from .solver_kernels import natres, solve_stage1
 from .frames import tangent_frames
 
 
@@ -118,7 +118,68 @@ def _label_frictionless(res: SolverResult, mu: np.ndarray):
 
 
 class SimulationError(RuntimeError):
-    """The simulation produced a non-finite state (it diverged)."""
+    """The simulation produced a non-finite state (it diverged), the state exploded while the
+    solver reported convergence, or the linear algebra of a step failed on a degenerate problem.
+    The message names the model, the step and its contacts."""
+
+
+class StabilityWarning(RuntimeWarning):
+    """The time step is too large for the model's stiffness or damping (explicit integration
+    of those forces is unstable at this step)."""
+
+
+def _check_settings(*, tol, margin, max_iter, max_contact_points) -> None:
+    """Refuse settings that make no sense (ValueError naming the setting and its value)."""
+    def real(x):
+        return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+
+    if not (real(tol) and np.isfinite(tol) and tol > 0):
+        raise ValueError(f"tol must be a positive finite residual (m/s), got {tol!r}")
+    if not (real(margin) and np.isfinite(margin) and margin >= 0):
+        raise ValueError(f"margin must be a finite distance >= 0 (m), got {margin!r}")
+    if not (isinstance(max_iter, (int, np.integer)) and not isinstance(max_iter, bool)
+            and max_iter >= 1):
+        raise ValueError(f"max_iter must be an integer >= 1, got {max_iter!r}")
+    if not (isinstance(max_contact_points, (int, np.integer))
+            and not isinstance(max_contact_points, bool) and max_contact_points >= 1):
+        raise ValueError(f"max_contact_points must be an integer >= 1, got {max_contact_points!r}")
+
+
+def _warn_unstable_dt(sim) -> None:
+    """Warn (StabilityWarning) when the time step cannot be stable for the model: the joint
+    springs and dampers are integrated explicitly, so at the default configuration the step
+    needs ``dt * omega_max < 2`` (``omega^2`` the eigenvalues of ``M^-1 K``) and
+    ``dt * lambda_max(M^-1 D) < 2`` (the explicit-Euler bounds of an undamped spring and of a
+    pure damper)."""
+    sm, model, dt = sim.sm, sim.model, sim.dt
+    damping = np.asarray(sm.damping, dtype=float)
+    stiff = getattr(sm, "stiffness", {}) or {}
+    if not (np.any(damping > 0) or stiff) or model.nv == 0:
+        return
+    try:
+        M = pin.crba(model, model.createData(), sim.q0)
+        M = np.triu(M) + np.triu(M, 1).T
+        L = np.linalg.cholesky(M)
+        Li = np.linalg.inv(L)
+        msgs = []
+        if np.any(damping > 0):
+            lam_d = float(np.linalg.eigvalsh(Li @ np.diag(damping) @ Li.T).max())
+            if dt * lam_d >= 2.0:
+                msgs.append(f"joint damping: dt * lambda_max(M^-1 D) = {dt * lam_d:.3g} >= 2 "
+                            f"(stable below dt = {2.0 / lam_d:.3g} s)")
+        if stiff:
+            K = np.zeros((model.nv, model.nv))
+            for iv, (k, _) in stiff.items():
+                K[iv, iv] = k
+            w2 = float(np.linalg.eigvalsh(Li @ K @ Li.T).max())
+            if w2 > 0 and dt * np.sqrt(w2) >= 2.0:
+                msgs.append(f"joint stiffness: dt * omega_max = {dt * np.sqrt(w2):.3g} >= 2 "
+                            f"(stable below dt = {2.0 / np.sqrt(w2):.3g} s)")
+    except np.linalg.LinAlgError:
+        return             # a singular mass matrix is reported by the loader, not here
+    if msgs:
+        warnings.warn(f"{sm.source}: time step dt = {dt:g} s is too large for this model; "
+                      + "; ".join(msgs), StabilityWarning, stacklevel=3)
 
 
 class SolverWarning(RuntimeWarning):
@@ -273,6 +334,49 @@ def _add_impulses(v1, MJt, rt, lam, tree_hi):
                     v1[i] += MJt[i, r] * lr
 
 
+@njit
+def _speed_jump(v, v1, gate):
+    """Whether |v1|^2 > 1.5 |v|^2 + gate (a cheap test before the energy check of a step;
+    ``gate = (2 dt |gravity|)^2``: free fall never triggers it on its own)."""
+    a = 0.0
+    b = 0.0
+    for i in range(v.shape[0]):
+        a += v[i] * v[i]
+        b += v1[i] * v1[i]
+    return b > 1.5 * a + gate
+
+
+@njit
+def _verify_velocity(J, b, v1, lam, nc, mu, G):
+    """An independent check of a step's solution: the natural-map residual (m/s) of the NCP at
+    the final velocity, ``sigma = J v1 + b`` (not the solver's ``G lam + g``), and the scale of
+    the velocities it is compared with (``max |J v1|``, ``max |b|``). Catches a solver that
+    reports convergence on a wrong solution and a wrong ``v1`` (a bad ``M^-1 J^T lam``)."""
+    m = J.shape[0]
+    sigma = np.empty(m)
+    scale = 0.0
+    for r in range(m):
+        acc = 0.0
+        for i in range(J.shape[1]):
+            acc += J[r, i] * v1[i]
+        sigma[r] = acc + b[r]
+        a = max(abs(acc), abs(b[r]))
+        if a > scale:
+            scale = a
+    dmax = 0.0
+    for i in range(m):
+        if G[i, i] > dmax:
+            dmax = G[i, i]
+    floor = 1e-12 * (dmax if dmax > 1.0 else 1.0)
+    dG = np.empty(m)
+    for i in range(m):
+        dG[i] = G[i, i] if G[i, i] >= floor else floor
+    dc = np.empty(nc)
+    for i in range(nc):
+        dc[i] = (dG[3 * i] + dG[3 * i + 1] + dG[3 * i + 2]) / 3.0
+    return natres(lam, sigma, nc, mu, dc, dG), scale
+
+
 _LAZY_FIELDS = frozenset(("contact_points", "contact_normals", "contact_distances",
                           "contact_impulses", "contact_impulses_world", "contact_modes",
                           "contact_geoms", "limit_joints", "limit_impulses", "limit_active"))
@@ -403,6 +507,8 @@ class Simulator:
             raise ValueError(f"dt must be a positive finite number of seconds, got {sm.dt!r}")
         if not 0.0 <= erp <= 1.0:
             raise ValueError(f"erp must be in [0, 1], got {erp!r}")
+        _check_settings(tol=tol, margin=margin, max_iter=max_iter,
+                        max_contact_points=max_contact_points)
         self.sm = sm
         self.model: pin.Model = sm.model
         self.geom_model: pin.GeometryModel = sm.geom_model
@@ -418,6 +524,9 @@ class Simulator:
         # last step's contacts, or None
         self._warm: tuple | None = None
         self._warned = False
+        self._gate = (2.0 * self.sm.dt * float(np.linalg.norm(self.model.gravity.linear))) ** 2
+        self._nstep = 0                   # steps taken (error messages)
+        self._last_contacts = None
         self._stiff_idx = np.array(list(getattr(sm, "stiffness", {}).keys()), dtype=np.int64)
         self._stiff_k = np.array([v[0] for v in getattr(sm, "stiffness", {}).values()])
         self._stiff_ref = np.array([v[1] for v in getattr(sm, "stiffness", {}).values()])
@@ -432,6 +541,7 @@ class Simulator:
                 s0 = jm.idx_q + (3 if name == "JointModelFreeFlyer" else 0)
                 rows.extend(range(s0, s0 + 4))
         self._quat_rows = np.array(rows, dtype=np.int64)
+        _warn_unstable_dt(self)
 
     def _idx_q_of_v(self, iv: int) -> int:
         for j in range(1, self.model.njoints):
@@ -608,7 +718,55 @@ class Simulator:
         return f
 
     def step(self, q, v, tau, jacobian: bool = False):
-        """Advance one time step. Returns ``(q1, v1)`` or ``(q1, v1, jac)`` with jacobian=True."""
+        """Advance one time step. Returns ``(q1, v1)`` or ``(q1, v1, jac)`` with jacobian=True.
+
+        Raises SimulationError (naming the model, the step and its contacts) when the step
+        diverges or its linear algebra fails on a degenerate problem."""
+        self._nstep += 1
+        try:
+            return self._step(q, v, tau, jacobian)
+        except (np.linalg.LinAlgError, ZeroDivisionError, FloatingPointError) as exc:
+            raise SimulationError(f"{self._context()}: the step failed on a degenerate problem "
+                                  f"({type(exc).__name__}: {exc})") from exc
+
+    def _energy_excess(self, q, v, v1, tau_total, cons, res) -> float:
+        """How much the kinetic energy of the step, at the configuration q, grew beyond the work
+        of the applied and passive forces and gravity (``dt v1 . (tau - g(q))``, counted when
+        positive), the energy contact and limit stabilization may inject (``sum max(0, -lam_i
+        b_i)``) and a slack of half the kinetic energy before the step: a positive value flags
+        an exploding step (0.0 otherwise). Called only when the speed jumped."""
+        model, dt = self.model, self.dt
+        d = self.__dict__.get("_edata")
+        if d is None:
+            d = self._edata = model.createData()
+        M = pin.crba(model, d, q)
+        M = np.triu(M) + np.triu(M, 1).T
+        ke0 = 0.5 * float(v @ M @ v)
+        ke1 = 0.5 * float(v1 @ M @ v1)
+        work = dt * float(v1 @ (tau_total - pin.computeGeneralizedGravity(model, d, q)))
+        inj = 0.0
+        if cons is not None and res is not None and len(res.lam):
+            inj = float(np.maximum(0.0, -res.lam * cons.b).sum())
+        excess = ke1 - ke0 - max(work, 0.0) - inj - 0.5 * ke0 - 1e-9 * (ke0 + ke1) - 1e-12
+        return excess if excess > 0.0 else 0.0
+
+    def _context(self) -> str:
+        """Where a failing step happened: model, step number, contacts and limits."""
+        sm = self.sm
+        name = getattr(sm.model, "name", "") or "model"
+        c = getattr(self, "_last_contacts", None)
+        ctx = f"{name} ({sm.source}), step {self._nstep} of this simulator"
+        if c is not None and len(c):
+            pairs = sorted({(self.sm.geoms[int(a)].name, self.sm.geoms[int(b)].name)
+                            for a, b in zip(c.geom1.tolist(), c.geom2.tolist())})
+            shown = ", ".join(f"{a}/{b}" for a, b in pairs[:8]) + (" ..." if len(pairs) > 8 else "")
+            ctx += (f", {len(c)} contact points (pairs {shown}), deepest "
+                    f"{-float(np.min(c.dist)):.3g} m")
+        else:
+            ctx += ", no contact"
+        return ctx
+
+    def _step(self, q, v, tau, jacobian: bool = False):
         model, data, dt = self.model, self.data, self.dt
         nq, nv = model.nq, model.nv
         # Input checks. Fast path: float64 vectors of the right shapes whose sums are finite
@@ -631,7 +789,7 @@ class Simulator:
         pin.computeJointJacobians(model, data)
         Jw = data.J.reshape(6, nv)          # (eigenpy gives a (6,) vector when nv = 1)
         Jw = Jw.copy()
-        contacts = self.collision.detect(data, self.geom_data, dt, v)
+        contacts = self._last_contacts = self.collision.detect(data, self.geom_data, dt, v)
 
         if len(self._stiff_idx):
             tau_total = tau + self.passive_forces(q, v)
@@ -693,15 +851,33 @@ class Simulator:
         if cons is None:
             res, Minv, G, g = None, None, None, None
             v1 = v_free
+        elif res.converged:
+            # independent check of the reported solution at the final velocity
+            r1, vs = _verify_velocity(cons.J, cons.b, v1, res.lam, cons.nc, cons.mu, G)
+            if not r1 <= max(100.0 * solver.settings.tol, 1e-9 * vs):
+                res = dataclasses.replace(res, converged=False, residual=float(r1),
+                                          method=res.method + "+unverified")
         q1 = pin.integrate(model, q, v1 * dt)
         total = float(_add(v1)) + float(_add(q1))
         if total - total != 0.0 and not (np.isfinite(v1).all() and np.isfinite(q1).all()):
-            raise SimulationError("the step produced a non-finite state (the simulation diverged); "
-                                  f"|v| = {np.linalg.norm(v):.3g}, |tau| = {np.linalg.norm(tau):.3g}")
+            raise SimulationError(f"{self._context()}: the step produced a non-finite state (the "
+                                  f"simulation diverged); |v| = {np.linalg.norm(v):.3g}, "
+                                  f"|tau| = {np.linalg.norm(tau):.3g}")
+        excess = (self._energy_excess(q, v, v1, tau_total, cons, res)
+                  if _speed_jump(v, v1, self._gate) else 0.0)
         warm_modes = None
         if cons is not None and cons.nc and _minimum(cons.mu) == 0.0:
             res, warm_modes = _label_frictionless(res, cons.mu)
         self._record(cons, res, warm_modes, nis if cons is not None else 0)
+        if excess > 0.0:
+            d = self.last.__dict__
+            d["converged"] = False
+            d["method"] = d["method"] + "+energy"
+            warnings.warn(f"{self._context()}: the kinetic energy grew by {excess:.3g} J more than "
+                          "the work of the applied forces, gravity and contact stabilization "
+                          "(the explicit integration is unstable at this time step for this "
+                          "motion, e.g. a fast spin); sim.last.converged is False",
+                          SolverWarning, stacklevel=3)
         # (Minv: pinocchio's computeMinverse, of which only the upper triangle is filled)
         self.cache = dict(q=q, v=v, tau=tau, tau_total=tau_total, a_free=a_free, v_free=v_free,
                           cons=cons, res=res, Minv=Minv, G=G, g=g, v1=v1, q1=q1)
@@ -720,8 +896,9 @@ class Simulator:
                 return solver._solve(G, g, cons.nc, cons.mu, lam0, modes0, stage1=False)
             return solver.solve(G, g, cons.nc, cons.mu, lam0, modes0)
         except np.linalg.LinAlgError as exc:     # LAPACK gave up on a degenerate problem
-            raise SimulationError(f"the contact solver failed on a degenerate problem ({exc}); "
-                                  f"{cons.nc} contacts, |v| = {np.linalg.norm(v):.3g}") from exc
+            # (step() adds the model, step and contacts to the SimulationError it becomes)
+            raise np.linalg.LinAlgError(f"the contact solver failed ({exc}); {cons.nc} contacts, "
+                                        f"|v| = {np.linalg.norm(v):.3g}") from exc
 
     def _solve_failed_islands(self, solver, G, g, cons: Constraints, island_ok, isl_c, isl_l,
                               lam, sigma, modes, lim_act, its, resid, v) -> SolverResult:

@@ -51,6 +51,34 @@ def _floats(text: str | None, n: int | None = None, what: str = "") -> np.ndarra
     return arr
 
 
+def _float_attr(a: dict, key: str, what: str, err, default: float | None = None) -> float:
+    """A scalar attribute as a float (ModelError naming the element and key if not a number)."""
+    if key not in a:
+        return float(default)
+    try:
+        return float(a[key])
+    except ValueError:
+        raise err(f"{what}: {key} must be a number, got {key}={a[key]!r}") from None
+
+
+def inertia_problem(I: np.ndarray) -> str:
+    """Why a 3x3 rotational inertia is not physical ('' if it is): non-finite entries, a
+    non-positive principal moment, or principal moments violating the triangle inequality
+    (``I1 + I2 >= I3``, with a relative slack of 1e-9 as for thin rods and plates)."""
+    I = np.asarray(I, dtype=float)
+    if not np.all(np.isfinite(I)):
+        return "has non-finite entries"
+    if not np.allclose(I, I.T, rtol=1e-12, atol=0.0):
+        return "is not symmetric"
+    ev = np.linalg.eigvalsh(0.5 * (I + I.T))
+    if ev[0] <= 0:
+        return f"is not positive definite (principal moments {ev.tolist()})"
+    if ev[0] + ev[1] < ev[2] * (1.0 - 1e-9):
+        return (f"violates the triangle inequality of principal moments "
+                f"({ev[0]:.6g} + {ev[1]:.6g} < {ev[2]:.6g})")
+    return ""
+
+
 def _quat_wxyz_to_matrix(qw: np.ndarray) -> np.ndarray:
     norm = np.linalg.norm(qw)
     if norm == 0.0:
@@ -131,6 +159,7 @@ class _MJCFBuilder:
         self.defaults: dict[str, dict[str, dict[str, str]]] = {}
         self.default_parent: dict[str, str | None] = {}
         self.model = pin.Model()
+        self.model.name = root.get("model", "") or "model"     # (<mujoco model="...">)
         self.geom_model = pin.GeometryModel()
         self.geoms: list[GeomInfo] = []
         self.geom_body_index: list[str] = []
@@ -284,8 +313,9 @@ class _MJCFBuilder:
                 size = np.array([size[0], size[1] if size.size > 1 else size[0], half])
 
         def need(n: int) -> np.ndarray:
-            if size.size < n or np.any(size[:n] <= 0):
-                raise self.err(f"{what}: {kind} needs {n} positive size values, got {a.get('size')!r}")
+            if size.size < n or not np.all(np.isfinite(size[:n]) & (size[:n] > 0)):
+                raise self.err(f"{what}: {kind} needs {n} positive size values (finite), "
+                               f"got size={a.get('size')!r}")
             return size[:n]
 
         com = np.zeros(3)
@@ -476,17 +506,23 @@ class _MJCFBuilder:
                 self.model.appendBodyToJoint(jid, pin.Inertia(mass, com, I), T)
         elif inertial is not None:
             a = dict(inertial.attrib)
-            mass = float(a.get("mass", 0.0))
-            if mass <= 0:
-                raise self.err(f"{what} <inertial>: mass must be positive")
+            mass = _float_attr(a, "mass", f"{what} <inertial>", self.err, 0.0)
+            if not (np.isfinite(mass) and mass > 0):
+                raise self.err(f"{what} <inertial>: mass must be positive and finite, got "
+                               f"mass={a.get('mass')!r}")
             R = self.rotation(a, f"{what} <inertial>")
             if "diaginertia" in a:
                 I = np.diag(_floats(a["diaginertia"], 3, f"{what} diaginertia"))
+                key = "diaginertia"
             elif "fullinertia" in a:
                 xx, yy, zz, xy, xz, yz = _floats(a["fullinertia"], 6, f"{what} fullinertia")
                 I = np.array([[xx, xy, xz], [xy, yy, yz], [xz, yz, zz]])
+                key = "fullinertia"
             else:
                 raise self.err(f"{what} <inertial>: needs diaginertia or fullinertia")
+            problem = inertia_problem(I)
+            if problem:
+                raise self.err(f"{what} <inertial>: {key}={a[key]!r} {problem}")
             pos = _floats(a.get("pos", "0 0 0"), 3, f"{what} <inertial> pos")
             self.model.appendBodyToJoint(jid, pin.Inertia(mass, pos, R @ I @ R.T), T)
         for child in el.findall("body"):
@@ -525,10 +561,18 @@ class _MJCFBuilder:
         self.geom_body_index.append(body.name)
         if body.jid == 0 or kind == "plane":
             return None
+        # (a zero mass or density is MuJoCo's massless geom, e.g. a visual; negative or
+        # non-finite values are errors)
         if "mass" in a:
-            mass = float(a["mass"])
+            mass = _float_attr(a, "mass", what, self.err)
+            if not (np.isfinite(mass) and mass >= 0):
+                raise self.err(f"{what}: mass must be finite and >= 0, got mass={a['mass']!r}")
         else:
-            mass = float(a.get("density", 1000.0)) * vol
+            density = _float_attr(a, "density", what, self.err, 1000.0)
+            if not (np.isfinite(density) and density >= 0):
+                raise self.err(f"{what}: density must be finite and >= 0, got "
+                               f"density={a.get('density')!r}")
+            mass = density * vol
         if mass <= 0:
             return None
         R, p = pose.rotation, pose.translation

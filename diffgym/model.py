@@ -68,6 +68,7 @@ class SimModel:
     keyframes: dict[str, np.ndarray] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        check_inertia(self.model, self.source)
         self.pairs = np.asarray(self.pairs, dtype=np.int64).reshape(-1, 2)
         self.geom_model.removeAllCollisionPairs()
         for a, b in self.pairs:
@@ -76,3 +77,39 @@ class SimModel:
         self.pair_friction = (
             np.maximum(self.friction[self.pairs[:, 0]], self.friction[self.pairs[:, 1]])
             if len(self.pairs) else np.zeros(0))
+
+
+def check_inertia(model: pin.Model, source: str = "<string>") -> None:
+    """ModelError naming the body and attribute when the inertia of a moving body is not
+    physical: a non-finite or negative mass, a non-finite centre of mass or rotational inertia,
+    or a joint that moves no mass (a singular joint-space mass matrix at the neutral
+    configuration: e.g. a free body without inertia, or a zero diagonal)."""
+    for j in range(1, model.njoints):
+        Y = model.inertias[j]
+        body = model.names[j]
+        if not (np.isfinite(Y.mass) and Y.mass >= 0):
+            raise ModelError(f"{source}: body of joint {body!r}: mass must be finite and >= 0, "
+                             f"got {Y.mass!r}")
+        if not (np.all(np.isfinite(Y.lever)) and np.all(np.isfinite(Y.inertia))):
+            raise ModelError(f"{source}: body of joint {body!r}: non-finite centre of mass or "
+                             "inertia")
+    if model.nv == 0:
+        return
+    data = model.createData()
+    M = pin.crba(model, data, pin.neutral(model))
+    M = np.triu(M) + np.triu(M, 1).T
+    # the first velocity whose pivot vanishes names the joint (LDL^T without pivoting)
+    n = M.shape[0]
+    A = M.copy()
+    scale = max(float(np.max(np.abs(np.diag(M)))), 1e-300)
+    for i in range(n):
+        piv = A[i, i]
+        if not (np.isfinite(piv) and piv > 1e-12 * scale):
+            j = next(jj for jj in range(1, model.njoints)
+                     if model.joints[jj].idx_v <= i < model.joints[jj].idx_v + model.joints[jj].nv)
+            what = "a zero diagonal (no mass or inertia moves with it)" if M[i, i] <= 1e-12 * scale \
+                else "a singular mass matrix (its motion is carried by no inertia of its own)"
+            raise ModelError(f"{source}: joint {model.names[j]!r} (velocity {i}) has {what}: "
+                             f"give the body it moves a positive mass and inertia (M[{i},{i}] = "
+                             f"{M[i, i]:.3g})")
+        A[i + 1:, i + 1:] -= np.outer(A[i + 1:, i], A[i, i + 1:]) / piv

@@ -37,6 +37,15 @@ Stages:
    tolerance is re-labelled sticking (its impulse is on the cone boundary, its velocity zero:
    both sets of mode equations hold), so the modes given to the implicit gradients are well
    conditioned.
+1b. If that fails, **proximal active-set Newton** (``_proximal``): proximal-point iterations
+   whose subproblems are the NCPs of ``G + rho I`` and ``g - rho lam_k`` (``rho = 1e-6`` of the
+   mean Delassus diagonal), each solved by the same active-set kernel from the previous modes,
+   then the active-set Newton on the original problem from the modes found. Redundant contacts
+   (a face on a face) make the impulses non-unique and the plain iteration can wander between
+   equivalent impulses and modes; the subproblems have unique impulses, the velocity solution
+   is unique, and the outer iteration converges (the error in the range of G shrinks by
+   ``rho / (rho + eig)`` per outer step). Tried from the warm start, a cold all-sticking start
+   and an all-sliding start; typically 2-5 outer steps of a few Newton solves each.
 2. If that fails (many contacts changing between stick and slip at once), approximate solutions
    seed stage 1 again ("polish", modes classified at three thresholds): a short run of
    pinocchio's ``ADMMConstraintSolver`` (C++, ``solve_ncp``; limits are embedded as frictionless
@@ -118,7 +127,9 @@ class SolverResult:
     iterations: int
     residual: float
     converged: bool
-    method: str                  # "none", "newton", "admm+newton", "pgs+newton", "admm", "pgs"
+    method: str                  # "none", "newton", "prox+newton", "pinadmm+newton", "ssn+newton",
+    #                              "admm+newton", "pgs+newton", "admm", "pgs" ("+unverified": the
+    #                              step's check of the final velocity failed, converged=False)
 
 
 def project_cone(x: np.ndarray, mu: np.ndarray) -> np.ndarray:
@@ -530,12 +541,14 @@ class NCPSolver:
             return mt * vscale, mt * max(max(map(abs, lam.tolist()), default=0.0), 1e-300)
         return mt * vscale, mt * max(float(np.abs(lam).max()), 1e-300)
 
-    def _active_set(self, G, g, nc, mu, modes, lim_act, lam, dG, dc, vscale, budget=None):
+    def _active_set(self, G, g, nc, mu, modes, lim_act, lam, dG, dc, vscale, budget=None,
+                    rounds=None):
         """Active-set Newton from the given modes; ``budget`` bounds the Newton iterations of
-        all rounds together. Returns (lam, sigma, modes, lim_act, iterations, residual) or
-        None."""
+        all rounds together, ``rounds`` the mode switches (default ``settings.mode_rounds``).
+        Returns (lam, sigma, modes, lim_act, iterations, residual) or None."""
         s = self.settings
         budget = s.mode_rounds * s.newton_iter if budget is None else budget
+        mode_rounds = s.mode_rounds if rounds is None else int(rounds)
         dl = dG[3 * nc:]
         total = 0
         seen: dict[bytes, int] = {}
@@ -544,7 +557,7 @@ class NCPSolver:
         lam = self._prepare(np.asarray(lam, dtype=float).copy(), nc, mu, modes, lim_act)
         single = False
         first = True
-        for _ in range(s.mode_rounds):
+        for _ in range(mode_rounds):
             kk = _key(modes, lim_act)
             seen[kk] = seen.get(kk, 0) + 1
             if total >= budget:
@@ -682,6 +695,54 @@ class NCPSolver:
         res = _natres(lam, sigma, nc, mu, dc, dG[3 * nc:])
         if res <= self.settings.tol:
             return lam, sigma, modes, lim_act, its, res
+        return None
+
+    # -- stage 1b: proximal active-set Newton ---------------------------------------------
+    def _proximal(self, G, g, nc, mu, modes, lim_act, lam, dG, dc, vscale, rho_rel=1e-6,
+                  max_outer=8):
+        """Proximal-point iterations: each subproblem is the NCP of ``G + rho I`` and
+        ``g - rho lam_k`` (``lam_{k+1}`` closest to ``lam_k`` among the solutions), solved by the
+        active-set Newton from the previous modes. Where contacts are redundant (a face on a
+        face) the impulses of ``G`` are not unique and the active-set iteration can wander
+        between equivalent impulses and modes; the subproblems have unique impulses, and the
+        outer iteration converges to a solution of the original NCP (the velocity solution
+        ``sigma`` is unique; the error in the range of G shrinks by ``rho / (rho + eig)``
+        each outer step, the null-space part of the impulses stays where the warm start put
+        it). Rows with a zero diagonal stay eliminated. Returns ``_active_set``'s tuple for the
+        original problem (modes made canonical by ``_finish``), or None."""
+        s = self.settings
+        m = G.shape[0]
+        # a pile activates layer by layer from a cold start (each round's solution makes the
+        # next layer approach): as many rounds as constraints, a few Newton steps each
+        rounds = max(s.mode_rounds, nc + (m - 3 * nc) + 2)
+        budget = max(s.newton_budget, 4 * rounds)
+        rho = rho_rel * float(np.mean(dG))
+        Gr = G + rho * np.eye(m)
+        dGr, dcr = dG + rho, dc + rho
+        lam = np.array(lam, dtype=float)
+        modes = np.asarray(modes, dtype=np.int64)
+        lim_act = np.asarray(lim_act, dtype=bool)
+        total = 0
+        for _ in range(max_outer):
+            out = self._aset(Gr, g - rho * lam, nc, mu, modes, lim_act, lam, dGr, dcr, vscale,
+                             budget, rounds)
+            if out is None:
+                return None
+            lam, _, modes, lim_act, its, _ = out
+            total += its
+            sigma = G @ lam + g
+            res = natural_residual(lam, sigma, nc, mu, dG)
+            if res <= s.tol:
+                # the modes are found: the active-set Newton on the original problem from them
+                # solves the mode equations to machine precision (one or two steps)
+                out = self._aset(G, g, nc, mu, modes, lim_act, lam, dG, dc, vscale, budget,
+                                 rounds)
+                if out is not None:
+                    return out[:4] + (total + out[4], out[5])
+                fin = self._finish(G, g, nc, mu, modes, lim_act, lam, sigma, dG, dc, vscale)
+                if fin is not None:
+                    return fin[:4] + (total + fin[4], fin[5])
+                return lam, sigma, modes, lim_act, total, res
         return None
 
     # -- stage 2: semismooth Newton on the natural map ------------------------------------
@@ -971,13 +1032,16 @@ class NCPSolver:
                 return out
         return None
 
-    def _aset(self, G, g, nc, mu, modes, lim_act, lam, dG, dc, vscale, budget=None):
+    def _aset(self, G, g, nc, mu, modes, lim_act, lam, dG, dc, vscale, budget=None,
+              rounds=None):
         """``_active_set``, compiled (``solver_kernels.active_set``) unless
         ``settings.compiled`` is False. Uses ``self._zero_rows`` set by ``solve``."""
         s = self.settings
         if not s.compiled:
-            return self._active_set(G, g, nc, mu, modes, lim_act, lam, dG, dc, vscale, budget)
+            return self._active_set(G, g, nc, mu, modes, lim_act, lam, dG, dc, vscale, budget,
+                                    rounds)
         budget = s.mode_rounds * s.newton_iter if budget is None else budget
+        rounds = s.mode_rounds if rounds is None else int(rounds)
         m = G.shape[0]
         zero = self.__dict__.get("_zero_rows")
         out = _sk.active_set(np.ascontiguousarray(G, dtype=np.float64),
@@ -990,7 +1054,7 @@ class NCPSolver:
                              np.ascontiguousarray(dc, dtype=np.float64),
                              np.zeros(m, dtype=np.bool_) if zero is None else zero,
                              zero is not None, float(vscale), int(budget), float(s.tol),
-                             float(s.mode_tol), int(s.newton_iter), int(s.mode_rounds))
+                             float(s.mode_tol), int(s.newton_iter), int(rounds))
         if not out[0]:
             return None
         return out[1:]
@@ -1076,6 +1140,18 @@ class NCPSolver:
             lam, sigma, modes, lim_act, its, res = out
             return SolverResult(lam, sigma, modes, lim_act, its, res, True, "newton")
         its = s.newton_budget
+        # stage 1b: proximal active-set Newton (regularized subproblems; see _proximal), from
+        # the warm start, then from a cold start
+        approach = g[2:k:3] < 0.0
+        for start in ((modes, lim0, lam),
+                      (np.where(approach, STICKING, BREAKING).astype(np.int64), g[k:] < 0.0,
+                       np.zeros(m)),
+                      (np.where(approach, SLIDING, BREAKING).astype(np.int64), g[k:] < 0.0,
+                       np.zeros(m))):
+            out = self._proximal(G, g, nc, mu, *start, dG, dc, vscale)
+            if out is not None:
+                return SolverResult(*out[:4], its + out[4], out[5], True, "prox+newton")
+            its += s.newton_budget
         # stage 2: a short run of pinocchio's ADMM (C++, fast), then active-set Newton from its
         # modes; stage 3: semismooth Newton on the natural map, then active-set Newton from its
         # modes; then longer runs of pinocchio's ADMM (only while its polish fails)

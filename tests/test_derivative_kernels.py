@@ -193,10 +193,11 @@ def test_compiled_matches_reference(name):
 
 
 def test_compiled_matches_reference_along_a_rollout(monkeypatch):
-    """Many states of a pushed, tumbling box (contacts appearing, sliding, sticking, breaking),
-    some of them with a badly conditioned mode system (a box sliding to rest: singular values
-    between 1e-16 and 1e-8 of the largest), which the kernel hands back to the reference's
-    solve (status 2)."""
+    """Many states of a pushed, tumbling box (contacts appearing, sliding, sticking, breaking).
+    (Before plane contact points were put on the plane, a box sliding to rest gave badly
+    conditioned mode systems that the kernel handed back to the reference's solve, status 2;
+    with coplanar points they are well conditioned. test_status_2_finishes_with_the_reference_
+    solve covers that path.)"""
     statuses = []
     kernel = K.dynamics_terms
 
@@ -218,7 +219,7 @@ def test_compiled_matches_reference_along_a_rollout(monkeypatch):
         worst = max(worst, rel_diff(jac, D.step_jacobian(sim, compiled=False)))
         with_contacts += sim.cache["cons"] is not None and sim.cache["cons"].nc > 0
     assert with_contacts > 50
-    assert statuses.count(0) > 50 and statuses.count(2) > 5
+    assert statuses.count(0) > 50
     assert worst <= RTOL, worst
 
 
