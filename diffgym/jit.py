@@ -146,6 +146,8 @@ class _CompileAnnouncer(_event.Listener):
             if self.depth == 0:
                 self.count += 1
                 self.last_end = time.perf_counter()
+                if self.tty:                       # (the program's own output starts clean)
+                    print("\r\x1b[K", end="", file=sys.stderr, flush=True)
                 self.timer = threading.Timer(self.QUIET_GAP, self._finish)
                 self.timer.daemon = True
                 self.timer.start()
@@ -155,8 +157,6 @@ class _CompileAnnouncer(_event.Listener):
             if self.depth or self.burst_start is None or not self.count:
                 return
             took = self.last_end - self.burst_start
-            if self.tty:
-                print("\r\x1b[K", end="", file=sys.stderr)
             print(f"diffgym: compiled {self.count} kernels in {max(took, 0.0):.0f} s"
                   + (" (later runs load them from the cache)" if CACHE_DIR else ""),
                   file=sys.stderr, flush=True)
