@@ -64,8 +64,7 @@ def installed():
 def _install(base: Path) -> dict:
     env = {k: v for k, v in os.environ.items()
            if k not in ("PYTHONPATH", "NUMBA_CACHE_DIR", "PYTHONHOME", "VIRTUAL_ENV")}
-    env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MPLBACKEND="Agg",
-               NUMBA_CACHE_DIR=str(base / "numba-cache"))
+    env.update(OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1", MPLBACKEND="Agg")
     # 1. the wheel, built by pip (with this environment's setuptools when it is recent enough:
     # offline and faster; otherwise in an isolated build environment from the registry)
     dist = base / "dist"
@@ -81,6 +80,20 @@ def _install(base: Path) -> dict:
     _run([sys.executable, "-m", "pip", "wheel", "--no-deps", *isolation, "-w", str(dist), str(src)],
          env=env, cwd=base)
     (wheel,) = dist.glob("diffgym-*.whl")
+    # the kernel cache is reused only by a wheel with the same Python sources: numba keys a
+    # cached kernel on its own file alone, not on the kernels it calls from other files
+    import hashlib
+    digest = hashlib.sha1()
+    with zipfile.ZipFile(wheel) as z:
+        for name in sorted(z.namelist()):
+            if name.endswith(".py"):
+                digest.update(name.encode() + z.read(name))
+    caches = base / "numba-cache"
+    caches.mkdir(exist_ok=True)
+    for old in caches.iterdir():
+        if old.name != digest.hexdigest():
+            shutil.rmtree(old, ignore_errors=True)
+    env["NUMBA_CACHE_DIR"] = str(caches / digest.hexdigest())
     # 2. a fresh virtual environment (no pip in it: the project's pip installs into it)
     venv = base / "venv"
     _run([sys.executable, "-m", "venv", "--without-pip", str(venv)], env=env, cwd=base)
@@ -100,8 +113,8 @@ def _install(base: Path) -> dict:
     (purelib / "zz_project_deps.pth").write_text(line)
     # pip stamps the files with the time of installing; numba's cache is keyed on the source's
     # time stamp and size, so give them the wheel's (the sources') times: an unchanged wheel
-    # reuses the kernels compiled by an earlier run (test_read_only_installation_and_home
-    # always compiles from scratch, without this cache)
+    # reuses the kernels compiled by an earlier run, a changed one compiles them afresh (and
+    # test_read_only_installation_and_home always compiles from scratch, without this cache)
     import time
     with zipfile.ZipFile(wheel) as z:
         for info in z.infolist():
