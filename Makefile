@@ -2,7 +2,8 @@
 # (once, and again whenever pyproject.toml changes), then run.
 #   make demo   trains SHAC on DiffCartPole-v0 (configs/cartpole_shac.yaml) and writes the
 #               learning curve, metrics and a GIF of the trained policy under runs/
-#   make test   the test suite (CI runs exactly this through .ci/run)
+#   make test   the test suite (CI runs exactly this through .ci/run), including
+#               tests/test_installed.py: the built wheel installed outside the checkout
 #   make bench  the benchmark tables (simulator vs MuJoCo, Jacobians, environments)
 PYTHON ?= python3
 VENV   := .venv

@@ -75,7 +75,32 @@ if ENABLED and CACHE_MODE == "memory":
 if ENABLED and CACHE_MODE != "memory":
     from numba.core import caching as _caching
 
-    class _UserCacheLocator(_caching._SourceFileBackedLocatorMixin, _caching._CacheLocator):
+    # numba keys a cached kernel on its own file only; a kernel that calls kernels of another
+    # file (the fused step calls the solver's) would load stale machine code after that file
+    # changed. The stamp here covers every diffgym file that defines kernels.
+    _KERNEL_FILES = sorted(
+        os.path.join(_PKG_DIR, f) for f in os.listdir(_PKG_DIR)
+        if f.endswith(".py") and f != "jit.py" and "njit" in open(os.path.join(_PKG_DIR, f), encoding="utf-8").read())
+
+    def _kernels_stamp():
+        out = []
+        for path in _KERNEL_FILES:
+            st = os.stat(path)
+            out.append(_caching._hash_source_file(path, st.st_mtime, st.st_size))
+        return tuple(out)
+
+    class _AllKernelsStamp:
+        def get_source_stamp(self):
+            return (super().get_source_stamp(), _kernels_stamp())
+
+    class _UserProvidedLocator(_AllKernelsStamp, _caching.UserProvidedCacheLocator):
+        pass
+
+    class _InTreeLocator(_AllKernelsStamp, _caching.InTreeCacheLocator):
+        pass
+
+    class _UserCacheLocator(_AllKernelsStamp, _caching._SourceFileBackedLocatorMixin,
+                            _caching._CacheLocator):
         """Caches a kernel under :func:`user_cache_dir` (after numba's own two locators)."""
 
         def __init__(self, py_func, py_file):
@@ -87,8 +112,7 @@ if ENABLED and CACHE_MODE != "memory":
             return self._cache_path
 
     class _CacheImpl(_caching.CompileResultCacheImpl):
-        _locator_classes = [_caching.UserProvidedCacheLocator, _caching.InTreeCacheLocator,
-                            _UserCacheLocator]
+        _locator_classes = [_UserProvidedLocator, _InTreeLocator, _UserCacheLocator]
 
     class _FunctionCache(_caching.FunctionCache):
         _impl_class = _CacheImpl
@@ -146,6 +170,8 @@ class _CompileAnnouncer(_event.Listener):
             if self.depth == 0:
                 self.count += 1
                 self.last_end = time.perf_counter()
+                if self.tty:                       # (the program's own output starts clean)
+                    print("\r\x1b[K", end="", file=sys.stderr, flush=True)
                 self.timer = threading.Timer(self.QUIET_GAP, self._finish)
                 self.timer.daemon = True
                 self.timer.start()
@@ -155,8 +181,6 @@ class _CompileAnnouncer(_event.Listener):
             if self.depth or self.burst_start is None or not self.count:
                 return
             took = self.last_end - self.burst_start
-            if self.tty:
-                print("\r\x1b[K", end="", file=sys.stderr)
             print(f"diffgym: compiled {self.count} kernels in {max(took, 0.0):.0f} s"
                   + (" (later runs load them from the cache)" if CACHE_DIR else ""),
                   file=sys.stderr, flush=True)

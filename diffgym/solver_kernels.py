@@ -914,13 +914,16 @@ def solve_stage1(G, g, nc, mu, lam0, modes0, has_modes, tol, mode_tol, newton_it
     zlim = 1e-14 * dmax
     dG = np.empty(m)
     zero = np.zeros(m, np.bool_)
-    haszero = False
+    nzero = 0
     for i in range(m):
         d = G[i, i]
         dG[i] = d if (d >= floor or d != d) else floor
         if d <= zlim:
             zero[i] = True
-            haszero = True
+            nzero += 1
+    # (a computed bool: a literal False here made numba compile active_set, _newton and _finish
+    # a second time, for Literal[bool](False), next to the bool of the Python-side call)
+    haszero = nzero > 0
     dc = np.empty(nc)
     for i in range(nc):
         dc[i] = (dG[3 * i] + dG[3 * i + 1] + dG[3 * i + 2]) / 3.0

@@ -16,52 +16,45 @@ ENV_IDS = {
 }
 
 
-# episode lengths registered with Gymnasium (``env.spec.max_episode_steps``): each class's default
-def _episode_steps(entry: str) -> int:
-    import importlib
-    mod, cls = entry.split(":")
-    return int(getattr(importlib.import_module(mod), cls).episode_steps)
-
-
-def _sync_episode_length(env):
-    """Applied by ``gym.make`` after its TimeLimit: one episode length for the wrapper and the env.
+class _Entry:
+    """The registered entry point of an id: the environment inside a TimeLimit of its own length.
 
     The environments truncate their episodes themselves (so ``env.unwrapped`` and the vector
-    form are exact too), and the registration carries the same length as ``max_episode_steps``
-    for Gymnasium's TimeLimit, ``env.spec`` and libraries reading it. Either way of choosing the
-    length through ``gym.make`` sets both: ``episode_steps=n`` (the TimeLimit follows) or
-    ``max_episode_steps=n`` (the environment follows). Giving both with different values is an
-    error. Returns ``env`` itself (no extra wrapper layer).
+    form are exact), and the TimeLimit around them carries the same length, so that
+    ``env.spec.max_episode_steps``, Gymnasium's wrappers and libraries reading the spec (SB3)
+    see it; both truncate at the same step. ``gym.make(id, episode_steps=n)`` sets both.
+    (Gymnasium's own ``max_episode_steps=`` argument adds a second TimeLimit, which can only
+    shorten episodes: use ``episode_steps``.) The id is registered without
+    ``max_episode_steps``, otherwise Gymnasium would add its TimeLimit of the default length
+    around one of another length.
     """
-    limit = env
-    while isinstance(limit, gym.Wrapper) and not isinstance(limit, gym.wrappers.TimeLimit):
-        limit = limit.env
-    if not isinstance(limit, gym.wrappers.TimeLimit):
-        return env                                   # max_episode_steps=-1: no TimeLimit
-    inner = env.unwrapped
-    spec = inner.spec
-    default = gym.registry[spec.id].max_episode_steps if spec is not None and spec.id in gym.registry else None
-    asked = (spec.kwargs or {}).get("episode_steps") if spec is not None else None
-    m = int(limit._max_episode_steps)
-    if asked is not None:
-        if m != default and m != int(asked):
-            raise ValueError(f"{spec.id}: episode_steps={asked} and max_episode_steps={m} disagree; "
-                             "give the episode length once")
-        limit._max_episode_steps = int(inner.episode_steps)
-        limit._cached_spec = None
-    else:
-        inner.episode_steps = m
-    return env
+
+    def __init__(self, entry: str):
+        self.entry = entry
+
+    def _cls(self):
+        import importlib
+        mod, name = self.entry.split(":")
+        return getattr(importlib.import_module(mod), name)
+
+    @property
+    def metadata(self):                      # (read by gym.make for the render modes)
+        return self._cls().metadata
+
+    def __call__(self, **kwargs):
+        env = self._cls()(**kwargs)
+        return gym.wrappers.TimeLimit(env, int(env.episode_steps))
+
+    def __repr__(self) -> str:
+        return f"{self.entry} (in a TimeLimit of its episode length)"
 
 
 def register_all() -> None:
     for env_id, entry in ENV_IDS.items():
         if env_id not in gym.registry:
             from diffgym.vector import vector_entry_point
-            gym.register(env_id, entry_point=entry, max_episode_steps=_episode_steps(entry),
-                         vector_entry_point=functools.partial(vector_entry_point, env_id),
-                         additional_wrappers=(gym.envs.registration.WrapperSpec(
-                             "DiffgymEpisodeLength", "diffgym.envs:_sync_episode_length", {}),))
+            gym.register(env_id, entry_point=_Entry(entry),
+                         vector_entry_point=functools.partial(vector_entry_point, env_id))
 
 
 register_all()
