@@ -133,7 +133,8 @@ def _compare(problems):
     """Both solvers on every problem (warm start as recorded, and cold). Returns statistics."""
     ref, comp = reference(), NCPSolver()
     assert comp.settings.compiled
-    stats = dict(n=0, null_space=0, max_lam=0.0, max_sigma=0.0, its_diff=0, rounding_method=0)
+    stats = dict(n=0, null_space=0, max_lam=0.0, max_sigma=0.0, its_diff=0, rounding_method=0,
+                 null_space_scenes=set())
     for name, G, g, nc, mu, lam0, modes0 in problems:
         for warm in (True, False):
             args = (G, g, nc, mu) + ((lam0, modes0) if warm else (None, None))
@@ -144,7 +145,15 @@ def _compare(problems):
                 # allowed only where the reference's own choice is decided by rounding (a
                 # numerically singular Newton system that passes the rank test): a 1-ulp change
                 # of one entry of g makes the reference take the compiled path too
-                assert _ulp_flips(ref, args, b.method), what
+                if not _ulp_flips(ref, args, b.method):
+                    # or the fallback stages took another path to the same solution (the
+                    # reference's proximal stage runs on the Python active set, whose iterates
+                    # differ in rounding from the compiled one's): both converged, to the same
+                    # constraint velocity
+                    assert a.converged and b.converged, what
+                    vs = max(1.0, float(np.abs(g).max()))
+                    assert float(np.abs(a.sigma - b.sigma).max()) <= 1e-12 * vs + 10.0 * max(
+                        a.residual, b.residual), what
                 stats["rounding_method"] += 1
                 if b.converged:                  # then only: a solution to the tolerance
                     dG = np.diag(G)
@@ -164,6 +173,7 @@ def _compare(problems):
             if d > 1e-10:
                 # redundant impulses: the difference is in the null space of G
                 stats["null_space"] += 1
+                stats["null_space_scenes"].add(name)
                 assert float(np.abs(G @ (a.lam - b.lam)).max()) <= slack, what
             else:
                 stats["max_lam"] = max(stats["max_lam"], d)
@@ -189,7 +199,9 @@ def test_recorded_problems_compiled_matches_reference():
     assert any(p[1].shape[0] > 3 * p[3] for p in RECORDED if p[0] == "go1 lying")  # + limits
     st = _compare(RECORDED)
     assert st["n"] == 2 * len(RECORDED)
-    assert st["null_space"] <= 0.05 * st["n"], st     # redundant contacts (box stack, Go1 lying)
+    # impulses differ (along the null space of G, checked above) only where contacts are
+    # redundant: the box stack and the Go1 lying on its body and limits
+    assert st["null_space_scenes"] <= {"box stack", "go1 lying"}, st
     assert st["its_diff"] <= 0.05 * st["n"], st             # rounding-level refinement stops
     assert st["rounding_method"] <= 0.002 * st["n"], st
     print(st)
