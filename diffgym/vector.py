@@ -15,21 +15,23 @@ over worker processes.
 - ``get_state()`` / ``set_state(X)``, ``snapshot()`` / ``restore(snaps)`` over all copies,
   ``tangent_maps()``, ``observe()``, and Gymnasium's ``call`` / ``get_attr`` / ``set_attr``.
 
-**Worker processes.** ``num_workers`` (default: :func:`default_num_workers`) spreads the copies
-over that many processes, each stepping a contiguous block of copies. A worker builds its own
-environments from the id, the keyword arguments and the seeds it is sent (nothing simulated is
-pickled); actions, observations, rewards, flags, states and Jacobians go through one block of
-shared memory, so a vector step costs one small message to and from each worker. Every copy
-performs exactly the operations it would perform in this process, so the same seeds and actions
-give bit-identical trajectories and Jacobians with any number of workers. ``num_workers=1``
-keeps every copy in this process (``venv.envs`` then lists them; with workers the copies are
-reachable only through the methods above).
+**Worker processes.** ``num_workers`` (default: :func:`default_num_workers`) splits the copies
+in that many contiguous blocks stepped in parallel: block 0 by this process (which would
+otherwise wait), every other block by a worker process. A worker builds its own environments
+from the id, the keyword arguments and the seeds it is sent (nothing simulated is pickled);
+actions, observations, rewards, flags, states and Jacobians go through one block of shared
+memory, so a vector step costs one small message to and from each worker (plus the info dicts).
+Every copy performs exactly the operations it would perform alone, so the same seeds and
+actions give bit-identical trajectories and Jacobians with any number of workers.
+``num_workers=1`` keeps every copy in this process (``venv.envs`` then lists them; with workers
+the copies are reachable through the methods above).
 
 Workers are daemonic and stop on ``close()`` (also called by ``with``, garbage collection and
 at interpreter exit); a worker whose parent dies notices within a second (end of its pipe, or
 its parent process id changing) and exits. An exception inside a worker is re-raised in the
 parent as :class:`VectorEnvError` naming the copy (its index in the batch), the worker and the
-worker's traceback; the original exception is its ``__cause__`` when it could be pickled.
+worker's traceback; the original exception is its ``__cause__`` when it could be pickled. (With
+``num_workers=1`` the original exception propagates, with a note naming the copy.)
 
 Start method: ``start_method=None`` is multiprocessing's default for the platform ("fork" on
 Linux up to Python 3.13, as Gymnasium's ``AsyncVectorEnv``): workers start in milliseconds and
@@ -68,10 +70,11 @@ def available_cores() -> int:
 
 
 def default_num_workers(num_envs: int) -> int:
-    """The worker processes ``make_vec`` uses when ``num_workers`` is not given: one per
-    available core, but at least :data:`MIN_ENVS_PER_WORKER` copies per worker, and 1 (all
-    copies in this process) with a single core or inside a daemonic process (which may not
-    start children, e.g. a multiprocessing pool worker)."""
+    """The ``num_workers`` ``make_vec`` uses when none is given: one block of copies per
+    available core (this process steps one of them), but at least :data:`MIN_ENVS_PER_WORKER`
+    copies per block, and 1 (all copies in this process, no worker process) with a single core
+    or inside a daemonic process (which may not start children, e.g. a multiprocessing pool
+    worker)."""
     if mp.current_process().daemon:
         return 1
     return max(1, min(available_cores(), int(num_envs) // MIN_ENVS_PER_WORKER))
@@ -177,6 +180,54 @@ def _batch_info(infos: list[dict], b: _Batch) -> dict:
 # ---------------------------------------------------------------------------------------------
 # Worker processes
 # ---------------------------------------------------------------------------------------------
+def _handle(envs, lo: int, b: _Batch, cmd: str, arg):
+    """Run one command on copies ``lo, lo+1, ...`` (``envs[k]`` is copy ``lo + k``) whose rows of
+    the batch ``b`` they read and write. The same function serves the worker processes and the
+    block of copies the parent steps itself. An exception is tagged with the copy's index."""
+    i = None
+    try:
+        if cmd == "step":
+            return _step_envs(envs, lo, b, arg)
+        if cmd == "reset":
+            seeds, options = arg
+            for i, env, s in zip(range(lo, lo + len(envs)), envs, seeds):
+                b.obs[i] = env.reset(seed=s, options=options)[0]
+                b.state[i] = env._x
+            return None
+        if cmd == "set_state":
+            for i, env in enumerate(envs, lo):
+                env.set_state(b.state[i])
+            return None
+        if cmd == "snapshot":
+            return [env.snapshot() for env in envs]
+        if cmd == "restore":
+            for i, env, snap in zip(range(lo, lo + len(envs)), envs, arg):
+                env.restore(snap)
+                b.state[i] = env._x
+            return None
+        if cmd == "observe":
+            return np.stack([env._observe(x)[0] for env, x in zip(envs, arg)])
+        if cmd == "call":
+            name, args, kwargs = arg
+            out = []
+            for i, env in enumerate(envs, lo):
+                f = getattr(env, name)
+                out.append(f(*args, **kwargs) if callable(f) else f)
+            return out
+        if cmd == "get_attr":
+            return [getattr(env, arg) for env in envs]
+        if cmd == "set_attr":
+            name, values = arg
+            for i, env, val in zip(range(lo, lo + len(envs)), envs, values):
+                setattr(env, name, val)
+            return None
+        raise ValueError(f"unknown command {cmd!r}")
+    except Exception as exc:
+        if getattr(exc, "_diffgym_env_index", None) is None:
+            exc._diffgym_env_index = i
+        raise
+
+
 def _worker_main(conn, buffer, layout, env_id, env_kwargs, lo, hi, inherited):
     """A worker: builds copies ``lo .. hi-1`` itself and serves commands until told to close,
     its pipe ends, or its parent process goes away."""
@@ -184,26 +235,25 @@ def _worker_main(conn, buffer, layout, env_id, env_kwargs, lo, hi, inherited):
         c.close()
     signal.signal(signal.SIGINT, signal.SIG_IGN)     # Ctrl-C is the parent's to handle
     ppid = os.getppid()
-    current = None
 
-    def reply_error(exc):
+    def reply_error(exc, idx=None):
         try:
             cause = pickle.dumps(exc)
         except Exception:
             cause = None
-        idx = getattr(exc, "_diffgym_env_index", current)
+        idx = getattr(exc, "_diffgym_env_index", idx)
         conn.send(("error", idx, f"{type(exc).__name__}: {exc}", traceback.format_exc(), cause))
 
+    i = lo
     try:
         import diffgym.envs  # noqa: F401  (registers the ids)
         b = _Batch(layout, buffer)
         envs = []
-        for current in range(lo, hi):
+        for i in range(lo, hi):
             envs.append(gym.make(env_id, **env_kwargs).unwrapped)
-        current = None
         conn.send(("ok", None))
     except Exception as exc:
-        reply_error(exc)
+        reply_error(exc, i)
         return
     while True:
         try:
@@ -214,51 +264,12 @@ def _worker_main(conn, buffer, layout, env_id, env_kwargs, lo, hi, inherited):
         except (EOFError, OSError):
             return
         try:
-            current = None
-            if cmd == "step":
-                out = _step_envs(envs, lo, b, arg)
-            elif cmd == "reset":
-                seeds, options = arg
-                for current, env, s in zip(range(lo, hi), envs, seeds):
-                    b.obs[current] = env.reset(seed=s, options=options)[0]
-                    b.state[current] = env._x
-                out = None
-            elif cmd == "set_state":
-                for current, env in zip(range(lo, hi), envs):
-                    env.set_state(b.state[current])
-                out = None
-            elif cmd == "snapshot":
-                out = [env.snapshot() for env in envs]
-            elif cmd == "restore":
-                for current, env, snap in zip(range(lo, hi), envs, arg):
-                    env.restore(snap)
-                    b.state[current] = env._x
-                out = None
-            elif cmd == "observe":
-                out = np.stack([env._observe(x)[0] for env, x in zip(envs, arg)])
-            elif cmd == "call":
-                name, args, kwargs = arg
-                out = []
-                for current, env in zip(range(lo, hi), envs):
-                    f = getattr(env, name)
-                    out.append(f(*args, **kwargs) if callable(f) else f)
-            elif cmd == "get_attr":
-                out = [getattr(env, arg) for env in envs]
-            elif cmd == "set_attr":
-                name, values = arg
-                for current, env, val in zip(range(lo, hi), envs, values):
-                    setattr(env, name, val)
-                out = None
-            elif cmd == "render":
-                out = envs[0].render()
-            elif cmd == "close":
+            if cmd == "close":
                 for env in envs:
                     env.close()
                 conn.send(("ok", None))
                 return
-            else:
-                raise ValueError(f"unknown command {cmd!r}")
-            conn.send(("ok", out))
+            conn.send(("ok", _handle(envs, lo, b, cmd, arg)))
         except Exception as exc:
             try:
                 reply_error(exc)
@@ -269,9 +280,10 @@ def _worker_main(conn, buffer, layout, env_id, env_kwargs, lo, hi, inherited):
 
 
 class _WorkerPool:
-    """``num_workers`` processes, worker ``w`` holding copies ``bounds[w] .. bounds[w+1]-1``."""
+    """The copies split in ``num_workers`` contiguous blocks: block 0 is stepped by this process
+    (it would otherwise wait idle), block ``w >= 1`` by worker process ``w``."""
 
-    def __init__(self, env_id, env_kwargs, num_envs, num_workers, layout, start_method):
+    def __init__(self, env_id, env_kwargs, num_envs, num_workers, layout, start_method, env0):
         ctx = mp.get_context(start_method)
         start_method = ctx.get_start_method()
         if start_method == "forkserver":
@@ -282,10 +294,12 @@ class _WorkerPool:
         q, r = divmod(num_envs, num_workers)
         sizes = [q + (w < r) for w in range(num_workers)]
         self.bounds = np.concatenate([[0], np.cumsum(sizes)]).astype(int).tolist()
+        self.num_workers = num_workers
         self.procs, self.conns = [], []
         self.closed = False
+        self.local = []
         try:
-            for w in range(num_workers):
+            for w in range(1, num_workers):
                 parent, child = ctx.Pipe(duplex=True)
                 inherited = [parent, *self.conns] if start_method == "fork" else []
                 p = ctx.Process(target=_worker_main, name=f"diffgym-{env_id}-worker{w}", daemon=True,
@@ -295,6 +309,9 @@ class _WorkerPool:
                 child.close()
                 self.procs.append(p)
                 self.conns.append(parent)
+            # while the workers build theirs, this process builds block 0
+            self.local = [env0] + [gym.make(env_id, **env_kwargs).unwrapped
+                                   for _ in range(self.bounds[1] - 1)]
             self.gather(what="building the environments")
         except BaseException:
             self.close(graceful=False)
@@ -304,17 +321,41 @@ class _WorkerPool:
     def rows(self, w: int) -> slice:
         return slice(self.bounds[w], self.bounds[w + 1])
 
-    def send(self, cmd: str, args=None) -> None:
-        """``args``: one argument for every worker, or a list with one entry per worker."""
+    def run(self, cmd: str, args=None, what: str = "") -> list:
+        """``cmd`` on every block (``args``: one argument for all, or a :class:`_PerWorker` list
+        with one per block); returns the blocks' results in order, or raises the first error."""
         if self.closed:
             raise RuntimeError(f"{self.env_id} vector env: the worker processes are closed")
-        for w, c in enumerate(self.conns):
-            c.send((cmd, args[w] if isinstance(args, _PerWorker) else args))
+        per = isinstance(args, _PerWorker)
+        for w, c in enumerate(self.conns, 1):
+            c.send((cmd, args[w] if per else args))
+        local_err = None
+        try:
+            out0 = _handle(self.local, 0, self.batch, cmd, args[0] if per else args)
+        except Exception as exc:
+            out0, local_err = None, exc
+        rest = self.gather(what, first_error=local_err)
+        return [out0, *rest]
 
-    def gather(self, what: str = "") -> list:
-        """Every worker's reply (all are read, so the pipes stay in step), then the first error."""
-        outs, err = [], None
-        for w, (c, p) in enumerate(zip(self.conns, self.procs)):
+    def _error(self, w, idx, msg, tb, what) -> VectorEnvError:
+        pid = os.getpid() if w == 0 else self.procs[w - 1].pid
+        where = (f"copy {idx}" if idx is not None
+                 else f"copies {self.bounds[w]}..{self.bounds[w + 1] - 1}")
+        return VectorEnvError(f"{self.env_id} vector env: {where} (worker {w}, pid {pid}) raised "
+                              f"{msg}{' while ' + what if what else ''}\n--- worker traceback ---\n{tb}",
+                              env_index=idx, worker=w, remote_traceback=tb)
+
+    def gather(self, what: str = "", first_error: BaseException | None = None) -> list:
+        """Every worker process's reply (all are read, so the pipes stay in step), then the first
+        error (``first_error``: one raised in this process's block)."""
+        err = None
+        if first_error is not None:
+            err = self._error(0, getattr(first_error, "_diffgym_env_index", None),
+                              f"{type(first_error).__name__}: {first_error}",
+                              "".join(traceback.format_exception(first_error)), what)
+            err.__cause__ = first_error
+        outs = []
+        for w, (c, p) in enumerate(zip(self.conns, self.procs), 1):
             try:
                 while not c.poll(1.0):
                     if not p.is_alive():
@@ -332,10 +373,7 @@ class _WorkerPool:
                 outs.append(payload[0])
                 continue
             idx, msg, tb, cause = payload
-            where = f"copy {idx}" if idx is not None else f"copies {self.bounds[w]}..{self.bounds[w + 1] - 1}"
-            e = VectorEnvError(f"{self.env_id} vector env: {where} (worker {w}, pid {p.pid}) raised "
-                               f"{msg}{' while ' + what if what else ''}\n--- worker traceback ---\n{tb}",
-                               env_index=idx, worker=w, remote_traceback=tb)
+            e = self._error(w, idx, msg, tb, what)
             if cause is not None:
                 try:
                     e.__cause__ = pickle.loads(cause)
@@ -365,6 +403,8 @@ class _WorkerPool:
                 p.join(timeout=1.0)
         for c in self.conns:
             c.close()
+        for env in self.local:
+            env.close()
 
 
 class _PerWorker(list):
@@ -405,12 +445,10 @@ class DiffVectorEnv(gym.vector.VectorEnv):
                              "not start worker processes; use num_workers=1")
         self._pool: _WorkerPool | None = None
         self._envs: list | None = None
+        e0 = gym.make(env_id, **env_kwargs).unwrapped
         if self.num_workers == 1:
-            self._envs = [gym.make(env_id, **env_kwargs).unwrapped for _ in range(self.num_envs)]
-            e0 = self._envs[0]
-        else:
-            e0 = gym.make(env_id, **env_kwargs).unwrapped   # this process's copy of the model
-        self._proto = e0
+            self._envs = [e0] + [gym.make(env_id, **env_kwargs).unwrapped for _ in range(self.num_envs - 1)]
+        self._proto = e0           # copy 0 (in this process in both modes): the model's structure
         self.single_observation_space = e0.observation_space
         self.single_action_space = e0.action_space
         self.observation_space = gym.vector.utils.batch_space(e0.observation_space, self.num_envs)
@@ -427,7 +465,7 @@ class DiffVectorEnv(gym.vector.VectorEnv):
         self.version = 0           # counts the changes of the copies' states (step, reset, set...)
         if self.num_workers > 1:
             self._pool = _WorkerPool(env_id, env_kwargs, self.num_envs, self.num_workers,
-                                     self._layout, start_method)
+                                     self._layout, start_method, e0)
 
     @property
     def envs(self) -> list:
@@ -454,8 +492,8 @@ class DiffVectorEnv(gym.vector.VectorEnv):
                 obs[i] = env.reset(seed=s, options=options)[0]
         else:
             pool = self._pool
-            pool.send("reset", _PerWorker((seeds[pool.rows(w)], options) for w in range(self.num_workers)))
-            pool.gather("resetting")
+            pool.run("reset", _PerWorker((seeds[pool.rows(w)], options) for w in range(self.num_workers)),
+                     "resetting")
             obs = pool.batch.obs.copy()
         self._needs_reset = False
         return obs, {}
@@ -496,8 +534,7 @@ class DiffVectorEnv(gym.vector.VectorEnv):
         else:
             pool = self._pool
             np.copyto(pool.batch.actions, a)
-            pool.send("step", jacobian)
-            infos = [d for part in pool.gather("stepping") for d in part]
+            infos = [d for part in pool.run("step", jacobian, "stepping") for d in part]
             sb = pool.batch
             out = _Batch({})
             for name in ("obs", "final_obs", "final_state", "rew", "term", "trunc"):
@@ -537,8 +574,7 @@ class DiffVectorEnv(gym.vector.VectorEnv):
                 env.set_state(x)
         else:
             np.copyto(self._pool.batch.state, X)
-            self._pool.send("set_state")
-            self._pool.gather("setting the state")
+            self._pool.run("set_state", None, "setting the state")
         self._needs_reset = False
 
     def snapshot(self) -> list[dict]:
@@ -547,8 +583,7 @@ class DiffVectorEnv(gym.vector.VectorEnv):
             return [e.snapshot() for e in self._envs]
         if self._needs_reset:
             self._proto._require_reset()
-        self._pool.send("snapshot")
-        return [s for part in self._pool.gather("taking a snapshot") for s in part]
+        return [s for part in self._pool.run("snapshot", None, "taking a snapshot") for s in part]
 
     def restore(self, snaps: list[dict]) -> None:
         if len(snaps) != self.num_envs:
@@ -560,8 +595,8 @@ class DiffVectorEnv(gym.vector.VectorEnv):
                 e.restore(snap)
         else:
             pool = self._pool
-            pool.send("restore", _PerWorker(list(snaps[pool.rows(w)]) for w in range(self.num_workers)))
-            pool.gather("restoring a snapshot")
+            pool.run("restore", _PerWorker(list(snaps[pool.rows(w)]) for w in range(self.num_workers)),
+                     "restoring a snapshot")
         self._needs_reset = False
 
     def tangent_maps(self, X=None) -> np.ndarray:
@@ -577,8 +612,8 @@ class DiffVectorEnv(gym.vector.VectorEnv):
         if self._pool is None:
             return np.stack([env._observe(x)[0] for env, x in zip(self._envs, X)])
         pool = self._pool
-        pool.send("observe", _PerWorker(X[pool.rows(w)] for w in range(self.num_workers)))
-        return np.concatenate(pool.gather("observing"))
+        return np.concatenate(pool.run("observe", _PerWorker(X[pool.rows(w)] for w in range(self.num_workers)),
+                                       "observing"))
 
     def call(self, name: str, *args, **kwargs) -> tuple:
         """``getattr(copy, name)(*args, **kwargs)`` on every copy (an attribute's value if it is
@@ -590,14 +625,12 @@ class DiffVectorEnv(gym.vector.VectorEnv):
                 f = getattr(env, name)
                 out.append(f(*args, **kwargs) if callable(f) else f)
             return tuple(out)
-        self._pool.send("call", (name, args, kwargs))
-        return tuple(x for part in self._pool.gather(f"calling {name}") for x in part)
+        return tuple(x for part in self._pool.run("call", (name, args, kwargs), f"calling {name}") for x in part)
 
     def get_attr(self, name: str) -> tuple:
         if self._pool is None:
             return tuple(getattr(env, name) for env in self._envs)
-        self._pool.send("get_attr", name)
-        return tuple(x for part in self._pool.gather(f"reading {name}") for x in part)
+        return tuple(x for part in self._pool.run("get_attr", name, f"reading {name}") for x in part)
 
     def set_attr(self, name: str, values) -> None:
         """Set ``name`` on every copy: one value for all, or a list/tuple with one per copy."""
@@ -611,18 +644,11 @@ class DiffVectorEnv(gym.vector.VectorEnv):
                 setattr(env, name, v)
             return
         pool = self._pool
-        pool.send("set_attr", _PerWorker((name, list(values[pool.rows(w)])) for w in range(self.num_workers)))
-        pool.gather(f"setting {name}")
+        pool.run("set_attr", _PerWorker((name, list(values[pool.rows(w)])) for w in range(self.num_workers)),
+                 f"setting {name}")
 
     def render(self):
-        if self._pool is None:
-            return self._envs[0].render()
-        self._pool.conns[0].send(("render", None))
-        status, *payload = self._pool.conns[0].recv()
-        if status != "ok":
-            raise VectorEnvError(f"{self.env_id} vector env: copy 0 raised {payload[1]} while "
-                                 f"rendering\n--- worker traceback ---\n{payload[2]}", 0, 0, payload[2])
-        return payload[0]
+        return self._proto.render()       # copy 0 lives in this process in both modes
 
     def close_extras(self, **kwargs):
         if self._pool is not None:
@@ -630,8 +656,6 @@ class DiffVectorEnv(gym.vector.VectorEnv):
         if self._envs is not None:
             for env in self._envs:
                 env.close()
-        else:
-            self._proto.close()
 
     def __enter__(self):
         return self
@@ -652,8 +676,9 @@ def make_vec(env_id: str, num_envs: int = 1, seed: int | None = None, num_worker
              start_method: str | None = None, **env_kwargs) -> DiffVectorEnv:
     """N copies of a diffgym environment in one :class:`DiffVectorEnv`.
 
-    ``num_workers``: worker processes stepping the copies (None: :func:`default_num_workers`,
-    1: all in this process); ``start_method``: multiprocessing start method of the workers."""
+    ``num_workers``: processes stepping the copies in parallel, this one included (None:
+    :func:`default_num_workers`; 1: all copies in this process); ``start_method``: the
+    multiprocessing start method of the worker processes."""
     import diffgym.envs  # noqa: F401  (registers the ids)
     if env_id not in gym.registry:
         raise gym.error.NameNotFound(f"unknown environment id {env_id!r}")
