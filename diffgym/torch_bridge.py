@@ -52,6 +52,8 @@ class TorchVecEnv:
         self._identity = bool(getattr(venv, "identity_tangent", False))
         self._P_cache = None       # (venv.version, tangent maps at the venv's current state)
         self._last = None          # the numpy leftovers of the last forward step
+        self._np_dtype = {torch.float64: np.dtype(np.float64), torch.float32: np.dtype(np.float32),
+                          torch.float16: np.dtype(np.float16)}.get(dtype)
 
     def reset(self, seed: int | None = None) -> torch.Tensor:
         obs, _ = self.venv.reset(seed=seed)
@@ -59,7 +61,10 @@ class TorchVecEnv:
         return self._tensor(obs)
 
     def _tensor(self, arr: np.ndarray) -> torch.Tensor:
-        """A float64 numpy array as a tensor of the bridge's dtype (no copy for float64)."""
+        """A float64 numpy array as a tensor of the bridge's dtype (no copy for float64; the
+        cast, if any, in numpy, which costs less than a torch op on arrays this small)."""
+        if self._np_dtype is not None and arr.dtype != self._np_dtype:
+            arr = arr.astype(self._np_dtype)
         t = torch.from_numpy(arr)
         return t if t.dtype == self.dtype else t.to(self.dtype)
 
@@ -142,11 +147,29 @@ class _EnvStep(torch.autograd.Function):
         need_x, need_a = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         if (g_xn is None and g_obs is None and g_r is None) or not (need_x or need_a):
             return None, None, None
-        np_ = lambda g: None if g is None else g.detach().to(torch.float64).numpy()  # noqa: E731
-        g_x, g_a = step_vjp(ctx.jac, ctx.P_in, ctx.P_out, np_(g_xn), np_(g_obs), np_(g_r),
-                            state_size=ctx.S, need_x=need_x, need_a=need_a)
-        t = lambda g, dt: None if g is None else torch.from_numpy(g).to(dt)  # noqa: E731
-        return t(g_x, ctx.dtypes[0]), t(g_a, ctx.dtypes[1]), None
+        g_x, g_a = step_vjp(ctx.jac, ctx.P_in, ctx.P_out, _as_numpy(g_xn), _as_numpy(g_obs),
+                            _as_numpy(g_r), state_size=ctx.S, need_x=need_x, need_a=need_a)
+        return _as_tensor(g_x, ctx.dtypes[0]), _as_tensor(g_a, ctx.dtypes[1]), None
+
+
+_NP = {torch.float64: np.float64, torch.float32: np.float32, torch.float16: np.float16}
+
+
+def _as_numpy(g: torch.Tensor | None) -> np.ndarray | None:
+    """An incoming gradient as float64 numpy (a view when it is float64 already)."""
+    if g is None:
+        return None
+    if g.dtype in _NP:
+        return g.detach().numpy().astype(np.float64, copy=False)
+    return g.detach().to(torch.float64).numpy()
+
+
+def _as_tensor(g: np.ndarray | None, dtype: torch.dtype) -> torch.Tensor | None:
+    if g is None:
+        return None
+    if dtype in _NP:
+        return torch.from_numpy(g.astype(_NP[dtype], copy=False))
+    return torch.from_numpy(g).to(dtype)
 
 
 def step_vjp(jac, P_in, P_out, g_xn, g_obs, g_r, state_size: int | None = None,
