@@ -738,7 +738,8 @@ def run_bridge(args) -> int:
     for n in sizes:
         rng = np.random.default_rng(n)
         envs = [gym.make(env_id).unwrapped for _ in range(n)]
-        A = rng.uniform(-1.0, 1.0, (steps, n, envs[0].n_a))
+        # float32-representable actions: the float32 bridge steps exactly the raw chain's rollout
+        A = rng.uniform(-1.0, 1.0, (steps, n, envs[0].n_a)).astype(np.float32).astype(np.float64)
         c = rng.standard_normal(envs[0].obs_dim) * 0.01
         venv = diffgym.make_vec(env_id, n, num_workers=1)
         setups[n] = (envs, A, c, venv, TorchVecEnv(venv, dtype=torch.float32),
