@@ -88,12 +88,17 @@ def test_workers_give_bit_identical_results(env_id, N, episode_steps):
 
 
 def test_default_worker_rule(monkeypatch):
+    monkeypatch.setattr(vector, "_load_average", lambda: 1.0)      # only this process runs
     monkeypatch.setattr(vector, "available_cores", lambda: 1)
     assert vector.default_num_workers(64) == 1
     monkeypatch.setattr(vector, "available_cores", lambda: 2)
     assert [vector.default_num_workers(n) for n in (1, 8, 15, 16, 64)] == [1, 1, 1, 2, 2]
     monkeypatch.setattr(vector, "available_cores", lambda: 8)
     assert [vector.default_num_workers(n) for n in (16, 40, 64, 256)] == [2, 5, 8, 8]
+    monkeypatch.setattr(vector, "_load_average", lambda: 6.0)      # 5 more runnable processes
+    assert [vector.default_num_workers(n) for n in (16, 64, 256)] == [2, 3, 3]
+    monkeypatch.setattr(vector, "available_cores", lambda: 2)
+    assert vector.default_num_workers(64) == 1                       # a busy 2-core machine
     with pytest.raises(ValueError, match="num_workers"):
         diffgym.make_vec("DiffCartPole-v0", 2, num_workers=0)
 
