@@ -684,6 +684,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--jacobian-csv", default=None, help="write the Jacobian table to this CSV")
     from .bench_scaling import add_arguments as scaling_arguments
     scaling_arguments(parser)
+    parser.add_argument("--bridge", action="store_true",
+                        help="instead: the torch bridge's overhead on a 100-step hopper rollout gradient "
+                             "(N = 1, 64; --repeats rounds)")
     return parser
 
 
@@ -714,6 +717,110 @@ def run(names: list[str], steps: int, warmup: int = 20, repeats: int = 3) -> tup
     return rows, missing
 
 
+def run_bridge(args) -> int:
+    """``diffgym bench --bridge``: the torch bridge's overhead on a 100-step DiffHopper-v0 rollout
+    gradient, N = 1 and 64: (reset, 100 steps of ``TorchVecEnv.step`` in float32 as SHAC runs it,
+    ``loss.backward()``) against the bare numpy chain of the same step Jacobians (N separate
+    environments, ``step_with_jacobian``, reverse chain ``g <- J^T g`` per copy, cut where an
+    episode ends). Both roll out the same uniform random actions from the same seeds, with the
+    loss sum_k sum_i (r + c . obs); a float64 bridge is checked to give the numpy chain's
+    gradient first. Blocks alternate (raw, bridge) for N = 1 then 64, ``--repeats`` rounds; the
+    ratio is the median of the per-round ratios. All in this process (``num_workers=1``)."""
+    import gymnasium as gym
+    import torch
+
+    import diffgym
+    import diffgym.envs  # noqa: F401  (registers the ids)
+    from diffgym.torch_bridge import TorchVecEnv
+
+    env_id, steps, sizes, seed = "DiffHopper-v0", 100, (1, 64), 0
+    rounds = max(1, int(getattr(args, "repeats", 3) or 1))
+    reps = {1: 8, 64: 1}                 # rollouts per block: blocks of comparable length
+    setups = {}
+    for n in sizes:
+        rng = np.random.default_rng(n)
+        envs = [gym.make(env_id).unwrapped for _ in range(n)]
+        # float32-representable actions: the float32 bridge steps exactly the raw chain's rollout
+        A = rng.uniform(-1.0, 1.0, (steps, n, envs[0].n_a)).astype(np.float32).astype(np.float64)
+        c = rng.standard_normal(envs[0].obs_dim) * 0.01
+        venv = diffgym.make_vec(env_id, n, num_workers=1)
+        setups[n] = (envs, A, c, venv, TorchVecEnv(venv, dtype=torch.float32),
+                     TorchVecEnv(venv, dtype=torch.float64))
+
+    def raw(n):
+        envs, A, c, *_ = setups[n]
+        for i, e in enumerate(envs):
+            e.reset(seed=seed + i)
+        jacs, done = [], np.zeros((steps, n), dtype=bool)
+        for k in range(steps):
+            row = []
+            for i, e in enumerate(envs):
+                o, r, te, tr, _, j = e.step_with_jacobian(A[k, i])
+                row.append(j)
+                if te or tr:
+                    done[k, i] = True
+                    e.reset()
+            jacs.append(row)
+        gA, g0 = np.empty_like(A), []
+        for i in range(n):
+            g = np.zeros(envs[i].n_x)
+            for k in range(steps - 1, -1, -1):
+                j = jacs[k][i]
+                # obs_k of a row whose episode ended is the reset observation: no gradient
+                g = np.zeros_like(g) if done[k, i] else g + j.obs_state.T @ c
+                gA[k, i] = j.state_action.T @ g + j.reward_action
+                g = j.state_state.T @ g + j.reward_state
+            g0.append(g)
+        return gA, np.stack(g0)
+
+    def bridge(n, tenv):
+        _, A, c, *_ = setups[n]
+        tenv.reset(seed=seed)
+        At = torch.tensor(A, dtype=tenv.dtype, requires_grad=True)
+        ct = torch.tensor(c, dtype=tenv.dtype)
+        rs, os_ = [], []
+        for a in At.unbind(0):                  # per-step actions, as a policy would give them
+            obs, r, *_ = tenv.step(a)
+            rs.append(r)
+            os_.append(obs)
+        (torch.stack(rs).sum() + (torch.stack(os_) @ ct).sum()).backward()
+        return At.grad, tenv.initial_state.grad
+
+    print(f"torch bridge overhead: {steps}-step {env_id} rollout gradient (actions and initial "
+          f"state), bridge time / raw numpy chain of the step Jacobians", flush=True)
+    for n in sizes:                                         # warm-up and the gradient check
+        gA, g0 = raw(n)
+        bA, b0 = bridge(n, setups[n][5])
+        err = max(float(np.abs(bA.numpy() - gA).max() / max(1.0, np.abs(gA).max())),
+                  float(np.abs(b0.numpy()[:, :g0.shape[1]] - g0).max() / max(1.0, np.abs(g0).max())))
+        print(f"  N = {n}: float64 bridge gradient vs numpy chain, max relative difference {err:.1e}")
+        bridge(n, setups[n][4])
+    times = {(n, kind): [] for n in sizes for kind in ("raw", "bridge")}
+    cpu = {(n, kind): [] for n in sizes for kind in ("raw", "bridge")}
+    for _ in range(rounds):
+        for n in sizes:
+            for kind in ("raw", "bridge"):
+                t0, c0 = time.perf_counter(), time.process_time()
+                for _ in range(reps[n]):
+                    raw(n) if kind == "raw" else bridge(n, setups[n][4])
+                times[n, kind].append((time.perf_counter() - t0) / reps[n])
+                cpu[n, kind].append((time.process_time() - c0) / reps[n])
+    print(f"{'N':>4}{'raw chain s':>13}{'bridge s':>11}{'ratio':>8}{'CPU-time ratio':>16}   (target <= 1.3)")
+    for n in sizes:
+        r, b = np.array(times[n, "raw"]), np.array(times[n, "bridge"])
+        ratio = float(np.median(b / r))
+        cratio = float(np.median(np.array(cpu[n, "bridge"]) / np.array(cpu[n, "raw"])))
+        print(f"{n:>4}{np.median(r):>13.3f}{np.median(b):>11.3f}{ratio:>7.2f}x{cratio:>15.2f}x   "
+              f"{'met' if ratio <= 1.3 else 'NOT met'}; per round: "
+              + " ".join(f"{x:.2f}" for x in b / r))
+    print(f"median over {rounds} rounds (blocks alternate raw / bridge, N = 1 x{reps[1]} rollouts, "
+          f"N = 64 x{reps[64]}); float32 bridge (as SHAC), in this process; the CPU-time ratio "
+          "(process time) is less sensitive to other load on a shared machine")
+    for n in sizes:
+        setups[n][3].close()
+    return 0
+
+
 def main(args) -> int:
     if getattr(args, "scaling", False):
         from .bench_scaling import main as scaling_main
@@ -722,6 +829,8 @@ def main(args) -> int:
     unknown = [n for n in names if n not in MODELS]
     if unknown:
         raise SystemExit(f"unknown model(s) {unknown}; choose from {list(MODELS)}")
+    if getattr(args, "bridge", False):
+        return run_bridge(args)
     steps = int(getattr(args, "steps", 2000))
     warmup = int(getattr(args, "warmup", 20) or 0)
     repeats = max(1, int(getattr(args, "repeats", 3) or 1))

@@ -28,6 +28,7 @@ class EnvConfig:
     num_envs: int = 64
     kwargs: dict = field(default_factory=dict)      # passed to gym.make
     episode_steps: int | None = None                # None: the environment's default
+    num_workers: int | None = None                  # processes stepping the copies (None: make_vec's default)
 
 
 @dataclass
@@ -126,6 +127,9 @@ def _validate(cfg: "TrainConfig") -> None:
     if cfg.env.episode_steps is not None and cfg.env.episode_steps < 1:
         raise ConfigError(f"env.episode_steps: must be >= 1 (or null for the environment's default), "
                           f"got {cfg.env.episode_steps!r}")
+    nw = cfg.env.num_workers
+    if nw is not None and (not isinstance(nw, int) or isinstance(nw, bool) or nw < 1):
+        raise ConfigError(f"env.num_workers: must be an integer >= 1 (or null for one per core), got {nw!r}")
     for key in ("ppo.net_arch", "shac.actor_mlp", "shac.critic_mlp"):
         v = _get(cfg, key)
         if not all(isinstance(h, int) and not isinstance(h, bool) and h >= 1 for h in v):

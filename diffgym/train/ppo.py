@@ -92,24 +92,28 @@ def _sb3_vec_env_class():
         def close(self) -> None:
             self.venv.close()
 
-        def _targets(self, indices):
-            return [self.venv.envs[i] for i in self._get_indices(indices)]
-
+        # the copies may live in worker processes: go through the vector env's get_attr/call
         def get_attr(self, attr_name: str, indices=None) -> list:
-            return [getattr(e, attr_name) for e in self._targets(indices)]
+            vals = self.venv.get_attr(attr_name)
+            return [vals[i] for i in self._get_indices(indices)]
 
         def set_attr(self, attr_name: str, value, indices=None) -> None:
-            for e in self._targets(indices):
-                setattr(e, attr_name, value)
+            idx = set(self._get_indices(indices))
+            old = self.venv.get_attr(attr_name) if len(idx) < self.num_envs else [None] * self.num_envs
+            self.venv.set_attr(attr_name, [value if i in idx else old[i] for i in range(self.num_envs)])
 
         def env_method(self, method_name: str, *args, indices=None, **kwargs) -> list:
-            return [getattr(e, method_name)(*args, **kwargs) for e in self._targets(indices)]
+            if self.venv.num_workers == 1:
+                return [getattr(self.venv.envs[i], method_name)(*args, **kwargs)
+                        for i in self._get_indices(indices)]
+            out = self.venv.call(method_name, *args, **kwargs)
+            return [out[i] for i in self._get_indices(indices)]
 
         def env_is_wrapped(self, wrapper_class, indices=None) -> list[bool]:
-            return [False for _ in self._targets(indices)]      # the bare environments
+            return [False for _ in self._get_indices(indices)]      # the bare environments
 
         def get_images(self):
-            return [e.render() for e in self.venv.envs]
+            return list(self.venv.call("render"))
 
         # -- the rollout state, for checkpoints -----------------------------------------------
         def snapshot(self) -> dict:
@@ -138,7 +142,7 @@ def make_sb3_vec_env(cfg: TrainConfig):
     if cfg.env.episode_steps is not None:
         kwargs["episode_steps"] = cfg.env.episode_steps
     return _sb3_vec_env_class()(diffgym.make_vec(cfg.env.id, num_envs=cfg.env.num_envs, seed=cfg.seed,
-                                                 **kwargs))
+                                                 num_workers=cfg.env.num_workers, **kwargs))
 
 
 def _lr(pc):

@@ -273,7 +273,8 @@ def train_shac(cfg: "TrainConfig", run: "Run") -> dict:
     env_kwargs = dict(cfg.env.kwargs or {})
     if cfg.env.episode_steps is not None:
         env_kwargs["episode_steps"] = cfg.env.episode_steps
-    venv = diffgym.make_vec(cfg.env.id, num_envs=cfg.env.num_envs, seed=cfg.seed, **env_kwargs)
+    venv = diffgym.make_vec(cfg.env.id, num_envs=cfg.env.num_envs, seed=cfg.seed,
+                            num_workers=cfg.env.num_workers, **env_kwargs)
     tenv = TorchVecEnv(venv, dtype=torch.float32)
     N, h = tenv.num_envs, int(sc.horizon)
     steps_per_iter = N * h
