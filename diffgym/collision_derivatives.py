@@ -253,6 +253,71 @@ def _line_points(a0, uA, b0, uB):
     return a0 + s * uA, b0 + t * uB
 
 
+def _edge_across_face(PA: np.ndarray, PB: np.ndarray, rA: int, rB: int, n: np.ndarray, L: float):
+    """An edge (support set of affine rank 1: a box edge, a capsule's axis) lying on a face
+    (rank 2) of the other body: (point, direction) of a line of A and of a line of B when the
+    separating axis near this pose is the cross product of the edge with face edges, else None.
+
+    The separating distance is the largest height of the edge over the face (relative to the
+    face plane) over the part of the edge that lies over the face. Where both ends of the edge
+    lie over the face, that is an end of the edge and the axis is the face normal (it turns
+    with the face). Where the edge runs out over the face's boundary at both ends (a rod
+    longer than the box face it is flush against), it is a crossing of the edge with a face
+    edge, so the axis is the cross product of the two edge directions (it turns with both
+    bodies); when the two crossed face edges are parallel (a rectangular face) this holds for
+    every perturbation, otherwise (or with one end over the face) the axis has a kink there and
+    the face normal, one of its one-sided values, is kept."""
+    if {rA, rB} != {1, 2}:
+        return None
+    E, F = (PA, PB) if rA == 1 else (PB, PA)
+    e1 = _cross3(n, (1.0, 0.0, 0.0) if abs(n[0]) < 0.9 else (0.0, 1.0, 0.0))
+    e1 /= np.linalg.norm(e1)
+    e2 = _cross3(n, e1)
+    P2 = np.stack([F @ e1, F @ e2], axis=1)
+    hull = _hull2(P2)
+    if len(hull) < 3:
+        return None
+    h = P2[hull]
+    # the edge's end points (its extreme points along its direction)
+    u = E[-1] - E[0]
+    t = (E - E[0]) @ u
+    a0, a1 = E[int(np.argmin(t))], E[int(np.argmax(t))]
+    s0, s1 = np.array([a0 @ e1, a0 @ e2]), np.array([a1 @ e1, a1 @ e2])
+    eps = 1e-7 * L
+
+    def side(i, s):
+        """Distance of s from the line of face edge i, positive inside (the hull runs
+        counter-clockwise)."""
+        p, d = h[i], h[(i + 1) % len(h)] - h[i]
+        return float(d[0] * (s - p)[1] - d[1] * (s - p)[0]) / float(np.hypot(*d))
+
+    k = range(len(h))
+    if min(side(i, s0) for i in k) >= -eps or min(side(i, s1) for i in k) >= -eps:
+        return None                       # an end of the edge over the face: the face normal
+    crossed = []
+    for i in k:
+        o0, o1 = side(i, s0), side(i, s1)
+        if (o0 < -eps and o1 > eps) or (o0 > eps and o1 < -eps):
+            x = s0 + o0 / (o0 - o1) * (s1 - s0)
+            p, d = h[i], h[(i + 1) % len(h)] - h[i]
+            tt = float((x - p) @ d) / float(d @ d)
+            if -1e-9 <= tt <= 1.0 + 1e-9:
+                crossed.append((i, o0, o1))
+    if len(crossed) < 2:
+        return None
+    idx = [hull[i] for i, _, _ in crossed]
+    jdx = [hull[(i + 1) % len(hull)] for i, _, _ in crossed]
+    dirs = [F[j] - F[i] for i, j in zip(idx, jdx)]
+    for dv in dirs[1:]:
+        if not segments_parallel(dirs[0], dv):
+            return None
+    ue, uf = (a1 - a0) / np.linalg.norm(a1 - a0), dirs[0] / np.linalg.norm(dirs[0])
+    if segments_parallel(ue, uf):
+        return None
+    f0 = F[idx[0]]
+    return (a0, ue, f0, uf) if rA == 1 else (f0, uf, a0, ue)
+
+
 class _Body:
     """A geom's body: rigid point Jacobians and the angular Jacobian (3, nv), zero for the
     world."""
@@ -301,9 +366,20 @@ def polytope_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list
     xs, ys = X[SA[0]], Y[SB[0]]
     dxs, dys = A.point(xs), B.point(ys)
     nn = np.outer(n, n)
+    # an edge (or a capsule's axis) across a face, out over the face's boundary at both ends:
+    # the separating axis is the cross product of the edge with the face edges it crosses
+    across = _edge_across_face(X[SA], Y[SB], rA, rB, n, L)
     # -- the normal ---------------------------------------------------------------------------
     # witness points xw on A, yw on B (yw - xw = d n), for dd = n . (dyw - dxw)
-    if rA == 2 and (rB < 2 or _area(X[SA], n) >= _area(Y[SB], n)):
+    if across is not None:
+        x0, uA, y0, uB = across                                 # a line of A, a line of B
+        xw, yw = _line_points(x0, uA, y0, uB)
+        cr = _cross3(uA, uB)
+        ncr = np.linalg.norm(cr)
+        s = 1.0 if cr @ n >= 0.0 else -1.0
+        dcr = -_skew(uB) @ A.turn(uA) + _skew(uA) @ B.turn(uB)
+        Dn = s * (np.eye(3) - nn) @ dcr / ncr
+    elif rA == 2 and (rB < 2 or _area(X[SA], n) >= _area(Y[SB], n)):
         Dn = A.turn(n)                                          # a face of A
         yw = Y[SB].mean(axis=0)
         xw = yw - dc * n

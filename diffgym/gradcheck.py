@@ -45,8 +45,18 @@ name), the errors at every step size, the one-sided jump and match, whether the 
 contact/limit modes differed at the perturbed states, and the contact modes and active limits
 at the state.
 
-The result is a :class:`GradientReport` (counts of columns checked, agreeing, explained and
-failed; per-block worst errors; the findings; a readable table) and ``raise_on_failure=True``
+**Indeterminate velocity.** Where the step's velocity itself is not unique there is no
+derivative to check: a column of a simulator state that does not agree and is not explained is
+*indeterminate* (not failed) when the mode system of the contact problem has a null direction z
+of the impulses that moves the velocity (``G z != 0`` beyond rounding; see
+:func:`velocity_indeterminacy`), e.g. a box face sliding and spinning on four coplanar points,
+whose split of normal impulse changes the friction torque; the solver returns the member of the
+family its warm start leads to, and central differences of it do not converge as h shrinks.
+Redundant impulses that leave the velocity alone (a face resting or sliding without spin) are
+determinate and are checked as usual.
+
+The result is a :class:`GradientReport` (counts of columns checked, agreeing, explained,
+indeterminate and failed; per-block worst errors; the findings; a readable table) and ``raise_on_failure=True``
 raises :class:`JacobianMismatchError` with that table.
 """
 from __future__ import annotations
@@ -77,7 +87,7 @@ class JacobianMismatchError(AssertionError):
 class Finding:
     """One block column that did not agree with central differences."""
 
-    status: str                 # "explained" or "failed"
+    status: str                 # "explained", "indeterminate" or "failed"
     model: str
     step: int | None            # environment / rollout step (None: a given state)
     substep: int | None         # sub-step of the frame skip (None: the environment step itself)
@@ -94,6 +104,7 @@ class Finding:
     side: str                   # "+" / "-": the one-sided difference the analytic one matches
     mode_change: bool           # the solver's contacts/modes/limits differed at x +- h
     modes: str                  # contact modes and active limits at the state
+    indeterminate: str = ""     # why the step's velocity is not unique at the state (or "")
 
     def where(self) -> str:
         s = self.model
@@ -112,7 +123,8 @@ class Finding:
                 f"({self.column_name}): relative error {self.error:.2e} (by step size {errs}); worst "
                 f"row {self.row}: analytic {self.analytic:.6g}, central difference {self.central:.6g}"
                 f"{extra}; modes at x +- h {'changed' if self.mode_change else 'unchanged'}; "
-                f"state: {self.modes}")
+                f"state: {self.modes}"
+                + (f"; velocity not unique: {self.indeterminate}" if self.indeterminate else ""))
 
 
 @dataclass
@@ -120,6 +132,7 @@ class _BlockStats:
     checked: int = 0
     agreeing: int = 0
     explained: int = 0
+    indeterminate: int = 0
     failed: int = 0
     worst_agreeing: float = 0.0       # the largest error among agreeing columns
     worst_unexplained: float = 0.0
@@ -153,6 +166,10 @@ class GradientReport:
     @property
     def explained(self) -> int:
         return sum(b.explained for b in self.blocks.values())
+
+    @property
+    def indeterminate(self) -> int:
+        return sum(b.indeterminate for b in self.blocks.values())
 
     @property
     def failed(self) -> int:
@@ -192,6 +209,7 @@ class GradientReport:
             s.checked += b.checked
             s.agreeing += b.agreeing
             s.explained += b.explained
+            s.indeterminate += b.indeterminate
             s.failed += b.failed
             s.worst_agreeing = max(s.worst_agreeing, b.worst_agreeing)
             s.worst_unexplained = max(s.worst_unexplained, b.worst_unexplained)
@@ -240,12 +258,17 @@ class GradientReport:
         if expl:
             lines.append(f"{len(expl)} explained by a mode switch inside the stencil, e.g.:")
             lines += ["  " + str(f) for f in sorted(expl, key=lambda f: -f.error)[:3]]
+        ind = [f for f in self.findings if f.status == "indeterminate"]
+        if ind:
+            lines.append(f"{len(ind)} at states where the step's velocity is not unique (no "
+                         "derivative to check), e.g.:")
+            lines += ["  " + str(f) for f in sorted(ind, key=lambda f: -f.error)[:3]]
         return "\n".join(lines)
 
     def __repr__(self) -> str:
         return (f"GradientReport(models={self.models}, states={self.states}, substeps={self.substeps}"
                 f", checked={self.checked}, agreeing={self.agreeing}, explained={self.explained}, "
-                f"failed={self.failed})")
+                f"indeterminate={self.indeterminate}, failed={self.failed})")
 
 
 # -- the comparison engine -------------------------------------------------------------------------
@@ -263,7 +286,8 @@ class _Settings:
 
 
 def _audit_problem(report: GradientReport, settings: _Settings, *, model: str, step, substep,
-                   groups: dict, outputs: dict, blocks: dict, run, modes: str, base_signature):
+                   groups: dict, outputs: dict, blocks: dict, run, modes: str, base_signature,
+                   indeterminate: str = ""):
     """Compare the analytic blocks of one state with differences.
 
     groups: input group -> (dimension, column names); outputs: output -> magnitude |y|_inf;
@@ -329,14 +353,17 @@ def _audit_problem(report: GradientReport, settings: _Settings, *, model: str, s
                 plus, minus = evals[best_h]
                 c = (plus[out] - minus[out]) / (2 * best_h)
                 row = int(np.argmax(np.abs(a - c)))
-                f = Finding(status="explained" if explained else "failed", model=model, step=step,
+                verdict = "explained" if explained else ("indeterminate" if indeterminate else "failed")
+                f = Finding(status=verdict, model=model, step=step,
                             substep=substep, block=name, column=j, column_name=groups[grp][1][j],
                             error=best, errors=dict(errs), row=row, analytic=float(a[row]),
                             central=float(c[row]), jump=jump_best, match=match_best,
                             side=side_best if explained else "", mode_change=bool(changed),
-                            modes=modes)
+                            modes=modes, indeterminate=indeterminate if verdict == "indeterminate" else "")
                 if explained:
                     st.explained += 1
+                elif indeterminate:
+                    st.indeterminate += 1
                 else:
                     st.failed += 1
                     st.worst_unexplained = max(st.worst_unexplained, best)
@@ -388,6 +415,47 @@ def describe_modes(sim) -> str:
     return "; ".join(parts) if parts else "no contact, no limit"
 
 
+# a direction z of the linearized contact problem (the mode system A: A z = 0) is a family of
+# solutions; it leaves the velocity alone when M^-1 J^T z = 0, i.e. G z = J M^-1 J^T z = 0
+# (redundant normal impulses of a resting or purely translating face: |G z| / |G| ~ 3e-16,
+# rounding), and moves it otherwise (a box sliding on a face and spinning at 1e-3 rad/s:
+# 2e-5; at 1e-9 rad/s: 5e-10)
+NULL_REL = 1e-10          # singular values of A below this fraction of the largest: null
+VELOCITY_REL = 1e-12      # |G z|_inf above this fraction of |G|_max: the family moves the velocity
+
+
+def velocity_indeterminacy(sim) -> str:
+    """Why the velocity of the step ``sim`` just took is not unique, or "" when it is.
+
+    With four coplanar sliding contacts of a spinning box the split of normal impulse is free
+    (the mode system is singular) and, the friction of each point being mu times its share in
+    its own slip direction, the split changes the friction torque and so the velocity: the NCP
+    has a one-parameter family of solutions, the solver returns one of them (which depends on
+    its warm start, hidden state) and there is no step derivative to compare with (central
+    differences of the returned velocity do not converge as h shrinks). A singular mode system
+    whose null directions leave the velocity alone (four sticking or purely sliding points)
+    is determinate and is not reported."""
+    from . import derivatives as D
+    C = sim.cache
+    cons, res, G = C.get("cons"), C.get("res"), C.get("G")
+    if cons is None or res is None or G is None or not getattr(cons, "m", 0) or not cons.nc:
+        return ""
+    A, _ = D._mode_system(res, G, cons.nc, cons.mu)
+    _, s, Vt = np.linalg.svd(A)
+    if not len(s) or s[0] == 0.0:
+        return ""
+    N = Vt[s <= NULL_REL * s[0]]
+    if not len(N):
+        return ""
+    gn = float(np.max(np.abs(G)))
+    worst = max(float(np.max(np.abs(G @ z))) for z in N)
+    if worst <= VELOCITY_REL * gn:
+        return ""
+    return (f"the mode system has {len(N)} null direction(s) of the impulses that change the "
+            f"velocity (|G z| / |G| = {worst / gn:.1e}): a non-unique split of the impulses "
+            "(e.g. coplanar sliding contacts of a spinning face)")
+
+
 def _audit_sim_state(report, settings, sim, q, v, tau, warm, *, model, step, substep):
     """Audit the six blocks of one simulator step from (q, v, tau) and a warm start."""
     sim.set_warm_start_state(warm)
@@ -417,7 +485,8 @@ def _audit_sim_state(report, settings, sim, q, v, tau, warm, *, model, step, sub
     # (block name dX_dY: output X, input group Y)
     blocks = {b: (b[1], b.split("_d")[1], getattr(jac, b)) for b in SIM_BLOCKS}
     _audit_problem(report, settings, model=model, step=step, substep=substep, groups=groups,
-                   outputs=outputs, blocks=blocks, run=run, modes=modes, base_signature=base_sig)
+                   outputs=outputs, blocks=blocks, run=run, modes=modes, base_signature=base_sig,
+                   indeterminate=velocity_indeterminacy(sim))
     # leave the simulator as the unperturbed step left it
     sim.set_warm_start_state(warm)
     sim.step(q, v, tau)

@@ -224,20 +224,19 @@ def test_push_flush_rod_frictionless_contacts():
     for k in ("dq_dv", "dq_dtau", "dv_dv", "dv_dtau"):
         assert errors[k] < 1e-6, (k, errors[k])
         assert one_sided[k] < 1e-3
-    # The q columns of the rod's and the box's yaw (2 and 8) sit on a kink: exactly flush, the
-    # two points of coal's contact patch share one depth, which turning either way decreases
-    # (the one-sided differences disagree; a geometric switch, not a derivative defect). Every
-    # other q column is exact.
+    # The q columns of the rod's and the box's yaw (2 and 8) are smooth too: exactly flush, the
+    # two patch points carry their own distances (turning either way deepens one and lifts the
+    # other) and the normal is the cross product of the rod's axis with the box's vertical
+    # edges it crosses (the rod is longer than the face), so it turns with both bodies. With
+    # coal's shared patch depth these columns sat on a kink (one-sided differences 1e-2 apart).
     c, p, m = fd_step(sim, q, v, tau, 1e-6, 1.0)
     _run(sim, None, q, v, tau)
     jac = D.step_jacobian(sim)
     for k in ("dq_dq", "dv_dq"):
         scale = np.abs(c[k]).max()
         kink = np.abs(p[k] - m[k]).max(axis=0) / scale
-        assert kink[2] > 1e-3 and kink[8] > 1e-3
-        smooth = [i for i in range(sim.nv) if i not in (2, 8)]
-        assert kink[smooth].max() < 1e-3
-        assert np.abs(getattr(jac, k) - c[k])[:, smooth].max() < 1e-6 * scale, k
+        assert kink.max() < 1e-3, (k, kink)
+        assert np.abs(getattr(jac, k) - c[k]).max() < 1e-6 * scale, (k, np.abs(getattr(jac, k) - c[k]).max(axis=0) / scale)
 
 
 # -- torch.autograd.gradcheck through the torch bridge at an active limit ---------------------
