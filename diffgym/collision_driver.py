@@ -479,6 +479,24 @@ class CollisionDriver:
         rows_n += [N] * m
         rows_d += d.tolist()
 
+    def _single_point(self, k, gdata, side, p1, p2, n, rows_pair, rows_pt, rows_pos, rows_n,
+                      rows_d) -> None:
+        """One contact row of pair k from its witness points p1, p2 and normal n: for box-box
+        pairs the normal snapped to the exact separating axis (about the same witness midpoint);
+        the point is the witness on the plane for a shape on a plane (``side`` 1 or 2), else the
+        midpoint."""
+        if k in self._box_box:
+            snap = self._snap(k, gdata, n, float(n @ (p2 - p1)))
+            if snap is not None:
+                mid = 0.5 * (p1 + p2)
+                n, d = snap[0], snap[1]
+                p1, p2 = mid - 0.5 * d * n, mid + 0.5 * d * n
+        rows_pair.append(k)
+        rows_pt.append(0)
+        rows_pos.append(0.5 * (p1 + p2) if not side else (p1 if side == 1 else p2))
+        rows_n.append(n)
+        rows_d.append(float(n @ (p2 - p1)))
+
     def _narrow_tables(self, gdata: pin.GeometryData):
         """References to gdata's per-pair request/result objects (looked up once per gdata)."""
         if self._gdata is not gdata:
@@ -551,14 +569,8 @@ class CollisionDriver:
                 c = cres[k].getContact(0)
                 p1, p2 = c.getNearestPoint1(), c.getNearestPoint2()
                 n = np.asarray(c.normal).copy()
-                if k in self._box_box:
-                    snap = self._snap(k, gdata, n, float(n @ (p2 - p1)))
-                    if snap is not None:  # the exact separating axis; the same witness midpoint
-                        mid = 0.5 * (p1 + p2)
-                        n, d = snap[0], snap[1]
-                        p1, p2 = mid - 0.5 * d * n, mid + 0.5 * d * n
-                rows_pair.append(k); rows_pt.append(0)
-                rows_pos.append(0.5 * (p1 + p2) if not side else (p1 if side == 1 else p2)); rows_n.append(n); rows_d.append(float(n @ (p2 - p1)))
+                self._single_point(k, gdata, side, p1, p2, n, rows_pair, rows_pt, rows_pos,
+                                   rows_n, rows_d)
                 continue
             patch = pres.getContactPatch(0)
             n = np.asarray(patch.getNormal()).copy()
@@ -574,14 +586,8 @@ class CollisionDriver:
                     p1, p2 = mid - 0.5 * pd * n, mid + 0.5 * pd * n
                 else:
                     p1, p2 = patch.getPointShape1(0), patch.getPointShape2(0)
-                if k in self._box_box:
-                    snap = self._snap(k, gdata, n, float(n @ (p2 - p1)))
-                    if snap is not None:  # the exact separating axis; the same witness midpoint
-                        mid = 0.5 * (p1 + p2)
-                        n, d = snap[0], snap[1]
-                        p1, p2 = mid - 0.5 * d * n, mid + 0.5 * d * n
-                rows_pair.append(k); rows_pt.append(0)
-                rows_pos.append(0.5 * (p1 + p2) if not side else (p1 if side == 1 else p2)); rows_n.append(n); rows_d.append(float(n @ (p2 - p1)))
+                self._single_point(k, gdata, side, p1, p2, n, rows_pair, rows_pt, rows_pos,
+                                   rows_n, rows_d)
                 continue
             P1 = np.array([patch.getPointShape1(i) for i in range(m)])
             P2 = np.array([patch.getPointShape2(i) for i in range(m)])
