@@ -38,8 +38,9 @@ most ``tol`` (default 1e-6) at one of the step sizes.
 **Mode switches.** A column that does not agree is *explained* only when, at one of the step
 sizes, the two one-sided differences ``(y(x+h) - y(x))/h`` and ``(y(x) - y(x-h))/h`` disagree
 with each other by more than ``jump_min`` (1e-3, relative as above: a kink of the step map inside
-the stencil, such as a contact making or breaking, a mode changing, a limit engaging, a clip) and
-the analytic column matches one of them to within ``max(tol, 1e-2 * jump)``. Everything else
+the stencil, such as a contact making or breaking, a mode changing, a limit engaging, a clip;
+100 ``tol`` where the solver's modes at ``x + h`` or ``x - h`` are seen to differ from those at
+``x``) and the analytic column matches one of them to within ``max(tol, 1e-2 * jump)``. Everything else
 *fails*. Each finding names the model, environment step, sub-step, block, column (with its joint
 name), the errors at every step size, the one-sided jump and match, whether the solver's
 contact/limit modes differed at the perturbed states, and the contact modes and active limits
@@ -74,6 +75,7 @@ DEFAULT_TOL = 1e-6
 DEFAULT_FLOOR = 1e-3
 RESOLUTION = 1e-9
 JUMP_MIN = 1e-3
+JUMP_SEEN_TOL = 100.0
 MATCH_FRACTION = 1e-2
 
 
@@ -345,7 +347,11 @@ def _audit_problem(report: GradientReport, settings: _Settings, *, model: str, s
                     mp = float(np.max(np.abs(a - fp))) / s
                     mm = float(np.max(np.abs(a - fm))) / s
                     match, side = (mp, "+") if mp <= mm else (mm, "-")
-                    ok = jump > JUMP_MIN and match <= max(settings.tol, MATCH_FRACTION * jump)
+                    # a kink is evidenced by a jump of JUMP_MIN, or, where the solver's modes
+                    # at x + h or x - h differ from those at x (a switch seen, not inferred), by a
+                    # jump of JUMP_SEEN_TOL tolerances
+                    need = min(JUMP_MIN, JUMP_SEEN_TOL * settings.tol) if changed else JUMP_MIN
+                    ok = jump > need and match <= max(settings.tol, MATCH_FRACTION * jump)
                     if ok and not explained:
                         jump_best, match_best, side_best, explained = jump, match, side, True
                     elif not explained and jump > jump_best:
