@@ -26,7 +26,6 @@ the exact narrow-phase tests alone decide which points are contacts.
 from __future__ import annotations
 
 from dataclasses import dataclass
-import warnings
 
 import coal
 import numpy as np
@@ -153,19 +152,10 @@ GJK_TOLERANCE = 1e-10
 
 def tighten_requests(requests) -> None:
     """Set the GJK and EPA tolerances of coal collision requests (a GeometryData's
-    collisionRequests) to GJK_TOLERANCE, and start every GJK query from coal's default guess.
-
-    pinocchio's requests reuse the previous query's answer as GJK's starting guess; GJK then
-    stops at a different point of its tolerance band depending on the history, so the collision
-    output (and the step Jacobian through it) was not a function of the state alone: a copy of a
-    simulator (pickled, deep-copied, restored) diverged from the original in the last bits."""
+    collisionRequests) to GJK_TOLERANCE."""
     for r in requests:
         r.gjk_tolerance = GJK_TOLERANCE
         r.epa_tolerance = GJK_TOLERANCE
-        r.gjk_initial_guess = coal.GJKInitialGuess.DefaultGuess
-        with warnings.catch_warnings():            # (coal deprecates the flag, still honours it)
-            warnings.simplefilter("ignore")
-            r.enable_cached_gjk_guess = False
 
 
 class CollisionDriver:
