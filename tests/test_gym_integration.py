@@ -105,10 +105,19 @@ def _rollout(env, actions, jac=False):
 
 
 def _same(a, b):
+    """Observations, rewards, flags and states bit for bit; the Jacobians (the last two entries of
+    a step with jac=True) to rounding: coal starts each GJK query from the previous query's answer,
+    which a copy does not have, and at GJK's 1e-10 tolerance that moves contact normals in the
+    last bits (seen: 1e-19 absolute in DiffPush-v0's state_state, trajectories still identical)."""
     assert len(a) == len(b)
     for x, y in zip(a, b):
-        for u, v in zip(x, y):
-            np.testing.assert_array_equal(u, v)
+        jac_from = 4 if len(x) == 6 else len(x)
+        for i, (u, v) in enumerate(zip(x, y)):
+            if i < jac_from:
+                np.testing.assert_array_equal(u, v)
+            else:
+                scale = max(1.0, float(np.abs(v).max()))
+                np.testing.assert_allclose(u, v, rtol=0, atol=1e-12 * scale)
 
 
 @pytest.mark.parametrize("env_id", IDS)
