@@ -427,14 +427,20 @@ def check_env(cfg: TrainConfig, where: str = "") -> None:
     import diffgym.envs  # noqa: F401
     from diffgym.envs.base import DiffEnv
     env_id = cfg.env.id
-    ours = sorted(i for i, spec in gym.registry.items()
-                  if isinstance(spec.entry_point, str) and spec.entry_point.startswith("diffgym."))
+    from diffgym.envs import ENV_IDS
+    ours = sorted(set(ENV_IDS) | {i for i, spec in gym.registry.items()
+                                  if isinstance(spec.entry_point, str)
+                                  and spec.entry_point.startswith("diffgym.")})
     if env_id not in gym.registry:
         raise ConfigError(f"{where}env.id: unknown environment {env_id!r}{_did_you_mean(env_id, gym.registry)}; "
                           f"diffgym's environments: {', '.join(ours)}")
     spec = gym.registry[env_id]
     try:
-        creator = load_env_creator(spec.entry_point) if isinstance(spec.entry_point, str) else spec.entry_point
+        creator = spec.entry_point
+        if isinstance(creator, str):
+            creator = load_env_creator(creator)
+        elif hasattr(creator, "_cls"):       # diffgym's ids: the env class inside its TimeLimit
+            creator = creator._cls()
     except Exception as exc:           # noqa: BLE001
         raise ConfigError(f"{where}env.id: {env_id} is registered but its entry point {spec.entry_point!r} "
                           f"cannot be loaded: {type(exc).__name__}: {exc}") from None
