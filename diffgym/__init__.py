@@ -2,12 +2,13 @@
 from .forward import Contact, SimulationError, Simulator, SolverWarning, StepInfo
 from .model import ModelError, SimModel
 from .gradcheck import GradientReport, JacobianMismatchError, check_step_jacobians
+from .gradient_modes import Exact, LongRange, Smooth, gradient_mode
 
 __version__ = "0.1.0"
 
 __all__ = ["Simulator", "StepInfo", "Contact", "SimModel", "ModelError", "SimulationError",
            "SolverWarning", "__version__", "check_step_jacobians", "GradientReport",
-           "JacobianMismatchError"]
+           "JacobianMismatchError", "Exact", "Smooth", "LongRange", "gradient_mode"]
 
 
 def _mount_envs() -> None:

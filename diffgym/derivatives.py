@@ -685,7 +685,11 @@ def step_jacobian(sim, compiled: bool | None = None) -> StepJacobian:
 
     ``compiled``: the numba route (``derivative_kernels``; the default, see ``COMPILED``) or the
     numpy reference below (False). Both give the same numbers to rounding; the compiled route
-    falls back to the reference where it does not apply (mimic joints, non-finite data)."""
+    falls back to the reference where it does not apply (mimic joints, non-finite data).
+    Gives the derivative of ``sim.gradient`` (diffgym.gradient_modes)."""
+    mode = getattr(sim, "gradient", None)
+    if mode is not None and mode.name != "exact":
+        raise NotImplementedError(f"gradient mode {mode.name!r} is not implemented yet")
     out = None
     if COMPILED if compiled is None else compiled:
         out = _step_jacobian_compiled(sim)

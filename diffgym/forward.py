@@ -25,6 +25,7 @@ from .model import ModelError, SimModel
 from .solver import MODE_NAMES, SLIDING, STICKING, NCPSolver, SolverResult, SolverSettings
 from .solver_kernels import natres, solve_stage1
 from .frames import tangent_frames
+from .gradient_modes import gradient_mode
 
 
 _add = np.add.reduce          # (ndarray.sum without its Python wrapper: the same sums)
@@ -496,11 +497,13 @@ class Simulator:
 
     def __init__(self, sm: SimModel, *, dt: float | None = None, erp: float = 0.2,
                  margin: float = 1e-3, tol: float = 1e-9, max_iter: int = 2000,
-                 max_contact_points: int = 4):
+                 max_contact_points: int = 4, gradient="exact"):
         # how to rebuild this simulator (pickling); from_file / from_string replace it
         self._source: tuple | None = None
         self._settings = dict(dt=dt, erp=erp, margin=margin, tol=tol, max_iter=max_iter,
                               max_contact_points=max_contact_points)
+        # which derivative step(..., jacobian=True) returns (diffgym.gradient_modes)
+        self.gradient = gradient_mode(gradient)
         if dt is not None:
             sm.dt = dt
         if not (isinstance(sm.dt, (int, float, np.floating)) and np.isfinite(sm.dt) and sm.dt > 0):
