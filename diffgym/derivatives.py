@@ -145,6 +145,24 @@ class JacobianDiagnostics:
         if cons is not None and cons.m:
             modes, act, mu = self._arrays(cons, res)
             margins, kcode, a = K.mode_margins(res.lam, res.sigma, modes, act, G, cons.nc, mu)
+            xr = getattr(cons, "extra", None)
+            if xr is not None and xr.m:
+                # the rows of diffgym.equality: bilateral rows never switch; a sticking
+                # friction row switches when |lam| reaches its bound ("impulse"), a sliding one
+                # when its velocity reaches zero ("slip")
+                margins, kcode = margins.copy(), kcode.copy()
+                s0 = cons.m - xr.m
+                e0 = len(margins) - xr.m
+                for i in range(xr.m):
+                    r, kd, xm = s0 + i, int(xr.kind[i]), int(xr.xmode[i])
+                    if kd == 0:
+                        margins[e0 + i], kcode[e0 + i] = np.inf, 0
+                    elif kd == 1 and xm == 0:
+                        margins[e0 + i] = G[r, r] * (xr.bound[i] - abs(res.lam[r]))
+                        kcode[e0 + i] = 0
+                    elif kd == 1:
+                        margins[e0 + i], kcode[e0 + i] = abs(res.sigma[r]), 1
+                a = int(np.argmin(margins))
             names = self._MARGIN_NAMES
             d["margins"] = margins
             d["margin_kinds"] = [names[k] for k in kcode.tolist()]
@@ -168,6 +186,16 @@ class JacobianDiagnostics:
                 [f"{lim.joint} ({'lower' if lim.sign > 0 else 'upper'})" for lim in lims]
             d["modes"] = [MODE_NAMES[m] for m in res.modes.tolist()] + \
                 ["active" if a else "inactive" for a in res.limit_active.tolist()]
+            xr = getattr(cons, "extra", None)
+            if xr is not None and xr.m:
+                nl = len(lims)
+                kn = {0: "equality", 1: "frictionloss", 2: "limit"}
+                d["kinds"] += [kn[int(k)] for k in xr.kind.tolist()]
+                d["labels"] += list(xr.labels)
+                mn = {0: "active", 1: "sliding", -1: "sliding", 2: "inactive"}
+                d["modes"] = d["modes"][:nc + nl] + [
+                    "equality" if k == 0 else "sticking" if (k == 1 and x == 0) else mn[x]
+                    for k, x in zip(xr.kind.tolist(), xr.xmode.tolist())]
             a = self.argmin
             d["argmin_label"] = d["labels"][a]
         else:
@@ -677,6 +705,10 @@ def _joint_torques(sim, cons, res) -> np.ndarray:
     for li, lam in zip(cons.limits.tolist(), res.lam[k:].tolist()):
         lim = limits[li]
         out[lim.idx_v] += lim.sign * lam * inv_dt
+    xr = getattr(cons, "extra", None)
+    if xr is not None and xr.m:        # the rows of diffgym.equality act as joint torques
+        s0 = k + len(cons.limits)
+        out += (xr.J.T @ res.lam[s0:]) * inv_dt
     return out
 
 
@@ -691,6 +723,8 @@ def step_jacobian(sim, compiled: bool | None = None) -> StepJacobian:
     if mode is not None and mode.name != "exact":
         raise NotImplementedError(f"gradient mode {mode.name!r} is not implemented yet")
     out = None
+    if sim.__dict__.get("_extra") is not None:
+        compiled = False           # the rows of diffgym.equality: the numpy route only
     if COMPILED if compiled is None else compiled:
         out = _step_jacobian_compiled(sim)
     if out is None:
@@ -720,6 +754,11 @@ def _step_jacobian_reference(sim) -> StepJacobian:
         const = sim._dconst = (np.eye(nv), np.triu(np.ones((nv, nv), dtype=bool)),
                                dpassive_dq if len(sim._stiff_idx) else None, bool(np.any(damping)))
     eye, upper, dpassive_dq, damped = const
+    ex = sim.__dict__.get("_extra")
+    tendon_dv = None
+    if ex is not None and ex.passive:      # fixed tendons' springs and dampers
+        Kq, tendon_dv = ex.passive_jacobians(q)
+        dpassive_dq = Kq if dpassive_dq is None else dpassive_dq + Kq
 
     fext = [pin.Force.Zero() for _ in range(model.njoints)]
     if cons is not None:
@@ -746,6 +785,8 @@ def _step_jacobian_reference(sim) -> StepJacobian:
     Minv = np.where(upper, Minv, Minv.T)               # pinocchio fills the upper triangle
     Vq = dt * (ddq_dq + Minv @ dpassive_dq) if dpassive_dq is not None else dt * ddq_dq
     Vv = eye + dt * (ddq_dv - Minv * damping[None, :]) if damped else eye + dt * ddq_dv
+    if tendon_dv is not None:
+        Vv = Vv + dt * (Minv @ tendon_dv)
     Vt = dt * Minv
     if cons is not None and cons.m:
         J, G = cons.J, C["G"]
@@ -785,6 +826,12 @@ def _step_jacobian_reference(sim) -> StepJacobian:
             lim = sim.sm.limits[li]
             gain = 1.0 / dt if ld > skin else erp / dt        # baumgarte_gain on a float
             Dq_extra[3 * nc + jl, lim.idx_v] += gain * lim.sign
+        xr = getattr(cons, "extra", None)
+        if xr is not None and xr.m:         # the rows of diffgym.equality (kinematic terms)
+            s0 = 3 * nc + len(cons.limits)
+            Dx, cx = ex.kinematic_derivatives(q, v1, res.lam[s0:], xr, dt)
+            Dq_extra[s0:] = Dx
+            corr += cx
         Vq = Vq + Minv @ corr
         D = np.hstack([J @ Vq + Dq_extra, J @ Vv, J @ Vt])
         A, W = _mode_system(res, G, nc, cons.mu)

@@ -534,6 +534,13 @@ class Simulator:
         self._stiff_k = np.array([v[0] for v in getattr(sm, "stiffness", {}).values()])
         self._stiff_ref = np.array([v[1] for v in getattr(sm, "stiffness", {}).values()])
         self._stiff_q = np.array([self._idx_q_of_v(i) for i in self._stiff_idx], dtype=np.int64)
+        # issue 15: equality constraints, dry friction, ball limits, fixed tendons
+        # (diffgym.equality); such models take the stage-by-stage path
+        spec = getattr(sm, "constraint_spec", None)
+        self._extra = None
+        if spec is not None and not spec.empty():
+            from .equality import ExtraRows
+            self._extra = ExtraRows(sm, spec, erp, self.constraints.skin, margin)
         self.cache: dict = {}
         # the rows of q holding unit quaternions (free-flyer and spherical joints), 4 each
         rows = []
@@ -658,11 +665,17 @@ class Simulator:
         for a, c in zip(self.sm.actuators, ctrl):
             if a.ctrlrange is not None:
                 c = min(max(c, a.ctrlrange[0]), a.ctrlrange[1])
-            tau[a.idx_v] += a.gear * c
+            if a.dofs:                       # a tendon transmission
+                for iv, coef in a.dofs:
+                    tau[iv] += a.gear * coef * c
+            else:
+                tau[a.idx_v] += a.gear * c
         return tau
 
     def reset_warmstart(self) -> None:
         self._warm = None
+        if self.__dict__.get("_extra") is not None:
+            self._extra.reset_warm()
 
     def warm_start_state(self):
         """The warm start the next step will use (the last step's impulses and modes per
@@ -718,6 +731,9 @@ class Simulator:
         f = -self.sm.damping * v
         if len(self._stiff_idx):
             f[self._stiff_idx] -= self._stiff_k * (q[self._stiff_q] - self._stiff_ref)
+        ex = self.__dict__.get("_extra")
+        if ex is not None and ex.passive:
+            f += ex.passive_forces(q, v)
         return f
 
     def step(self, q, v, tau, jacobian: bool = False):
@@ -794,7 +810,8 @@ class Simulator:
         Jw = Jw.copy()
         contacts = self._last_contacts = self.collision.detect(data, self.geom_data, dt, v)
 
-        if len(self._stiff_idx):
+        ex = self._extra
+        if len(self._stiff_idx) or (ex is not None and ex.passive):
             tau_total = tau + self.passive_forces(q, v)
         else:
             tau_total = tau - self.sm.damping * v       # (= tau + (-damping * v), exactly)
@@ -805,7 +822,14 @@ class Simulator:
         solver = self.solver
         nc = len(contacts)
         nis = 1
-        if not nc and cb.has_limits and not len(cb.active_limits(q, v, dt)[0]):
+        xrows = None
+        if ex is not None:
+            xrows = ex.rows(q, v, dt)
+        if xrows is not None and xrows.m:
+            # the stage-by-stage path with the rows of diffgym.equality after the others
+            cons, res, G, g, Minv, v1 = self._solve_with_extra(q, v, Jw, contacts, v_free,
+                                                               xrows)
+        elif not nc and cb.has_limits and not len(cb.active_limits(q, v, dt)[0]):
             cons = None                          # (no contact, no limit within reach)
         elif (nc or cb.has_limits) and type(solver) is NCPSolver and solver.settings.compiled:
             # the constrained part in one compiled call (limits, assembly, warm start, stage 1)
@@ -854,7 +878,7 @@ class Simulator:
         if cons is None:
             res, Minv, G, g = None, None, None, None
             v1 = v_free
-        elif res.converged:
+        elif res.converged and (xrows is None or not xrows.m):
             # independent check of the reported solution at the final velocity
             r1, vs = _verify_velocity(cons.J, cons.b, v1, res.lam, cons.nc, cons.mu, G)
             if not r1 <= max(100.0 * solver.settings.tol, 1e-9 * vs):
@@ -872,6 +896,8 @@ class Simulator:
         if cons is not None and cons.nc and _minimum(cons.mu) == 0.0:
             res, warm_modes = _label_frictionless(res, cons.mu)
         self._record(cons, res, warm_modes, nis if cons is not None else 0)
+        if xrows is not None:
+            self._record_extra(cons, res, xrows)
         if excess > 0.0:
             d = self.last.__dict__
             d["converged"] = False
@@ -889,6 +915,60 @@ class Simulator:
             self.last.__dict__["jacobian_diagnostics"] = jac.diagnostics
             return q1, v1, jac
         return q1, v1
+
+    def _solve_with_extra(self, q, v, Jw, contacts, v_free, xrows):
+        """The constrained velocity with the rows of :mod:`diffgym.equality` (equality
+        constraints, dry friction, ball and tendon limits) after the contact and joint-limit
+        rows: assembly of all rows, the mixed solve (``ExtraRows.solve``) and ``v1``."""
+        model, data, dt, nv = self.model, self.data, self.dt, self.model.nv
+        cb = self.constraints
+        limits = cb.active_limits(q, v, dt)
+        Minv = pin.computeMinverse(model, data, q)
+        if nv == 1:
+            Minv = Minv.reshape(1, 1)
+        cons, G0, g0, MJt0, Ms = cb.assemble(Jw, contacts, limits, dt, Minv, v_free)
+        nc, nl = cons.nc, len(cons.limits)
+        MJx = Ms @ xrows.J.T
+        J = np.vstack([cons.J, xrows.J])
+        b = np.concatenate([cons.b, xrows.b])
+        MJt = np.hstack([Ms @ cons.J.T, MJx])
+        G = J @ MJt
+        G = 0.5 * (G + G.T)
+        g = J @ v_free + b
+        cons.J, cons.b = J, b
+        cons.extra = xrows
+        lam0, modes0 = self._warm_start(cons) if cons.m > 3 * nc + nl else (None, None)
+        if lam0 is not None:
+            lam0 = lam0[:3 * nc + nl]
+        try:
+            lam, sigma, modes, active, its, resid, ok, method, xmode = self._extra.solve(
+                self.solver, G, g, nc, nl, cons.mu, xrows, lam0, modes0)
+        except np.linalg.LinAlgError as exc:
+            raise np.linalg.LinAlgError(f"the constraint solver failed ({exc}); {nc} contacts, "
+                                        f"{xrows.m} equality/friction/limit rows") from exc
+        xrows.xmode = xmode
+        res = SolverResult(lam, sigma, modes, active, its, resid, ok, method + "+rows")
+        v1 = v_free + MJt @ lam
+        return cons, res, G, g, Ms, v1
+
+    def _record_extra(self, cons, res, xrows) -> None:
+        """sim.last's fields of the diffgym.equality rows (``constraint_labels``,
+        ``constraint_impulses``, ``constraint_modes``); ``limit_impulses`` / ``limit_active``
+        keep only the joint-limit rows."""
+        d = self.last.__dict__
+        if cons is None or getattr(cons, "extra", None) is None:
+            d["constraint_labels"], d["constraint_impulses"], d["constraint_modes"] = [], np.zeros(0), []
+            return
+        nc, nl = cons.nc, len(cons.limits)
+        s0 = 3 * nc + nl
+        d["limit_impulses"] = res.lam[3 * nc:s0].copy()
+        d["limit_active"] = np.asarray(res.limit_active[:nl], dtype=bool).copy()
+        d["constraint_labels"] = list(xrows.labels)
+        d["constraint_impulses"] = res.lam[s0:].copy()
+        names = {0: "active", 1: "sliding", -1: "sliding", 2: "inactive"}
+        d["constraint_modes"] = [("equality" if k == 0 else "sticking" if (k == 1 and x == 0)
+                                  else names[x]) for k, x in zip(xrows.kind.tolist(),
+                                                                 xrows.xmode.tolist())]
 
     @staticmethod
     def _solve(solver, G, g, cons: Constraints, lam0, modes0, v, later_stages: bool = False):

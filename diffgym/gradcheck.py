@@ -399,7 +399,8 @@ def _tangent_names(model) -> list:
 def _sim_signature(sim):
     last = sim.last
     return (tuple(last.contact_geoms), tuple(last.contact_modes),
-            tuple(last.limit_joints), tuple(bool(b) for b in last.limit_active), bool(last.converged))
+            tuple(last.limit_joints), tuple(bool(b) for b in last.limit_active), bool(last.converged),
+            tuple(last.__dict__.get("constraint_modes", ())))
 
 
 def describe_modes(sim) -> str:

@@ -389,6 +389,7 @@ class _MJCFBuilder:
         damping = np.zeros(self.model.nv)
         for iv, d in self.damping.items():
             damping[iv] = d
+        q0_ref = q0.copy()            # MuJoCo's qpos0: equality constraints are built at it
         pairs = self.collision_pairs()
         actuators = self.parse_actuators()
         keyframes = self.parse_keyframes(nq)
@@ -397,6 +398,7 @@ class _MJCFBuilder:
         sm = SimModel(self.model, self.geom_model, self.geoms, pairs, self.limits, actuators,
                       q0, self.dt, damping, source=self.source, keyframes=keyframes)
         sm.stiffness = self.stiffness
+        sm.constraint_spec = self.parse_constraint_spec(q0_ref)
         # an explicit <pair> has its own friction (MuJoCo's default 1), not the geoms' larger one
         for k, (a, b) in enumerate(sm.pairs):
             mu = self.pair_mu.get((int(a), int(b)), self.pair_mu.get((int(b), int(a))))
@@ -474,6 +476,7 @@ class _MJCFBuilder:
             if float(a.get("damping", 0.0)) != 0.0:
                 for k in range(jmodel.nv):
                     self.damping[jmodel.idx_v + k] = float(a["damping"])
+            self._joint_constraint_attrs(a, jtype, jname, jmodel)
             if jtype in ("hinge", "slide"):
                 k = float(a.get("stiffness", 0.0))
                 if k != 0.0:
@@ -633,6 +636,9 @@ class _MJCFBuilder:
                     raise self.err(f"<actuator><{el.tag}> is not supported (use <motor>)")
                 a = self.attrs(el, None)
                 jname = a.get("joint")
+                if jname is None and "tendon" in a:
+                    acts.append(self._tendon_actuator(el, a))
+                    continue
                 if jname is None:
                     raise self.err(f"<{el.tag} name={a.get('name')!r}>: only joint transmissions are supported")
                 if not self.model.existJointName(jname):
@@ -648,6 +654,187 @@ class _MJCFBuilder:
                     cr = (float(lo), float(hi))
                 acts.append(Actuator(a.get("name", jname), jname, jm.idx_v, gear, cr))
         return acts
+
+    # -- issue 15: equality constraints, dry friction, ball limits, fixed tendons ----------
+    def _joint_constraint_attrs(self, a: dict[str, str], jtype: str, jname: str, jmodel) -> None:
+        """A joint's ``frictionloss`` (dry friction on each of its dofs) and a ball joint's
+        ``range`` (MuJoCo: the largest rotation angle, ``range[1]``)."""
+        if not hasattr(self, "frictionloss"):
+            self.frictionloss: dict[int, float] = {}
+            self.ball_limits: list = []
+        if "frictionloss" in a:
+            f = _float_attr(a, "frictionloss", f"<joint name={jname!r}>", self.err)
+            if not (np.isfinite(f) and f >= 0):
+                raise self.err(f"<joint name={jname!r}>: frictionloss must be finite and >= 0, "
+                               f"got {a['frictionloss']!r}")
+            if f > 0:
+                for k in range(jmodel.nv):
+                    self.frictionloss[jmodel.idx_v + k] = f
+        if jtype == "ball":
+            from .equality import BallLimit
+            limited = a.get("limited", "auto")
+            if limited == "auto":
+                limited = "true" if (self.compiler.autolimits and "range" in a) else "false"
+            if limited != "true":
+                return
+            if "range" not in a:
+                raise self.err(f"<joint name={jname!r}>: limited ball joint without range")
+            lo, hi = _floats(a["range"], 2, f"<joint name={jname!r}> range")
+            if lo != 0 or not hi > 0:
+                raise self.err(f"<joint name={jname!r}>: a ball joint's range must be '0 max' "
+                               f"with max > 0 (the largest rotation angle), got {a['range']!r}")
+            self.ball_limits.append(BallLimit(jname, jmodel.idx_q, jmodel.idx_v,
+                                              self.compiler.angle(float(hi))))
+
+    def _scalar_joint(self, jname: str | None, what: str):
+        if jname is None or not self.model.existJointName(jname):
+            raise self.err(f"{what}: unknown joint {jname!r}")
+        jm = self.model.joints[self.model.getJointId(jname)]
+        if jm.nv != 1 or jm.nq != 1:
+            raise self.err(f"{what}: joint {jname!r} must be a hinge or slide")
+        return jm
+
+    def _body_of(self, name: str | None, what: str):
+        if name is None:
+            raise self.err(f"{what}: missing body")
+        if name not in self.bodies:
+            raise self.err(f"{what}: unknown body {name!r}")
+        return self.bodies[name]
+
+    def parse_constraint_spec(self, q0: np.ndarray):
+        """``<equality>`` (connect, weld, joint) and ``<tendon><fixed>``, with the joints'
+        frictionloss and ball ranges, as a :class:`diffgym.equality.ConstraintSpec`."""
+        from .equality import ConstraintSpec, Connect, FixedTendon, JointCoupling, Weld
+        spec = ConstraintSpec(frictionloss=dict(getattr(self, "frictionloss", {})),
+                              ball_limits=list(getattr(self, "ball_limits", [])))
+        data = self.model.createData()
+        pin.forwardKinematics(self.model, data, q0)
+
+        def pose(body):          # the body frame in the world at qpos0
+            return data.oMi[body.jid] * body.placement
+
+        for sec in self.root.findall("equality"):
+            for el in sec:
+                a = self.attrs(el, None)
+                name = a.get("name", f"{el.tag}{len(spec.connects) + len(spec.welds) + len(spec.couplings)}")
+                what = f"<equality><{el.tag} name={name!r}>"
+                if a.get("active", "true") == "false":
+                    continue
+                if el.tag in ("connect", "weld"):
+                    if "site1" in a or "site2" in a:
+                        raise self.err(f"{what}: site1/site2 are not supported (use body1/body2)")
+                    b1 = self._body_of(a.get("body1"), what)
+                    b2 = self._body_of(a.get("body2", "world"), what)
+                    if b1.jid == b2.jid:
+                        raise self.err(f"{what}: body1 {b1.name!r} and body2 {b2.name!r} move "
+                                       "rigidly together: the constraint does nothing")
+                    P1, P2 = pose(b1), pose(b2)
+                    if el.tag == "connect":
+                        anchor = _floats(a.get("anchor"), 3, f"{what} anchor") \
+                            if "anchor" in a else None
+                        if anchor is None:
+                            raise self.err(f"{what}: missing anchor")
+                        pw = P1.act(anchor)
+                        spec.connects.append(Connect(name, b1.name, b2.name, b1.jid, b2.jid,
+                                                     b1.placement.act(anchor),
+                                                     data.oMi[b2.jid].actInv(pw) if b2.jid
+                                                     else pw))
+                    else:
+                        anchor = _floats(a.get("anchor", "0 0 0"), 3, f"{what} anchor")
+                        rp = _floats(a.get("relpose", "0 1 0 0 0 0 0"), 7, f"{what} relpose")
+                        if np.all(rp[3:] == 0) or "relpose" not in a:
+                            rel = P1.actInv(P2)
+                        else:
+                            qw = rp[3:] / np.linalg.norm(rp[3:])
+                            rel = pin.SE3(_quat_wxyz_to_matrix(qw), rp[:3])
+                        spec.welds.append(Weld(name, b1.name, b2.name, b1.jid, b2.jid,
+                                               b1.placement, b2.placement, rel, anchor))
+                elif el.tag == "joint":
+                    j1 = self._scalar_joint(a.get("joint1"), what)
+                    j2n = a.get("joint2")
+                    j2 = self._scalar_joint(j2n, what) if j2n is not None else None
+                    poly = np.zeros(5)
+                    pc = _floats(a.get("polycoef", "0 1 0 0 0"), None, f"{what} polycoef")
+                    if len(pc) > 5 or not np.all(np.isfinite(pc)):
+                        raise self.err(f"{what}: polycoef must be at most 5 finite numbers")
+                    poly[:len(pc)] = pc
+                    spec.couplings.append(JointCoupling(
+                        name, a["joint1"], j2n, j1.idx_q, j1.idx_v,
+                        j2.idx_q if j2 else -1, j2.idx_v if j2 else -1,
+                        float(q0[j1.idx_q]), float(q0[j2.idx_q]) if j2 else 0.0, poly))
+                else:
+                    raise self.err(f"<equality><{el.tag}> is not supported (connect, weld, joint)")
+        for sec in self.root.findall("tendon"):
+            for el in sec:
+                a = self.attrs(el, None)
+                name = a.get("name", f"tendon{len(spec.tendons)}")
+                what = f"<tendon><{el.tag} name={name!r}>"
+                if el.tag != "fixed":
+                    raise self.err(f"{what}: only fixed tendons are supported")
+                dofs, qidx, coef = [], [], []
+                for j in el:
+                    if j.tag != "joint":
+                        raise self.err(f"{what}: unexpected <{j.tag}> (expected <joint>)")
+                    jm = self._scalar_joint(j.get("joint"), what)
+                    c = float(_floats(j.get("coef"), 1, f"{what} <joint> coef")[0]) \
+                        if "coef" in j.attrib else None
+                    if c is None:
+                        raise self.err(f"{what} <joint joint={j.get('joint')!r}>: missing coef")
+                    dofs.append(jm.idx_v)
+                    qidx.append(jm.idx_q)
+                    coef.append(c)
+                if not dofs:
+                    raise self.err(f"{what}: no <joint>")
+                t = FixedTendon(name, np.array(dofs, dtype=np.int64),
+                                np.array(qidx, dtype=np.int64), np.array(coef, dtype=float))
+                L0 = float(np.dot(t.coef, q0[t.qidx]))
+                limited = a.get("limited", "auto")
+                if limited == "auto":
+                    limited = "true" if (self.compiler.autolimits and "range" in a) else "false"
+                if limited == "true":
+                    if "range" not in a:
+                        raise self.err(f"{what}: limited tendon without range")
+                    lo, hi = _floats(a["range"], 2, f"{what} range")
+                    if not lo < hi:
+                        raise self.err(f"{what}: range lower {lo} >= upper {hi}")
+                    t.range = (float(lo), float(hi))
+                for key in ("stiffness", "damping"):
+                    val = _float_attr(a, key, what, self.err, 0.0)
+                    if not (np.isfinite(val) and val >= 0):
+                        raise self.err(f"{what}: {key} must be finite and >= 0, got {a[key]!r}")
+                    setattr(t, key, val)
+                sl = _floats(a.get("springlength", "-1 -1"), None, f"{what} springlength")
+                if len(sl) == 1:
+                    sl = np.array([sl[0], sl[0]])
+                t.spring = (L0, L0) if sl[0] == -1 and sl[-1] == -1 else (float(sl[0]), float(sl[1]))
+                if "frictionloss" in a and float(a["frictionloss"]) != 0:
+                    raise self.err(f"{what}: tendon frictionloss is not supported")
+                spec.tendons.append(t)
+        self.tendon_names = {t.name: t for t in spec.tendons}
+        return spec
+
+    def _tendon_actuator(self, el: ET.Element, a: dict[str, str]) -> Actuator:
+        """A motor on a fixed tendon: ``tau += gear * ctrl * coef`` (the tendon's Jacobian)."""
+        tname = a["tendon"]
+        what = f"<{el.tag} tendon={tname!r}>"
+        found = None
+        for sec in self.root.findall("tendon"):
+            for t in sec.findall("fixed"):
+                if t.get("name") == tname:
+                    found = t
+        if found is None:
+            raise self.err(f"{what}: unknown fixed tendon {tname!r}")
+        dofs = []
+        for j in found.findall("joint"):
+            jm = self._scalar_joint(j.get("joint"), f"<tendon><fixed name={tname!r}>")
+            dofs.append((jm.idx_v, float(_floats(j.get("coef", "nan"), 1, "coef")[0])))
+        gear = float(_floats(a.get("gear", "1"), None, "gear")[0])
+        cr = None
+        if "ctrlrange" in a and a.get("ctrllimited", "auto") != "false":
+            lo, hi = _floats(a["ctrlrange"], 2, f"{what} ctrlrange")
+            cr = (float(lo), float(hi))
+        return Actuator(a.get("name", tname), tname, dofs[0][0] if dofs else -1, gear, cr,
+                        tuple(dofs))
 
     def parse_keyframes(self, nq: int) -> dict[str, np.ndarray]:
         out = {}

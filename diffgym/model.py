@@ -51,6 +51,9 @@ class Actuator:
     idx_v: int
     gear: float
     ctrlrange: tuple[float, float] | None
+    # a tendon transmission: ((idx_v, coef), ...), tau[idx_v] += gear * ctrl * coef; empty for
+    # a joint (then ``joint`` names the joint, else the tendon)
+    dofs: tuple = ()
 
 
 @dataclass

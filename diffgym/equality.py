@@ -1,0 +1,453 @@
+"""Equality constraints, joint dry friction, ball-joint limits and fixed tendons (issue 15).
+
+These elements add rows to the same unrelaxed velocity-level constraint problem as contacts and
+joint limits (``sigma = J v1 + b``, ``v1 = v_free + M^-1 J^T lam``, impulses ``lam``). Their
+rows come after the contact and joint-limit rows, one kind each:
+
+- **bilateral** (``KIND_EQ``): MJCF ``<equality>`` ``connect`` (3 rows: the world velocity of
+  body 2's anchor point relative to body 1's), ``weld`` (those 3 at body 2's ``anchor`` plus 3
+  rows of relative angular velocity ``w2 - w1``, world axes) and ``joint`` (``q1 - q1_0 =
+  P(q2 - q2_0)``, one row ``v1 - P'(q2 - q2_0) v2``): ``sigma = 0``, ``lam`` free. Position drift
+  is corrected as for joint limits and resting contacts: ``b = erp * phi / dt`` (Baumgarte,
+  ``phi`` the position error: anchor separation, the world rotation vector
+  ``log3(R2 (R1 R_rel)^T)``, the joint-coupling residual);
+- **dry friction** (``KIND_FRICTION``, joint ``frictionloss`` f): one row per dof ``sigma =
+  v1[d]``, ``|lam| <= f dt``: sticking (``sigma = 0``) inside the box, sliding at the bound
+  opposite to the velocity (``lam = -f dt sign(sigma)``);
+- **unilateral** (``KIND_LIMIT``): a ball joint's ``range`` (MuJoCo: the joint's rotation angle
+  ``theta = |log3(R)| <= range[1]``; row ``-axis^T w``, distance ``range[1] - theta``) and a
+  fixed tendon's ``range`` (``L = sum coef_i q_i``, rows ``+-coef^T v``), with the joint limits'
+  Baumgarte / speculative offset and reach (``dist < margin + dt |J v|``).
+
+Fixed tendons also give passive forces (``stiffness``: ``-k (L - L_rest) coef``, ``damping``:
+``-d (coef^T v) coef``) and actuator transmissions (``<motor tendon=...>``: ``tau += gear ctrl
+coef``, see :class:`diffgym.model.Actuator`).
+
+**Solve.** Models with such rows take the Python stage-by-stage path (the fused compiled path
+serves contacts and joint limits only). The mixed problem is solved exactly by an active set
+over the new rows: bilateral rows, sticking friction rows and active unilateral rows are
+equalities and are eliminated (Schur complement, minimum-norm where redundant, e.g. a planar
+loop's out-of-plane rows); sliding friction rows and inactive unilateral rows hold fixed
+impulses; the remaining contact / joint-limit problem is the ordinary NCP, solved by the
+simulator's :class:`~diffgym.solver.NCPSolver`. Rows violating their mode's inequality switch
+mode and the solve repeats (usually 1-3 rounds).
+
+**Derivatives.** The mode system of :mod:`diffgym.derivatives` takes these rows as it takes
+joint limits: equality modes ``d sigma = 0`` (bilateral, sticking, active), fixed-impulse modes
+``d lam = 0`` (sliding at the constant bound, inactive). The rows' kinematic terms (``d(J(q)
+v1 + b(q))/dq`` and ``d(J(q)^T lam)/dq`` at fixed ``v1``, ``lam``) are central differences of
+the rows' kinematics alone (never of the dynamics), step ``KIN_FD_EPS``, as the collision
+fallback does for pairs without a closed form.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+import pinocchio as pin
+
+KIND_EQ, KIND_FRICTION, KIND_LIMIT = 0, 1, 2
+KIN_FD_EPS = 1e-6
+
+
+@dataclass
+class Connect:
+    name: str
+    body1: str
+    body2: str            # "world" allowed
+    jid1: int
+    jid2: int
+    anchor1: np.ndarray   # in joint jid1's frame
+    anchor2: np.ndarray   # in joint jid2's frame
+
+
+@dataclass
+class Weld:
+    name: str
+    body1: str
+    body2: str
+    jid1: int
+    jid2: int
+    T1: pin.SE3           # body 1 frame in joint jid1's frame
+    T2: pin.SE3           # body 2 frame in joint jid2's frame
+    rel: pin.SE3          # target pose of body 2 in body 1's frame
+    anchor: np.ndarray    # the weld point, in body 2's frame
+
+
+@dataclass
+class JointCoupling:
+    name: str
+    joint1: str
+    joint2: str | None
+    q1: int               # idx_q / idx_v of joint 1 (and 2, -1 without joint 2)
+    v1: int
+    q2: int
+    v2: int
+    ref1: float
+    ref2: float
+    poly: np.ndarray      # (5,) MuJoCo's polycoef
+
+
+@dataclass
+class BallLimit:
+    joint: str
+    idx_q: int            # quaternion x y z w at idx_q:idx_q + 4
+    idx_v: int
+    angle: float          # the largest rotation angle (rad)
+
+
+@dataclass
+class FixedTendon:
+    name: str
+    dofs: np.ndarray      # (n,) idx_v of the joints
+    qidx: np.ndarray      # (n,) idx_q
+    coef: np.ndarray      # (n,)
+    range: tuple[float, float] | None = None
+    stiffness: float = 0.0
+    spring: tuple[float, float] = (0.0, 0.0)     # rest length (dead band lo, hi)
+    damping: float = 0.0
+
+
+@dataclass
+class ConstraintSpec:
+    """The issue-15 elements of a model (``SimModel.constraint_spec``)."""
+
+    connects: list[Connect] = field(default_factory=list)
+    welds: list[Weld] = field(default_factory=list)
+    couplings: list[JointCoupling] = field(default_factory=list)
+    frictionloss: dict[int, float] = field(default_factory=dict)    # idx_v -> force (N or N m)
+    ball_limits: list[BallLimit] = field(default_factory=list)
+    tendons: list[FixedTendon] = field(default_factory=list)
+
+    def has_rows(self) -> bool:
+        return bool(self.connects or self.welds or self.couplings or self.frictionloss
+                    or self.ball_limits or any(t.range is not None for t in self.tendons))
+
+    def has_passive(self) -> bool:
+        return any(t.stiffness or t.damping for t in self.tendons)
+
+    def empty(self) -> bool:
+        return not (self.has_rows() or self.has_passive())
+
+
+def _skew(p):
+    return np.array([[0.0, -p[2], p[1]], [p[2], 0.0, -p[0]], [-p[1], p[0], 0.0]])
+
+
+@dataclass
+class RowSet:
+    """The new rows of one step (after the contact and joint-limit rows)."""
+
+    J: np.ndarray          # (mx, nv)
+    b: np.ndarray          # (mx,)
+    kind: np.ndarray       # (mx,) KIND_*
+    bound: np.ndarray      # (mx,) friction rows: the impulse bound f dt; else 0
+    ids: list              # (mx,) a stable identity per row (warm start)
+    labels: list           # (mx,) e.g. "connect c1 [x]", "frictionloss hinge", "ball b (limit)"
+    select: tuple          # which unilateral rows were within reach (for re-evaluation)
+
+    @property
+    def m(self) -> int:
+        return int(self.J.shape[0])
+
+
+class ExtraRows:
+    """Builds, solves and differentiates the rows of a :class:`ConstraintSpec`."""
+
+    def __init__(self, sm, spec: ConstraintSpec, erp: float, skin: float, margin: float):
+        self.sm = sm
+        self.spec = spec
+        self.model = sm.model
+        self.data = self.model.createData()
+        self.nv = self.model.nv
+        self.erp, self.skin, self.margin = float(erp), float(skin), float(margin)
+        self._warm: dict = {}
+        # tendon passive forces: constant matrices
+        nv = self.nv
+        self.passive = spec.has_passive()
+        self.Kd = np.zeros((nv, nv))
+        for t in spec.tendons:
+            if t.damping:
+                c = np.zeros(nv)
+                np.add.at(c, t.dofs, t.coef)
+                self.Kd -= t.damping * np.outer(c, c)
+        self._tcoef = []
+        for t in spec.tendons:
+            c = np.zeros(nv)
+            np.add.at(c, t.dofs, t.coef)
+            self._tcoef.append(c)
+
+    # -- passive forces of the tendons ---------------------------------------------------
+    def tendon_length(self, k: int, q: np.ndarray) -> float:
+        t = self.spec.tendons[k]
+        return float(np.dot(t.coef, q[t.qidx]))
+
+    def passive_forces(self, q: np.ndarray, v: np.ndarray) -> np.ndarray:
+        f = self.Kd @ v
+        for k, t in enumerate(self.spec.tendons):
+            if t.stiffness:
+                L = self.tendon_length(k, q)
+                lo, hi = t.spring
+                s = L - hi if L > hi else (L - lo if L < lo else 0.0)
+                f -= t.stiffness * s * self._tcoef[k]
+        return f
+
+    def passive_jacobians(self, q: np.ndarray):
+        """(d f/dq, d f/dv) of passive_forces (q in tangent coordinates: tendons act on scalar
+        joints, whose tangent and configuration coordinates agree)."""
+        Kq = np.zeros((self.nv, self.nv))
+        for k, t in enumerate(self.spec.tendons):
+            if t.stiffness:
+                L = self.tendon_length(k, q)
+                lo, hi = t.spring
+                if L > hi or L < lo:
+                    Kq -= t.stiffness * np.outer(self._tcoef[k], self._tcoef[k])
+        return Kq, self.Kd
+
+    # -- the rows ------------------------------------------------------------------------
+    def _kinematics(self, q):
+        model, data = self.model, self.data
+        pin.forwardKinematics(model, data, q)
+        pin.computeJointJacobians(model, data, q)
+        return data
+
+    def _point(self, data, jid, p_local):
+        """World position of a point fixed to joint jid and its (3, nv) world Jacobian."""
+        if jid == 0:
+            return p_local.copy(), np.zeros((3, self.nv))
+        M = data.oMi[jid]
+        p = M.rotation @ p_local + M.translation
+        J6 = pin.getJointJacobian(self.model, data, jid, pin.WORLD)
+        return p, J6[:3] - _skew(p) @ J6[3:]
+
+    def _rot(self, data, jid):
+        if jid == 0:
+            return np.eye(3), np.zeros((3, self.nv))
+        J6 = pin.getJointJacobian(self.model, data, jid, pin.WORLD)
+        return data.oMi[jid].rotation.copy(), J6[3:].copy()
+
+    def _eval(self, q, v, dt, select=None):
+        """(J, phi-or-dist, kind, bound, ids, labels, select) of the rows at q. ``select``:
+        the unilateral rows to keep (None: those within reach at (q, v))."""
+        spec, nv = self.spec, self.nv
+        Js, ph, kinds, bounds, ids, labels = [], [], [], [], [], []
+        need_kin = bool(spec.connects or spec.welds)
+        data = self._kinematics(q) if need_kin else None
+        for i, c in enumerate(spec.connects):
+            p1, J1 = self._point(data, c.jid1, c.anchor1)
+            p2, J2 = self._point(data, c.jid2, c.anchor2)
+            Js.append(J2 - J1)
+            ph.extend((p2 - p1).tolist())
+            kinds += [KIND_EQ] * 3
+            bounds += [0.0] * 3
+            ids += [("connect", i, a) for a in range(3)]
+            labels += [f"connect {c.name} [{a}]" for a in "xyz"]
+        for i, w in enumerate(spec.welds):
+            M1 = data.oMi[w.jid1] * w.T1 if w.jid1 else w.T1
+            M2 = data.oMi[w.jid2] * w.T2 if w.jid2 else w.T2
+            a2 = w.T2.rotation @ w.anchor + w.T2.translation         # in joint 2's frame
+            a1 = w.T1.act(w.rel.act(w.anchor))                       # target, joint 1's frame
+            p1, J1 = self._point(data, w.jid1, a1)
+            p2, J2 = self._point(data, w.jid2, a2)
+            R1, W1 = self._rot(data, w.jid1)
+            R2, W2 = self._rot(data, w.jid2)
+            err = pin.log3(M2.rotation @ (M1.rotation @ w.rel.rotation).T)
+            Js += [J2 - J1, W2 - W1]
+            ph.extend((p2 - p1).tolist() + err.tolist())
+            kinds += [KIND_EQ] * 6
+            bounds += [0.0] * 6
+            ids += [("weld", i, a) for a in range(6)]
+            labels += [f"weld {w.name} [{a}]" for a in ("x", "y", "z", "rx", "ry", "rz")]
+        for i, c in enumerate(spec.couplings):
+            row = np.zeros(nv)
+            row[c.v1] = 1.0
+            x = q[c.q2] - c.ref2 if c.q2 >= 0 else 0.0
+            P = c.poly
+            val = P[0] + P[1] * x + P[2] * x ** 2 + P[3] * x ** 3 + P[4] * x ** 4
+            if c.v2 >= 0:
+                row[c.v2] -= P[1] + 2 * P[2] * x + 3 * P[3] * x ** 2 + 4 * P[4] * x ** 3
+            Js.append(row[None])
+            ph.append(q[c.q1] - c.ref1 - val)
+            kinds.append(KIND_EQ)
+            bounds.append(0.0)
+            ids.append(("joint", i, 0))
+            labels.append(f"joint {c.name}")
+        for d, f in sorted(spec.frictionloss.items()):
+            row = np.zeros(nv)
+            row[d] = 1.0
+            Js.append(row[None])
+            ph.append(0.0)
+            kinds.append(KIND_FRICTION)
+            bounds.append(f * dt)
+            ids.append(("frictionloss", d, 0))
+            labels.append(f"frictionloss v[{d}]")
+        cand = []          # unilateral rows: (row, dist, id, label)
+        for i, bl in enumerate(spec.ball_limits):
+            quat = pin.Quaternion(q[bl.idx_q + 3], *q[bl.idx_q:bl.idx_q + 3])
+            r = pin.log3(quat.toRotationMatrix())
+            th = float(np.linalg.norm(r))
+            row = np.zeros(nv)
+            if th > 1e-12:
+                row[bl.idx_v:bl.idx_v + 3] = -r / th
+            cand.append((row, bl.angle - th, ("ball", i, 0), f"ball {bl.joint} (limit)"))
+        for i, t in enumerate(spec.tendons):
+            if t.range is None:
+                continue
+            c = self._tcoef[i]
+            L = float(np.dot(t.coef, q[t.qidx]))
+            cand.append((c.copy(), L - t.range[0], ("tendon", i, 0), f"tendon {t.name} (lower)"))
+            cand.append((-c, t.range[1] - L, ("tendon", i, 1), f"tendon {t.name} (upper)"))
+        if select is None:
+            select = tuple(k for k, (row, dist, _, _) in enumerate(cand)
+                           if dist < self.margin + dt * abs(float(row @ v)))
+        for k in select:
+            row, dist, rid, lab = cand[k]
+            Js.append(row[None])
+            ph.append(dist)
+            kinds.append(KIND_LIMIT)
+            bounds.append(0.0)
+            ids.append(rid)
+            labels.append(lab)
+        J = np.vstack(Js) if Js else np.zeros((0, nv))
+        return (J, np.array(ph, dtype=float), np.array(kinds, dtype=np.int64),
+                np.array(bounds, dtype=float), ids, labels, select)
+
+    def _offsets(self, phi, kind, dt):
+        erp, skin = self.erp, self.skin
+        b = np.where(kind == KIND_EQ, erp * phi / dt, 0.0)
+        lim = kind == KIND_LIMIT
+        if lim.any():
+            d = phi[lim]
+            b[lim] = np.where(d > skin, (d - skin) / dt + erp * skin / dt, erp * d / dt)
+        return b
+
+    def rows(self, q, v, dt) -> RowSet:
+        J, phi, kind, bound, ids, labels, select = self._eval(q, v, dt)
+        return RowSet(J, self._offsets(phi, kind, dt), kind, bound, ids, labels, select)
+
+    def kinematic_derivatives(self, q, v1, lam_x, rs: RowSet, dt):
+        """(d(J(q) v1 + b(q))/dq (mx, nv), d(J(q)^T lam_x)/dq (nv, nv)) at fixed v1, lam_x, by
+        central differences of the rows' kinematics on the tangent space."""
+        nv, mx = self.nv, rs.m
+        Dq = np.zeros((mx, nv))
+        corr = np.zeros((nv, nv))
+        h = KIN_FD_EPS
+        for k in range(nv):
+            e = np.zeros(nv)
+            e[k] = h
+            out = []
+            for s in (1.0, -1.0):
+                qs = pin.integrate(self.model, q, s * e)
+                J, phi, kind, _, _, _, _ = self._eval(qs, v1, dt, rs.select)
+                out.append((J @ v1 + self._offsets(phi, kind, dt), J.T @ lam_x))
+            Dq[:, k] = (out[0][0] - out[1][0]) / (2 * h)
+            corr[:, k] = (out[0][1] - out[1][1]) / (2 * h)
+        return Dq, corr
+
+    # -- the mixed solve -----------------------------------------------------------------
+    def solve(self, solver, G, g, nc, nl, mu, rs: RowSet, lam0=None, modes0=None):
+        """The exact solution of the problem with the new rows after the ``3 nc + nl``
+        standard ones (module docstring). Returns (lam, sigma, contact modes, active flags of
+        the joint-limit rows then of the new rows (True: an equality mode), iterations,
+        residual, converged, method, xmode) with ``xmode`` per new row: 0 equality, +1 fixed at
+        ``-bound`` (friction sliding with sigma > 0), -1 fixed at ``+bound``, 2 inactive."""
+        from .solver import SolverResult  # noqa: F401
+        s0 = 3 * nc + nl
+        m = G.shape[0]
+        mx = m - s0
+        kind, bound = rs.kind, rs.bound
+        tol = solver.settings.tol
+        # warm start of the new rows' modes
+        xmode = np.zeros(mx, dtype=np.int64)
+        for i in range(mx):
+            w = self._warm.get(rs.ids[i])
+            if w is not None:
+                xmode[i] = w
+            elif kind[i] == KIND_LIMIT:
+                xmode[i] = 0 if g[s0 + i] < 0 else 2
+            elif kind[i] == KIND_FRICTION:
+                xmode[i] = 0
+        S = np.arange(s0)
+        its = 0
+        seen = set()
+        res = None
+        for rnd in range(60):
+            E = s0 + np.flatnonzero(xmode == 0)
+            F = s0 + np.flatnonzero(xmode != 0)
+            lamF = np.zeros(len(F))
+            for t, r in enumerate(F.tolist()):
+                mo = xmode[r - s0]
+                lamF[t] = -mo * bound[r - s0] if mo in (1, -1) else 0.0
+            if len(E):
+                GEE = G[np.ix_(E, E)]
+                Kp = np.linalg.pinv(GEE, rcond=1e-11, hermitian=True)
+                gE = g[E] + G[np.ix_(E, F)] @ lamF
+                GSE = G[np.ix_(S, E)]
+                Gs = G[np.ix_(S, S)] - GSE @ Kp @ GSE.T
+                gs = g[S] + G[np.ix_(S, F)] @ lamF - GSE @ (Kp @ gE)
+            else:
+                Gs = G[np.ix_(S, S)]
+                gs = g[S] + G[np.ix_(S, F)] @ lamF
+            lam = np.zeros(m)
+            if s0:
+                Gs = np.ascontiguousarray(0.5 * (Gs + Gs.T))
+                gs = np.ascontiguousarray(gs)
+                res = solver.solve(Gs, gs, nc, np.ascontiguousarray(mu, dtype=float),
+                                   lam0, modes0)
+                lam[:s0] = res.lam
+                its += res.iterations
+                lam0, modes0 = res.lam, np.concatenate(
+                    [res.modes, res.limit_active.astype(np.int64)])
+            if len(E):
+                lam[E] = -Kp @ (gE + G[np.ix_(E, S)] @ lam[:s0])
+            lam[F] = lamF
+            sigma = G @ lam + g
+            # mode checks of the new rows
+            dG = np.maximum(np.diagonal(G)[s0:], 1e-12)
+            new = xmode.copy()
+            viol = np.zeros(mx)
+            for i in range(mx):
+                r = s0 + i
+                li, si = lam[r], sigma[r]
+                if kind[i] == KIND_FRICTION:
+                    if xmode[i] == 0 and abs(li) > bound[i] * (1 + 1e-12) + 1e-3 * tol / dG[i]:
+                        new[i] = -1 if li > 0 else 1
+                        viol[i] = dG[i] * (abs(li) - bound[i])
+                    elif xmode[i] == 1 and si < -tol:
+                        new[i], viol[i] = 0, -si
+                    elif xmode[i] == -1 and si > tol:
+                        new[i], viol[i] = 0, si
+                elif kind[i] == KIND_LIMIT:
+                    if xmode[i] == 0 and li < -1e-3 * tol / dG[i]:
+                        new[i], viol[i] = 2, -dG[i] * li
+                    elif xmode[i] == 2 and si < -tol:
+                        new[i], viol[i] = 0, -si
+            if (new == xmode).all():
+                break
+            key = xmode.tobytes()
+            if key in seen or rnd > 20:      # cycling: switch only the worst row
+                i = int(np.argmax(viol))
+                xmode[i] = new[i]
+            else:
+                xmode = new
+            seen.add(key)
+        converged = bool((new == xmode).all()) and (res is None or res.converged)
+        # the residual of the new rows' conditions
+        rx = 0.0
+        if mx:
+            eqr = np.abs(sigma[s0:])[xmode == 0]
+            rx = float(eqr.max()) if len(eqr) else 0.0
+        resid = max(rx, res.residual if res is not None else 0.0)
+        converged = converged and rx <= max(100 * tol, 1e-9 * max(1.0, float(np.abs(g).max())))
+        self._warm = {rs.ids[i]: int(xmode[i]) for i in range(mx)}
+        if res is not None:
+            modes, lact = res.modes, res.limit_active
+            method = res.method
+        else:
+            modes, lact = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
+            method = "elimination"
+        active = np.concatenate([np.asarray(lact, dtype=bool), xmode == 0])
+        return lam, sigma, modes, active, its, resid, converged, method, xmode
+
+    def reset_warm(self):
+        self._warm = {}
