@@ -200,7 +200,7 @@ class ExtraRows:
             if t.stiffness:
                 L = self.tendon_length(k, q)
                 lo, hi = t.spring
-                if L > hi or L < lo:
+                if L > hi or L < lo or lo == hi:     # (no dead band: always the spring)
                     Kq -= t.stiffness * np.outer(self._tcoef[k], self._tcoef[k])
         return Kq, self.Kd
 

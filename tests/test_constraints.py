@@ -1,0 +1,341 @@
+"""Issue 15: equality constraints (connect, weld, joint), joint dry friction (frictionloss),
+ball-joint limits and fixed tendons, against closed forms and MuJoCo, and their step
+Jacobians against central differences along rollouts (diffgym.equality)."""
+import numpy as np
+import pinocchio as pin
+import pytest
+
+import diffgym
+from diffgym.gradcheck import check_step_jacobians
+from diffgym.model import ModelError
+
+
+def _link(name, pos, to, joint, inner=""):
+    com = " ".join(str(0.5 * float(x)) for x in to.split())
+    return (f'<body name="{name}" pos="{pos}"><joint name="{joint}" type="hinge" axis="0 1 0"/>'
+            f'<inertial pos="{com}" mass="1" diaginertia="0.02 0.02 0.02"/>'
+            f'<geom type="capsule" fromto="0 0 0 {to}" size="0.02" contype="0" conaffinity="0" '
+            f'mass="0"/>{inner}</body>')
+
+
+def loop_xml(dt=0.001, connect_attrs=""):
+    """A double pendulum (a, b) whose end is connected to a third pendulum (c): a
+    parallelogram four-bar linkage, one degree of freedom."""
+    return (f'<mujoco><option timestep="{dt}"/><worldbody>'
+            f'{_link("a", "0 0 1", "0 0 -0.5", "h1", _link("b", "0 0 -0.5", "1 0 0", "h2"))}'
+            f'{_link("c", "1 0 1", "0 0 -0.5", "h3")}</worldbody>'
+            f'<equality><connect body1="b" body2="c" anchor="1 0 0" {connect_attrs}/></equality>'
+            '</mujoco>')
+
+
+def _parallelogram_theta(th0, T, dt_out, h=1e-4):
+    """The closed form: the crank angle of the parallelogram, a 1-dof pendulum with
+    I = 2 (I_c + m (l/2)^2) + m l^2 (the coupler translates) and gravity torque
+    g (2 m l/2 + m l) sin(theta), integrated by RK4 at step h."""
+    m, l, g, Ic = 1.0, 0.5, 9.81, 0.02
+    Ieff = 2 * (Ic + m * (l / 2) ** 2) + m * l ** 2
+    K = g * (m * l + m * l)
+
+    def f(y):
+        return np.array([y[1], -K / Ieff * np.sin(y[0])])
+
+    y = np.array([th0, 0.0])
+    out = [th0]
+    every = int(round(dt_out / h))
+    for i in range(int(round(T / h))):
+        k1 = f(y)
+        k2 = f(y + h / 2 * k1)
+        k3 = f(y + h / 2 * k2)
+        k4 = f(y + h * k3)
+        y = y + h / 6 * (k1 + 2 * k2 + 2 * k3 + k4)
+        if (i + 1) % every == 0:
+            out.append(y[0])
+    return np.array(out)
+
+
+def _run_loop(dt, T=1.0, th0=0.6):
+    sim = diffgym.Simulator.from_string(loop_xml(dt))
+    q, v = np.array([th0, -th0, th0]), np.zeros(3)
+    qs, viol = [q], 0.0
+    for _ in range(int(round(T / dt))):
+        q, v = sim.step(q, v, np.zeros(3))
+        qs.append(q)
+        viol = max(viol, abs(q[0] + q[1]), abs(q[2] - q[0]))
+        assert sim.last.converged
+    return np.array(qs), viol
+
+
+def test_connect_loop_closed_form():
+    """The closed loop keeps its constraint to rounding and follows the 1-dof closed form with
+    the first-order error of the semi-implicit step (halving dt halves it)."""
+    errs = []
+    for dt in (1e-3, 5e-4):
+        qs, viol = _run_loop(dt)
+        assert viol < 1e-9
+        ref = _parallelogram_theta(0.6, 1.0, dt)
+        errs.append(float(np.abs(qs[:, 0] - ref).max()))
+    # measured: 1.44e-3 and 0.72e-3
+    assert errs[0] < 3e-3
+    assert 1.7 < errs[0] / errs[1] < 2.3
+
+
+def test_connect_loop_matches_mujoco():
+    """Against MuJoCo on the same file, MuJoCo's soft connect made stiff (solref 2 dt):
+    joint angles agree to 2e-5 rad over 1 s (measured 5.3e-6; MuJoCo's default solref, a
+    softer constraint violated by 2e-4, gives 4.8e-4)."""
+    mujoco = pytest.importorskip("mujoco")
+    m = mujoco.MjModel.from_xml_string(loop_xml(1e-3, 'solref="0.002 1"'))
+    d = mujoco.MjData(m)
+    d.qpos[:] = [0.6, -0.6, 0.6]
+    sim = diffgym.Simulator.from_string(loop_xml(1e-3))
+    q, v = np.array([0.6, -0.6, 0.6]), np.zeros(3)
+    err = 0.0
+    for _ in range(1000):
+        mujoco.mj_step(m, d)
+        q, v = sim.step(q, v, np.zeros(3))
+        err = max(err, float(np.abs(d.qpos - q).max()))
+    assert err < 2e-5
+
+
+WELD_XML = """<mujoco><option timestep="0.002"/><worldbody>
+ <geom type="plane" size="5 5 0.1"/>
+ <body name="arm" pos="0 0 1"><joint name="j1" type="hinge" axis="0 1 0"/>
+  <geom type="capsule" fromto="0 0 0 0.5 0 0" size="0.03"/>
+  <body name="hand" pos="0.5 0 0"><joint name="j2" type="hinge" axis="0 0 1"/>
+   <geom type="box" size="0.05 0.05 0.05" pos="0.05 0 0"/></body></body>
+ <body name="box" pos="0.3 0.5 0.5" euler="10 20 30"><freejoint name="box"/><geom type="box" size="0.1 0.1 0.1"/></body>
+</worldbody>
+<equality><weld body1="box"/><weld body1="hand" body2="arm"/></equality></mujoco>"""
+
+
+def test_weld_holds_still():
+    """A free box welded to the world does not move under gravity (its weld carries m g dt per
+    step); a hand welded to its arm keeps its joint at zero while the arm swings."""
+    sim = diffgym.Simulator.from_string(WELD_XML)
+    q, v = sim.q0.copy(), np.zeros(sim.nv)
+    v[0] = 2.0
+    iq = sim.model.joints[sim.joint_id("box")].idx_q     # translation, then box_rot's quaternion
+    j2 = sim.model.joints[sim.joint_id("j2")].idx_q
+    box0 = q[iq:iq + 7].copy()
+    swing = 0.0
+    for _ in range(500):
+        q, v = sim.step(q, v, np.zeros(sim.nv))
+        assert np.abs(q[iq:iq + 7] - box0).max() < 1e-12
+        assert abs(q[j2]) < 1e-12
+        swing = max(swing, abs(q[0]))
+    assert swing > 1.0                          # the arm did move
+    labels = sim.last.constraint_labels
+    lam = sim.last.constraint_impulses
+    k = labels.index("weld weld0 [z]") if "weld weld0 [z]" in labels else 2
+    mass = 1000 * 0.2 ** 3
+    assert abs(abs(lam[k]) - mass * 9.81 * sim.dt) < 1e-10
+    assert all(m == "equality" for m in sim.last.constraint_modes)
+
+
+COUPLE_XML = """<mujoco><option timestep="0.002" gravity="0 0 {g}"/><worldbody>
+ <body name="a" pos="0 0 1"><joint name="ja" type="hinge" axis="0 1 0"/>
+  <inertial pos="0.2 0 0" mass="1" diaginertia="0.01 0.01 0.01"/>
+  <geom type="capsule" fromto="0 0 0 0.4 0 0" size="0.03" contype="0" mass="0"/></body>
+ <body name="b" pos="1 0 1"><joint name="jb" type="hinge" axis="0 1 0"/>
+  <inertial pos="0.15 0 0" mass="2" diaginertia="0.01 0.01 0.01"/>
+  <geom type="capsule" fromto="0 0 0 0.3 0 0" size="0.03" contype="0" mass="0"/></body>
+</worldbody>
+<equality><joint joint1="ja" joint2="jb" polycoef="0 2 0 0 0"/></equality>
+<actuator><motor joint="jb" gear="1" ctrlrange="-1 1"/></actuator></mujoco>"""
+
+
+def test_joint_coupling():
+    """q_a = 2 q_b exactly under random actuation and gravity; without gravity the pair is one
+    body of inertia I_b + 4 I_a under the torque on b (closed form of the first step)."""
+    sim = diffgym.Simulator.from_string(COUPLE_XML.format(g=-9.81))
+    q, v = sim.q0.copy(), np.zeros(2)
+    rng = np.random.default_rng(0)
+    for _ in range(400):
+        q, v = sim.step(q, v, sim.actuation(rng.uniform(-1, 1, 1)))
+        assert abs(q[0] - 2 * q[1]) < 1e-9 and abs(v[0] - 2 * v[1]) < 1e-9
+    assert abs(q[1]) > 0.1
+    sim = diffgym.Simulator.from_string(COUPLE_XML.format(g=0))
+    Ia, Ib = 0.01 + 0.2 ** 2, 0.01 + 2 * 0.15 ** 2
+    q1, v1 = sim.step(sim.q0, np.zeros(2), np.array([0.0, 0.7]))
+    wb = sim.dt * 0.7 / (Ib + 4 * Ia)
+    assert np.allclose(v1, [2 * wb, wb], rtol=1e-12, atol=1e-15)
+
+
+FRICTION_XML = """<mujoco><option timestep="0.002" gravity="0 0 {g}"/><worldbody>
+ <body name="p" pos="0 0 1"><joint name="h" type="hinge" axis="{axis}" frictionloss="0.5"/>
+  <inertial pos="{com}" mass="1" diaginertia="0.01 0.01 0.01"/>
+  <geom type="capsule" fromto="0 0 0 {com}" size="0.02" contype="0" mass="0"/></body>
+</worldbody></mujoco>"""
+
+
+def test_frictionloss_closed_form():
+    """Dry friction f = 0.5 N m on a hinge (I = 0.26 kg m^2 about it): a spinning body
+    decelerates at exactly f / I and then stays stopped; a torque below f does not move it, one
+    above accelerates it at (tau - f) / I; under gravity a pendulum sticks below its breakaway
+    angle asin(f / (m g l)) and slides above it."""
+    sim = diffgym.Simulator.from_string(FRICTION_XML.format(g=0, axis="0 0 1", com="0.5 0 0"))
+    I, f, dt = 0.26, 0.5, sim.dt
+    q, v = sim.q0.copy(), np.array([1.0])
+    for k in range(1, 301):
+        q, v = sim.step(q, v, np.zeros(1))
+        assert abs(v[0] - max(1.0 - k * dt * f / I, 0.0)) < 1e-12
+    assert v[0] == 0.0 and sim.last.constraint_modes == ["sticking"]
+    for tau in (0.4, 0.6):
+        q, v = sim.q0.copy(), np.zeros(1)
+        for _ in range(100):
+            q, v = sim.step(q, v, np.array([tau]))
+        assert abs(v[0] - max(tau - f, 0.0) * 100 * dt / I) < 1e-12
+    sim = diffgym.Simulator.from_string(FRICTION_XML.format(g=-9.81, axis="0 1 0", com="0 0 -0.5"))
+    brk = np.arcsin(f / (9.81 * 0.5))               # 0.1021 rad
+    for th, moves in ((0.95 * brk, False), (1.05 * brk, True)):
+        q, v = np.array([th]), np.zeros(1)
+        for _ in range(50):
+            q, v = sim.step(q, v, np.zeros(1))
+        assert (abs(q[0] - th) > 1e-4) == moves
+        if not moves:
+            assert q[0] == th and v[0] == 0.0
+
+
+BALL_XML = """<mujoco><option timestep="0.002"/><worldbody>
+ <body name="p" pos="0 0 1"><joint name="ball" type="ball" range="0 30" {attrs}/>
+  <inertial pos="0.3 0 0" mass="1" diaginertia="0.01 0.02 0.02"/>
+  <geom type="capsule" fromto="0 0 0 0.3 0 0" size="0.02" contype="0" mass="0"/></body>
+</worldbody></mujoco>"""
+
+
+def _angle(qxyzw):
+    return float(np.linalg.norm(pin.log3(pin.Quaternion(qxyzw[3], *qxyzw[:3]).toRotationMatrix())))
+
+
+def test_ball_limit_cone():
+    """A ball joint thrown towards its 30 degree cone stays inside it (up to the Baumgarte
+    drift, measured 1.2e-3 degrees) and matches MuJoCo: to rounding before the limit, to 5e-3
+    in the quaternion after it with MuJoCo's limit made stiff (solreflimit 2 dt; measured
+    1.7e-3; MuJoCo overshoots the cone by 0.17 degrees)."""
+    mujoco = pytest.importorskip("mujoco")
+    sim = diffgym.Simulator.from_string(BALL_XML.format(attrs=""))
+    m = mujoco.MjModel.from_xml_string(BALL_XML.format(attrs='solreflimit="0.004 1"'))
+    d = mujoco.MjData(m)
+    v0 = np.array([0.0, 2.0, 1.0])
+    d.qvel[:] = v0
+    q, v = sim.q0.copy(), v0.copy()
+    first, amax, err_before, err_after = None, 0.0, 0.0, 0.0
+    for i in range(500):
+        mujoco.mj_step(m, d)
+        q, v = sim.step(q, v, np.zeros(3))
+        if first is None and sim.last.constraint_modes:
+            first = i
+        qm = np.r_[d.qpos[1:4], d.qpos[0]]
+        qm = qm if qm @ q >= 0 else -qm
+        if first is None:
+            err_before = max(err_before, float(np.abs(qm - q).max()))
+        else:
+            err_after = max(err_after, float(np.abs(qm - q).max()))
+        amax = max(amax, _angle(q))
+    assert first is not None and first > 10
+    assert np.degrees(amax) < 30.01
+    assert np.degrees(amax) > 29.9
+    assert err_before < 1e-12
+    assert err_after < 5e-3
+
+
+TENDON_XML = """<mujoco><option timestep="0.002" gravity="0 0 {g}"/><worldbody>
+ <body name="a" pos="0 0 1"><joint name="ja" type="hinge" axis="0 1 0"/>
+  <inertial pos="0.2 0 0" mass="1" diaginertia="0.01 0.01 0.01"/>
+  <geom type="capsule" fromto="0 0 0 0.4 0 0" size="0.03" contype="0" mass="0"/></body>
+ <body name="b" pos="1 0 1"><joint name="jb" type="slide" axis="0 0 1"/>
+  <geom type="box" size="0.1 0.1 0.1" contype="0" mass="2"/></body>
+</worldbody>
+<tendon><fixed name="t" range="-0.3 0.2" {extra}>
+ <joint joint="ja" coef="1"/><joint joint="jb" coef="-2"/></fixed></tendon>
+<actuator><motor tendon="t" gear="2" ctrlrange="-1 1"/></actuator></mujoco>"""
+
+
+def test_fixed_tendon_limit_actuator_and_spring():
+    """Fixed tendon L = q_a - 2 q_b: its motor applies gear ctrl coef (closed form of a step
+    from rest without gravity), its spring -k (L - L0) coef and damper -d Ldot coef (closed
+    form), and its range holds L within [-0.3, 0.2] under a motor pushing it out."""
+    Ia, mb = 0.01 + 0.2 ** 2, 2.0
+    sim = diffgym.Simulator.from_string(TENDON_XML.format(g=0, extra=""))
+    dt = sim.dt
+    tau = sim.actuation([0.5])
+    assert np.allclose(tau, [2 * 0.5 * 1.0, 2 * 0.5 * -2.0])
+    q1, v1 = sim.step(sim.q0, np.zeros(2), tau)
+    assert np.allclose(v1, dt * tau / [Ia, mb], rtol=1e-12)
+    sim = diffgym.Simulator.from_string(TENDON_XML.format(
+        g=0, extra='stiffness="3" damping="0.4" springlength="0.05"'))
+    q, v = np.array([0.1, -0.02]), np.array([0.3, 0.1])
+    L, Ld, c = 0.1 + 0.04, 0.3 - 0.2, np.array([1.0, -2.0])
+    f = -3 * (L - 0.05) * c - 0.4 * Ld * c
+    q1, v1 = sim.step(q, v, np.zeros(2))
+    assert np.allclose(v1, v + dt * f / [Ia, mb], rtol=1e-12)
+    sim = diffgym.Simulator.from_string(TENDON_XML.format(g=-9.81, extra=""))
+    for ctrl, bound in ((1.0, 0.2), (-1.0, -0.3)):
+        q, v = sim.q0.copy(), np.zeros(2)
+        hit = False
+        for _ in range(400):
+            q, v = sim.step(q, v, sim.actuation([ctrl]))
+            L = q[0] - 2 * q[1]
+            assert -0.3 - 2e-3 < L < 0.2 + 2e-3
+            hit |= any(m == "active" for m in sim.last.constraint_modes)
+        assert hit and abs(L - bound) < 2e-3
+
+
+def _jacobian_case(which):
+    """(simulator, start, force scale, the element modes the rollout must visit)."""
+    if which == "loop":
+        sim = diffgym.Simulator.from_string(loop_xml(1e-3))
+        return sim, (np.array([0.6, -0.6, 0.6]), np.zeros(3)), 0.3, {"equality"}
+    if which == "weld":
+        return diffgym.Simulator.from_string(WELD_XML), None, 0.3, {"equality"}
+    if which == "couple":
+        return diffgym.Simulator.from_string(COUPLE_XML.format(g=-9.81)), None, 0.3, {"equality"}
+    if which == "friction":
+        sim = diffgym.Simulator.from_string(FRICTION_XML.format(g=-9.81, axis="0 1 0",
+                                                                com="0 0 -0.5"))
+        return sim, (np.array([0.05]), np.zeros(1)), 0.6, {"sticking", "sliding"}
+    if which == "ball":
+        sim = diffgym.Simulator.from_string(BALL_XML.format(attrs=""))
+        return sim, (sim.q0.copy(), np.array([0.0, 5.0, 2.0])), 0.3, {"active"}
+    sim = diffgym.Simulator.from_string(TENDON_XML.format(g=-9.81,
+                                                          extra='stiffness="3" damping="0.4"'))
+    return sim, (np.array([0.15, 0.0]), np.zeros(2)), 2.0, {"active", "inactive"}
+
+
+@pytest.mark.parametrize("which", ["loop", "weld", "couple", "friction", "ball", "tendon"])
+def test_step_jacobians(which):
+    """Each element's step Jacobians agree with central differences at every state of a
+    60-step rollout under random forces that visits the element's modes (friction: sticking
+    and sliding; ball and tendon limits: active)."""
+    sim, start, scale, want = _jacobian_case(which)
+    acts = np.random.default_rng(3).normal(size=(60, sim.nv)) * scale
+    q, v = start if start is not None else (sim.q0, np.zeros(sim.nv))
+    seen = set()
+    for a in acts:
+        q, v = sim.step(q, v, a)
+        seen |= set(sim.last.constraint_modes)
+    assert want <= seen, seen
+    sim.reset_warmstart()
+    rep = check_step_jacobians(sim, steps=60, actions=acts, start=start)
+    assert rep.states == 60
+    assert rep.failed == 0, str(rep)
+
+
+def test_bad_constraint_elements():
+    base = '<mujoco><worldbody><body name="a"><joint name="j" type="hinge"/><geom size="0.1"/>' \
+           '</body></worldbody>{}</mujoco>'
+    with pytest.raises(ModelError, match="unknown body 'nope'"):
+        diffgym.Simulator.from_string(base.format(
+            '<equality><connect body1="nope" anchor="0 0 0"/></equality>'))
+    with pytest.raises(ModelError, match="unknown joint 'k'"):
+        diffgym.Simulator.from_string(base.format(
+            '<equality><joint joint1="k"/></equality>'))
+    with pytest.raises(ModelError, match="only fixed tendons"):
+        diffgym.Simulator.from_string(base.format('<tendon><spatial name="s"/></tendon>'))
+    with pytest.raises(ModelError, match="frictionloss"):
+        diffgym.Simulator.from_string(base.replace('type="hinge"', 'type="hinge" frictionloss="-1"')
+                                      .format(""))
+    with pytest.raises(ModelError, match="ball joint's range"):
+        diffgym.Simulator.from_string(
+            '<mujoco><worldbody><body name="a"><joint name="j" type="ball" range="10 30"/>'
+            '<geom size="0.1"/></body></worldbody></mujoco>')
