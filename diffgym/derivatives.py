@@ -706,9 +706,12 @@ def _joint_torques(sim, cons, res) -> np.ndarray:
         lim = limits[li]
         out[lim.idx_v] += lim.sign * lam * inv_dt
     xr = getattr(cons, "extra", None)
-    if xr is not None and xr.m:        # the rows of diffgym.equality act as joint torques
+    if xr is not None and xr.m:
+        # the rows of diffgym.equality acting on joints (coupling, friction, ball and tendon
+        # limits) as joint torques; connect and weld impulses are external forces (fext)
         s0 = k + len(cons.limits)
-        out += (xr.J.T @ res.lam[s0:]) * inv_dt
+        lam_x = np.where(sim._extra.spatial_rows(xr), 0.0, res.lam[s0:])
+        out += (xr.J.T @ lam_x) * inv_dt
     return out
 
 
@@ -780,6 +783,12 @@ def _step_jacobian_reference(sim) -> StepJacobian:
                 sel = js == j
                 Rj = kin.R[int(j)]
                 fext[j] = fext[j] + pin.Force(Rj.T @ f[sel].sum(axis=0), Rj.T @ tq[sel].sum(axis=0))
+    xterms = None
+    xr = getattr(cons, "extra", None) if cons is not None else None
+    if xr is not None and xr.m:
+        # the rows of diffgym.equality: kinematic terms, connect/weld impulses into fext
+        s0 = 3 * cons.nc + len(cons.limits)
+        xterms = (s0,) + ex.kinematic_derivatives(q, v1, res.lam[s0:], xr, dt, fext)
     ddq_dq, ddq_dv, Minv = pin.computeABADerivatives(model, data, q, v,
                                                      _joint_torques(sim, cons, res), fext)
     Minv = np.where(upper, Minv, Minv.T)               # pinocchio fills the upper triangle
@@ -826,10 +835,8 @@ def _step_jacobian_reference(sim) -> StepJacobian:
             lim = sim.sm.limits[li]
             gain = 1.0 / dt if ld > skin else erp / dt        # baumgarte_gain on a float
             Dq_extra[3 * nc + jl, lim.idx_v] += gain * lim.sign
-        xr = getattr(cons, "extra", None)
-        if xr is not None and xr.m:         # the rows of diffgym.equality (kinematic terms)
-            s0 = 3 * nc + len(cons.limits)
-            Dx, cx = ex.kinematic_derivatives(q, v1, res.lam[s0:], xr, dt)
+        if xterms is not None:              # the rows of diffgym.equality (kinematic terms)
+            s0, Dx, cx = xterms
             Dq_extra[s0:] = Dx
             corr += cx
         Vq = Vq + Minv @ corr

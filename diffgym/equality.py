@@ -34,10 +34,14 @@ mode and the solve repeats (usually 1-3 rounds).
 
 **Derivatives.** The mode system of :mod:`diffgym.derivatives` takes these rows as it takes
 joint limits: equality modes ``d sigma = 0`` (bilateral, sticking, active), fixed-impulse modes
-``d lam = 0`` (sliding at the constant bound, inactive). The rows' kinematic terms (``d(J(q)
-v1 + b(q))/dq`` and ``d(J(q)^T lam)/dq`` at fixed ``v1``, ``lam``) are central differences of
-the rows' kinematics alone (never of the dynamics), step ``KIN_FD_EPS``, as the collision
-fallback does for pairs without a closed form.
+``d lam = 0`` (sliding at the constant bound, inactive). The rows' kinematic terms are closed
+form (``ExtraRows.kinematic_derivatives``): ``d(J(q) v1 + b(q))/dq`` at fixed ``v1`` from
+pinocchio's joint velocity derivatives (connect, weld; the weld's rotation error through
+``Jlog3``) or by hand (joint coupling, ball axis, tendons); connect and weld impulses enter
+pinocchio's ABA derivatives as external forces fixed in the joint frames, as contact impulses
+do, plus the turning of their world-fixed direction; the other rows' impulses as joint torques
+plus ``d(J(q)^T lam)/dq``. ``kinematic_derivatives_fd`` (central differences of the rows'
+kinematics alone, step ``KIN_FD_EPS``) is the test oracle of those terms.
 """
 from __future__ import annotations
 
@@ -145,6 +149,7 @@ class RowSet:
     ids: list              # (mx,) a stable identity per row (warm start)
     labels: list           # (mx,) e.g. "connect c1 [x]", "frictionloss hinge", "ball b (limit)"
     select: tuple          # which unilateral rows were within reach (for re-evaluation)
+    phi: np.ndarray | None = None    # (mx,) position error (equality) or distance (limits)
 
     @property
     def m(self) -> int:
@@ -323,9 +328,140 @@ class ExtraRows:
 
     def rows(self, q, v, dt) -> RowSet:
         J, phi, kind, bound, ids, labels, select = self._eval(q, v, dt)
-        return RowSet(J, self._offsets(phi, kind, dt), kind, bound, ids, labels, select)
+        return RowSet(J, self._offsets(phi, kind, dt), kind, bound, ids, labels, select, phi)
 
-    def kinematic_derivatives(self, q, v1, lam_x, rs: RowSet, dt):
+    def spatial_rows(self, rs: RowSet) -> np.ndarray:
+        """(mx,) bool: the rows whose impulses act as forces on bodies (connect, weld), which
+        the step derivatives take as external forces fixed in the joint frames (as contact
+        impulses); the other rows' impulses act as joint torques ``J^T lam``."""
+        return np.array([rid[0] in ("connect", "weld") for rid in rs.ids], dtype=bool)
+
+    def kinematic_derivatives(self, q, v1, lam_x, rs: RowSet, dt, fext=None):
+        """Closed form of the rows' kinematic terms: ``Dq = d(J(q) v1 + b(q))/dq`` at fixed
+        v1 (mx, nv) and ``corr`` (nv, nv): for the joint-torque rows ``d(J(q)^T lam)/dq`` at fixed
+        lam, for the spatial rows (connect, weld) its part that the external forces fixed in the
+        joint frames (added to ``fext``, a list of pin.Force per joint, as impulse / dt) do not
+        carry: the world-fixed direction of the force turning relative to the body.
+
+        A point ``a`` fixed to joint j (frame rotation R, local velocity (vl, wl), local
+        Jacobian (Jl_lin, Jl_ang)): its world velocity is ``R u``, ``u = vl + wl x a``, with
+        ``d(R u)/dq = R (-[u]x Jl_ang + dvl/dq - [a]x dwl/dq)`` (pinocchio's
+        getJointVelocityDerivatives in the LOCAL frame); a world force ``f`` applied there is
+        the local wrench ``(f_l, a x f_l)``, ``f_l = R^T f``, ``d f_l/dq = [f_l]x Jl_ang``."""
+        model = self.model
+        nv, mx = self.nv, rs.m
+        Dq = np.zeros((mx, nv))
+        corr = np.zeros((nv, nv))
+        spec = self.spec
+        erp, skin = self.erp, self.skin
+        kind, phi = rs.kind, rs.phi
+        # Baumgarte part of the equality rows: b = erp phi / dt, d phi/dq = J (connect, weld
+        # translation, joint coupling); the weld's rotation rows are corrected below
+        eq = kind == KIND_EQ
+        Dq[eq] = (erp / dt) * rs.J[eq]
+        row = 0
+        if spec.connects or spec.welds:
+            data = self.data
+            pin.computeForwardKinematicsDerivatives(model, data, q, v1, np.zeros(nv))
+            cache = {}
+
+            def joint(j):
+                if j not in cache:
+                    Jl = pin.getJointJacobian(model, data, j, pin.LOCAL)
+                    dV = pin.getJointVelocityDerivatives(model, data, j, pin.LOCAL)[0]
+                    vel = data.v[j]
+                    cache[j] = (data.oMi[j].rotation.copy(), Jl, dV, vel.linear.copy(),
+                                vel.angular.copy())
+                return cache[j]
+
+            def point_terms(j, a, f_world):
+                """(d v_p/dq (3, nv), corr contribution (nv, nv)) of point a on joint j
+                carrying world impulse f_world; adds the body-fixed part to fext."""
+                if j == 0:
+                    return np.zeros((3, nv)), 0.0
+                R, Jl, dV, vl, wl = joint(j)
+                Ja = Jl[3:]
+                u = vl + np.cross(wl, a)
+                dvp = R @ (-_skew(u) @ Ja + dV[:3] - _skew(a) @ dV[3:])
+                fl = R.T @ f_world
+                if fext is not None:
+                    fext[j] = fext[j] + pin.Force(fl / dt, np.cross(a, fl) / dt)
+                dfl = _skew(fl) @ Ja
+                c = Jl[:3].T @ dfl + Jl[3:].T @ (_skew(a) @ dfl)
+                return dvp, c
+
+            def rot_terms(j, t_world):
+                if j == 0:
+                    return np.zeros((3, nv)), np.zeros((3, nv)), 0.0
+                R, Jl, dV, vl, wl = joint(j)
+                Ja = Jl[3:]
+                dw = R @ (-_skew(wl) @ Ja + dV[3:])
+                tl = R.T @ t_world
+                if fext is not None:
+                    fext[j] = fext[j] + pin.Force(np.zeros(3), tl / dt)
+                return dw, R @ Ja, Jl[3:].T @ (_skew(tl) @ Ja)
+
+            for c in spec.connects:
+                lam = lam_x[row:row + 3]
+                d2, c2 = point_terms(c.jid2, c.anchor2, lam)
+                d1, c1 = point_terms(c.jid1, c.anchor1, -lam)
+                Dq[row:row + 3] += d2 - d1
+                corr += c2 + c1
+                row += 3
+            for w in spec.welds:
+                lam = lam_x[row:row + 3]
+                a2 = w.T2.rotation @ w.anchor + w.T2.translation
+                a1 = w.T1.act(w.rel.act(w.anchor))
+                d2, c2 = point_terms(w.jid2, a2, lam)
+                d1, c1 = point_terms(w.jid1, a1, -lam)
+                Dq[row:row + 3] += d2 - d1
+                corr += c2 + c1
+                tq = lam_x[row + 3:row + 6]
+                dw2, W2, c2 = rot_terms(w.jid2, tq)
+                dw1, W1, c1 = rot_terms(w.jid1, -tq)
+                corr += c2 + c1
+                # the rotation error e = log3(E), E = R2 (R1 R_rel)^T: de = Jlog3(E) E^T (W2 - E W1)
+                M1 = data.oMi[w.jid1] * w.T1 if w.jid1 else w.T1
+                M2 = data.oMi[w.jid2] * w.T2 if w.jid2 else w.T2
+                E = M2.rotation @ (M1.rotation @ w.rel.rotation).T
+                W1 = W1 if w.jid1 else np.zeros((3, nv))
+                W2 = W2 if w.jid2 else np.zeros((3, nv))
+                Dq[row + 3:row + 6] = dw2 - dw1 + (erp / dt) * (pin.Jlog3(E) @ E.T @ (W2 - E @ W1))
+                row += 6
+        for c in spec.couplings:
+            if c.v2 >= 0:
+                x = q[c.q2] - c.ref2
+                P = c.poly
+                ddP = 2 * P[2] + 6 * P[3] * x + 12 * P[4] * x ** 2
+                Dq[row, c.v2] -= ddP * v1[c.v2]
+                corr[c.v2, c.v2] -= ddP * lam_x[row]
+            row += 1
+        row += len(spec.frictionloss)
+        # unilateral rows (ball joints, tendons): the offset's gain times d dist/dq, plus the
+        # ball row's turning axis
+        lim = np.flatnonzero(kind == KIND_LIMIT)
+        for i in lim.tolist():
+            d = phi[i]
+            gain = 1.0 / dt if d > skin else erp / dt
+            rid = rs.ids[i]
+            if rid[0] == "tendon":
+                Dq[i] = gain * rs.J[i]
+                continue
+            bl = spec.ball_limits[rid[1]]
+            sl = slice(bl.idx_v, bl.idx_v + 3)
+            Rb = pin.Quaternion(q[bl.idx_q + 3], *q[bl.idx_q:bl.idx_q + 3]).toRotationMatrix()
+            r = pin.log3(Rb)
+            th = float(np.linalg.norm(r))
+            if th < 1e-12:
+                continue
+            ax = r / th
+            Jl = pin.Jlog3(Rb)
+            dax = (np.eye(3) - np.outer(ax, ax)) @ Jl / th        # d axis / d(local rotation)
+            Dq[i, sl] = -v1[sl] @ dax - gain * (ax @ Jl)
+            corr[sl, sl] -= lam_x[i] * dax
+        return Dq, corr
+
+    def kinematic_derivatives_fd(self, q, v1, lam_x, rs: RowSet, dt):
         """(d(J(q) v1 + b(q))/dq (mx, nv), d(J(q)^T lam_x)/dq (nv, nv)) at fixed v1, lam_x, by
         central differences of the rows' kinematics on the tangent space."""
         nv, mx = self.nv, rs.m
