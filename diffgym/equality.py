@@ -167,6 +167,12 @@ class ExtraRows:
         self.nv = self.model.nv
         self.erp, self.skin, self.margin = float(erp), float(skin), float(margin)
         self._warm: dict = {}
+        # a name per velocity (labels of the friction rows): the joint, [k] for multi-dof joints
+        self.dof_names = []
+        for j in range(1, self.model.njoints):
+            jm = self.model.joints[j]
+            self.dof_names += [self.model.names[j] + (f"[{k}]" if jm.nv > 1 else "")
+                               for k in range(jm.nv)]
         # tendon passive forces: constant matrices
         nv = self.nv
         self.passive = spec.has_passive()
@@ -285,7 +291,7 @@ class ExtraRows:
             kinds.append(KIND_FRICTION)
             bounds.append(f * dt)
             ids.append(("frictionloss", d, 0))
-            labels.append(f"frictionloss v[{d}]")
+            labels.append(f"frictionloss {self.dof_names[d]}")
         cand = []          # unilateral rows: (row, dist, id, label)
         for i, bl in enumerate(spec.ball_limits):
             quat = pin.Quaternion(q[bl.idx_q + 3], *q[bl.idx_q:bl.idx_q + 3])

@@ -667,9 +667,10 @@ class _MJCFBuilder:
             if not (np.isfinite(f) and f >= 0):
                 raise self.err(f"<joint name={jname!r}>: frictionloss must be finite and >= 0, "
                                f"got {a['frictionloss']!r}")
-            if f > 0:
-                for k in range(jmodel.nv):
-                    self.frictionloss[jmodel.idx_v + k] = f
+            if f > 0:        # (a free joint: its translation's 3 dofs come right before)
+                first = jmodel.idx_v - 3 if jtype == "free" else jmodel.idx_v
+                for k in range(first, jmodel.idx_v + jmodel.nv):
+                    self.frictionloss[k] = f
         if jtype == "ball":
             from .equality import BallLimit
             limited = a.get("limited", "auto")
