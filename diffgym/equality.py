@@ -532,10 +532,9 @@ class ExtraRows:
                 gs = g[S] + G[np.ix_(S, F)] @ lamF
             lam = np.zeros(m)
             if s0:
-                Gs = np.ascontiguousarray(0.5 * (Gs + Gs.T))
-                gs = np.ascontiguousarray(gs)
-                res = solver.solve(Gs, gs, nc, np.ascontiguousarray(mu, dtype=float),
-                                   lam0, modes0)
+                Gs = 0.5 * (Gs + Gs.T)
+                res = self._solve_reduced(solver, Gs, gs, np.diagonal(G)[:s0], nc, nl, mu,
+                                          lam0, modes0)
                 lam[:s0] = res.lam
                 its += res.iterations
                 lam0, modes0 = res.lam, np.concatenate(
@@ -590,6 +589,44 @@ class ExtraRows:
             method = "elimination"
         active = np.concatenate([np.asarray(lact, dtype=bool), xmode == 0])
         return lam, sigma, modes, active, its, resid, converged, method, xmode
+
+    @staticmethod
+    def _solve_reduced(solver, Gs, gs, d0, nc, nl, mu, lam0, modes0):
+        """The contact / joint-limit NCP left after the equalities are eliminated. A contact
+        (all 3 rows) or limit whose impulse no longer moves anything (its diagonal of the Schur
+        complement ``Gs`` below 1e-12 of its diagonal ``d0`` in ``G``: e.g. a body welded to the
+        world resting on the ground) is left out, breaking / inactive with zero impulse: its
+        velocity is set by the equalities alone."""
+        from .solver import SolverResult
+        ds = np.diagonal(Gs)
+        dead = ds <= 1e-12 * np.maximum(d0, 1e-300)
+        kc = ~dead[:3 * nc].reshape(nc, 3).all(axis=1) if nc else np.zeros(0, dtype=bool)
+        kl = ~dead[3 * nc:]
+        if kc.all() and kl.all():
+            return solver.solve(np.ascontiguousarray(Gs), np.ascontiguousarray(gs), nc,
+                                np.ascontiguousarray(mu, dtype=float), lam0, modes0)
+        rows = np.concatenate([(3 * np.flatnonzero(kc)[:, None] + np.arange(3)).ravel(),
+                               3 * nc + np.flatnonzero(kl)]).astype(np.int64)
+        ncs = int(kc.sum())
+        m = 3 * nc + nl
+        lam = np.zeros(m)
+        sigma = gs.copy()
+        modes = np.zeros(nc, dtype=np.int64)
+        act = np.zeros(nl, dtype=bool)
+        if not len(rows):
+            return SolverResult(lam, sigma, modes, act, 0, 0.0, True, "elimination")
+        sub0 = None if lam0 is None else np.ascontiguousarray(lam0[rows])
+        subm = None if modes0 is None else np.ascontiguousarray(np.concatenate(
+            [modes0[:nc][kc], modes0[nc:][kl]]) if len(modes0) > nc else modes0[:nc][kc])
+        r = solver.solve(np.ascontiguousarray(Gs[np.ix_(rows, rows)]),
+                         np.ascontiguousarray(gs[rows]), ncs,
+                         np.ascontiguousarray(np.asarray(mu, dtype=float)[kc]), sub0, subm)
+        lam[rows] = r.lam
+        sigma = Gs @ lam + gs
+        modes[kc] = r.modes
+        act[kl] = r.limit_active
+        return SolverResult(lam, sigma, modes, act, r.iterations, r.residual, r.converged,
+                            r.method)
 
     def reset_warm(self):
         self._warm = {}
