@@ -741,6 +741,9 @@ class _MJCFBuilder:
                                                      data.oMi[b2.jid].actInv(pw) if b2.jid
                                                      else pw))
                     else:
+                        if float(a.get("torquescale", 1)) != 1:
+                            raise self.err(f"{what}: torquescale={a['torquescale']!r} is not "
+                                           "supported (the weld is hard: torquescale 1)")
                         anchor = _floats(a.get("anchor", "0 0 0"), 3, f"{what} anchor")
                         rp = _floats(a.get("relpose", "0 1 0 0 0 0 0"), 7, f"{what} relpose")
                         if np.all(rp[3:] == 0) or "relpose" not in a:

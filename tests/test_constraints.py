@@ -335,6 +335,14 @@ def test_bad_constraint_elements():
     with pytest.raises(ModelError, match="frictionloss"):
         diffgym.Simulator.from_string(base.replace('type="hinge"', 'type="hinge" frictionloss="-1"')
                                       .format(""))
+    with pytest.raises(ModelError, match="torquescale"):
+        diffgym.Simulator.from_string(base.format(
+            '<equality><weld body1="a" torquescale="0.5"/></equality>'))
+    with pytest.raises(ModelError, match="missing anchor"):
+        diffgym.Simulator.from_string(base.format('<equality><connect body1="a"/></equality>'))
+    with pytest.raises(ModelError, match="must be a hinge or slide"):
+        diffgym.Simulator.from_string(base.replace('type="hinge"', 'type="ball"').format(
+            '<tendon><fixed name="t"><joint joint="j" coef="1"/></fixed></tendon>'))
     with pytest.raises(ModelError, match="ball joint's range"):
         diffgym.Simulator.from_string(
             '<mujoco><worldbody><body name="a"><joint name="j" type="ball" range="10 30"/>'
