@@ -810,7 +810,7 @@ class Simulator:
         Jw = Jw.copy()
         contacts = self._last_contacts = self.collision.detect(data, self.geom_data, dt, v)
 
-        ex = self._extra
+        ex = self.__dict__.get("_extra")
         if len(self._stiff_idx) or (ex is not None and ex.passive):
             tau_total = tau + self.passive_forces(q, v)
         else:

@@ -154,6 +154,23 @@ def test_joint_coupling():
         q, v = sim.step(q, v, sim.actuation(rng.uniform(-1, 1, 1)))
         assert abs(q[0] - 2 * q[1]) < 1e-9 and abs(v[0] - 2 * v[1]) < 1e-9
     assert abs(q[1]) > 0.1
+    # a polynomial coupling, violated by 0.1 at the start: the Baumgarte correction removes
+    # a fraction erp of the error per step; then the error stays at the drift of the curved
+    # constraint within a step (about dt^2 P'' v^2 / 2, of which erp is removed per step)
+    sim = diffgym.Simulator.from_string(COUPLE_XML.format(g=-9.81).replace(
+        "0 2 0 0 0", "0.1 2 -1.5 0.5 0.3"))
+    q, v = sim.q0.copy(), np.zeros(2)
+    worst = 0.0
+    for k in range(300):
+        q, v = sim.step(q, v, sim.actuation(rng.uniform(-1, 1, 1)))
+        x = q[1]
+        err = abs(q[0] - (0.1 + 2 * x - 1.5 * x ** 2 + 0.5 * x ** 3 + 0.3 * x ** 4))
+        if k == 0:
+            assert abs(err - 0.08) < 1e-3            # (1 - erp) of 0.1 after one step
+        if k >= 100:
+            ddP = abs(-3 + 3 * x + 3.6 * x ** 2)
+            worst = max(worst, err / max(sim.dt ** 2 * ddP * v[1] ** 2 / 2 / 0.2, 1e-12))
+    assert worst < 3.0, worst                       # (measured 1.1)
     sim = diffgym.Simulator.from_string(COUPLE_XML.format(g=0))
     Ia, Ib = 0.01 + 0.2 ** 2, 0.01 + 2 * 0.15 ** 2
     q1, v1 = sim.step(sim.q0, np.zeros(2), np.array([0.0, 0.7]))
@@ -290,6 +307,10 @@ def _jacobian_case(which):
         return diffgym.Simulator.from_string(WELD_XML), None, 0.3, {"equality"}
     if which == "couple":
         return diffgym.Simulator.from_string(COUPLE_XML.format(g=-9.81)), None, 0.3, {"equality"}
+    if which == "poly":
+        sim = diffgym.Simulator.from_string(COUPLE_XML.format(g=-9.81).replace(
+            "0 2 0 0 0", "0.1 2 -1.5 0.5 0.3"))
+        return sim, None, 0.3, {"equality"}
     if which == "friction":
         sim = diffgym.Simulator.from_string(FRICTION_XML.format(g=-9.81, axis="0 1 0",
                                                                 com="0 0 -0.5"))
@@ -302,7 +323,7 @@ def _jacobian_case(which):
     return sim, (np.array([0.15, 0.0]), np.zeros(2)), 2.0, {"active", "inactive"}
 
 
-@pytest.mark.parametrize("which", ["loop", "weld", "couple", "friction", "ball", "tendon"])
+@pytest.mark.parametrize("which", ["loop", "weld", "couple", "poly", "friction", "ball", "tendon"])
 def test_step_jacobians(which):
     """Each element's step Jacobians agree with central differences at every state of a
     60-step rollout under random forces that visits the element's modes (friction: sticking
