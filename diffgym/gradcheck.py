@@ -605,13 +605,16 @@ def _audit_env_step(report, settings, env, snap, action, *, model, step, substep
 
 
 def describe_modes_from(sig) -> str:
-    geoms, modes, ljoints, lact, converged = sig
+    geoms, modes, ljoints, lact, converged = sig[:5]
+    rows = sig[5] if len(sig) > 5 else ()        # modes of equality / friction / limit rows
     parts = [f"{g1}/{g2} {m}" for (g1, g2), m in zip(geoms, modes)
              if not (m == "breaking" and len(modes) > 6)]
     n_open = sum(1 for m in modes if m == "breaking") if len(modes) > 6 else 0
     if n_open:
         parts.append(f"{n_open} more breaking")
     parts += [f"limit {j} {'active' if a else 'inactive'}" for j, a in zip(ljoints, lact)]
+    if rows:
+        parts.append("rows " + " ".join(rows))
     if not converged:
         parts.append("solver NOT converged")
     return ", ".join(parts) if parts else "free"
