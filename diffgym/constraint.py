@@ -21,7 +21,8 @@ one smooth piece; its only kink is at ``d = s``, away from resting states.
 Restitution (Newton's impact law, ``restitution_bias``): a contact of a pair with coefficient
 ``e > 0`` whose normal velocity at the start of the step, ``u = J_N v`` (the pre-step ``v``, at
 the step's contact frame), is closing faster than the threshold (``u < -thr``) and that closes
-within the step (``d + dt min(u, u_free) < s``) gets the normal row
+within the step (``u_free < 0`` after the free motion and ``d + dt min(u, u_free) < s``) gets
+the normal row
 ``sigma_N = v_N + e u + erp min(d, 0) / dt``: complementarity of ``lam_N`` with
 ``v_N + e u`` (so ``v_N >= -e u``, equality while it pushes) instead of ``v_N``; the positive
 Baumgarte / speculative part of ``b`` is dropped (it would take velocity off the rebound), the
@@ -93,8 +94,8 @@ def _offset(d, dt, erp, skin):
 def restitution_bias(J, b, g, v, dist, pair, pair_rest, nc, dt, erp, skin, thr):
     """Newton's impact law on the normal rows (module docstring): for each contact k whose pair
     has ``e = pair_rest[pair[k]] > 0``, pre-step normal velocity ``u = J[3k+2] . v`` below
-    ``-thr`` and that closes within the step (``dist + dt min(u, u_free) < skin``, ``u_free =
-    g - b`` of the row), sets ``b = e u + erp min(dist, 0) / dt`` and updates ``g`` (in place).
+    ``-thr`` and that closes within the step (``u_free < 0`` and ``dist + dt min(u, u_free) <
+    skin``, ``u_free = g - b`` of the row: the normal velocity after the free motion), sets ``b = e u + erp min(dist, 0) / dt`` and updates ``g`` (in place).
     Returns the coefficient of each contact where it did (nc,), 0 elsewhere."""
     nv = J.shape[1]
     out = np.zeros(nc)
@@ -111,8 +112,8 @@ def restitution_bias(J, b, g, v, dist, pair, pair_rest, nc, dt, erp, skin, thr):
         if not u < -thr:
             continue
         uf = g[r] - b[r]
-        if not dist[k] + dt * min(u, uf) < skin:
-            continue
+        if not (uf < 0.0 and dist[k] + dt * min(u, uf) < skin):
+            continue                   # (the free motion separates it, or it does not close)
         nb = e * u + (erp * dist[k] / dt if dist[k] < 0.0 else 0.0)
         g[r] += nb - b[r]
         b[r] = nb
