@@ -15,6 +15,9 @@ subset of MJCF that rigid-body scenes use:
 * geom ``friction`` (first component), ``contype``/``conaffinity``, ``<contact><exclude>`` and
   ``<contact><pair>``, and MuJoCo's no-parent-child filter
 * ``<actuator><motor>`` and the first ``<keyframe><key qpos>``
+* diffgym's coefficients of restitution, in ``<custom><numeric name="diffgym:restitution"`` (every
+  geom) or ``name="diffgym:restitution:GEOM"`` (one geom) ``data="e"/>``: MuJoCo loads and
+  ignores them (``parse_restitution``)
 
 Configuration vectors use pinocchio's convention: a free joint is ``[x y z qx qy qz qw]``
 (MuJoCo writes ``[x y z qw qx qy qz]``; keyframes are converted). Its velocity is MuJoCo's:
