@@ -17,6 +17,17 @@ so the position-level gain is ``Kp = erp / dt`` (default ``erp = 0.2``) and ther
 velocity-level damping term (``Kd = 0``): the velocity rows are exact. ``b`` is continuous and
 smooth around ``d = 0``, where resting contacts settle, so step derivatives there are those of
 one smooth piece; its only kink is at ``d = s``, away from resting states.
+
+Restitution (Newton's impact law, ``restitution_bias``): a contact of a pair with coefficient
+``e > 0`` whose normal velocity at the start of the step, ``u = J_N v`` (the pre-step ``v``, at
+the step's contact frame), is closing faster than the threshold (``u < -thr``) and that closes
+within the step (``u_free < 0`` after the free motion and ``d + dt min(u, u_free) < s``) gets
+the normal row
+``sigma_N = v_N + e u + erp min(d, 0) / dt``: complementarity of ``lam_N`` with
+``v_N + e u`` (so ``v_N >= -e u``, equality while it pushes) instead of ``v_N``; the positive
+Baumgarte / speculative part of ``b`` is dropped (it would take velocity off the rebound), the
+penetration correction kept. Every other row is as above (friction cone and De Saxce act on
+the same ``sigma``).
 """
 from __future__ import annotations
 
@@ -40,6 +51,9 @@ class Constraints:
     limits: np.ndarray     # (nl,) indices into SimModel.limits of the active limit rows
     limit_dist: np.ndarray  # (nl,) signed distance to the limit
     dist: np.ndarray       # (nc,) contact signed distances
+    # (nc,) coefficient of restitution of each contact whose normal row carries Newton's impact
+    # law this step (restitution_bias), 0 elsewhere; None: no restitution
+    restitution: np.ndarray | None = None
 
     @property
     def m(self) -> int:
@@ -74,6 +88,37 @@ def _active_limits(q, v, lim_q, lim_v, lim_bound, lim_sign, limit_margin, dt):
 def _offset(d, dt, erp, skin):
     """The Baumgarte / speculative offset b of a signed distance d (module docstring)."""
     return (d - skin) / dt + erp * skin / dt if d > skin else erp * d / dt
+
+
+@njit
+def restitution_bias(J, b, g, v, dist, pair, pair_rest, nc, dt, erp, skin, thr):
+    """Newton's impact law on the normal rows (module docstring): for each contact k whose pair
+    has ``e = pair_rest[pair[k]] > 0``, pre-step normal velocity ``u = J[3k+2] . v`` below
+    ``-thr`` and that closes within the step (``u_free < 0`` and ``dist + dt min(u, u_free) <
+    skin``, ``u_free = g - b`` of the row: the normal velocity after the free motion), sets ``b = e u + erp min(dist, 0) / dt`` and updates ``g`` (in place).
+    Returns the coefficient of each contact where it did (nc,), 0 elsewhere."""
+    nv = J.shape[1]
+    out = np.zeros(nc)
+    if pair_rest.shape[0] == 0:
+        return out
+    for k in range(nc):
+        e = pair_rest[pair[k]]
+        if e <= 0.0:
+            continue
+        r = 3 * k + 2
+        u = 0.0
+        for i in range(nv):
+            u += J[r, i] * v[i]
+        if not u < -thr:
+            continue
+        uf = g[r] - b[r]
+        if not (uf < 0.0 and dist[k] + dt * min(u, uf) < skin):
+            continue                   # (the free motion separates it, or it does not close)
+        nb = e * u + (erp * dist[k] / dt if dist[k] < 0.0 else 0.0)
+        g[r] += nb - b[r]
+        b[r] = nb
+        out[k] = e
+    return out
 
 
 @njit
@@ -315,8 +360,13 @@ def baumgarte_gain(dist: np.ndarray, dt: float, erp: float, skin: float) -> np.n
 
 class ConstraintBuilder:
     def __init__(self, sm: SimModel, erp: float = 0.2, limit_margin: float = 1e-3,
-                 skin: float = 1e-3):
+                 skin: float = 1e-3, restitution_threshold: float | None = None):
         self.sm = sm
+        # restitution: per candidate pair (SimModel.pair_restitution); the closing speed below
+        # which an impact stays inelastic (None: 2 |gravity| dt, at least 1e-3 m/s)
+        self.restitution_threshold = restitution_threshold
+        self.gravity_norm = float(np.linalg.norm(sm.model.gravity.linear))
+        self.refresh_restitution()
         self.erp = float(erp)
         self.skin = float(skin)
         self.limit_margin = float(limit_margin)
@@ -355,6 +405,19 @@ class ConstraintBuilder:
         # the dofs supporting each joint (CSR) and each joint's tree (its tree_lo; -1: world)
         self.sup_ptr, self.sup_idx, self.joint_tree = support_lists(self.support, self.tree_lo)
 
+    def refresh_restitution(self) -> None:
+        """Read the model's per-pair coefficients (empty when every one is 0: no work)."""
+        pr = getattr(self.sm, "pair_restitution", None)
+        self.pair_restitution = np.zeros(0) if pr is None or not np.any(pr) else \
+            np.ascontiguousarray(pr, dtype=float)
+
+    def restitution_thr(self, dt: float) -> float:
+        """The closing speed (m/s) below which an impact stays inelastic: the setting, or by
+        default ``2 |gravity| dt`` (at least 1e-3 m/s), above what gravity adds in a step, so
+        resting contacts and the last hops of a bouncing body do not bounce forever."""
+        t = self.restitution_threshold
+        return float(t) if t is not None else max(2.0 * self.gravity_norm * dt, 1e-3)
+
     def active_limits(self, q: np.ndarray, v: np.ndarray, dt: float):
         """Indices (into SimModel.limits) and signed distances of the limits within reach of
         this step: ``sign (q - bound) < limit_margin + dt |v|``."""
@@ -364,7 +427,7 @@ class ConstraintBuilder:
                               self.limit_margin, dt)
 
     def assemble(self, Jw: np.ndarray, contacts: Contacts, limits, dt: float, Minv: np.ndarray,
-                 v_free: np.ndarray):
+                 v_free: np.ndarray, v: np.ndarray | None = None):
         """Constraints and the problem (G, g, M^-1 J^T) from the world-frame joint Jacobians
         ``Jw`` (pinocchio's data.J after computeJointJacobians) in one compiled pass."""
         lim_idx, lim_dist = limits
@@ -376,5 +439,13 @@ class ConstraintBuilder:
             contacts.pos, frames, self.geom_joint[contacts.geom1], self.geom_joint[contacts.geom2],
             contacts.dist, Jw, self.support, self.tree_lo, self.tree_hi, lim_idx, lim_dist,
             self.lim_v, self.lim_sign, dt, self.erp, self.skin, Minv, v_free)
-        cons = Constraints(J, b, nc, contacts.mu, frames, contacts, lim_idx, lim_dist, contacts.dist)
+        rest = None
+        pr = self.pair_restitution
+        if nc and v is not None and len(pr):
+            # (v: the velocity at the start of the step, for Newton's impact law)
+            rest = restitution_bias(J, b, g, np.ascontiguousarray(v, dtype=float),
+                                    contacts.dist, contacts.pair, pr, nc, dt, self.erp,
+                                    self.skin, self.restitution_thr(dt))
+        cons = Constraints(J, b, nc, contacts.mu, frames, contacts, lim_idx, lim_dist, contacts.dist,
+                           rest)
         return cons, G, g, MJt, Ms

@@ -35,7 +35,8 @@ from .solver import BREAKING, STICKING
 @njit
 def contact_terms(JT, oM, ov, fext, supp, dof_joint, parents, gjoint, static_plane, roll_radius,
                   python_geometry, geom1, geom2, pos, normal, dist, cdist, frames, lam, v1, dt,
-                  erp, skin, geo_given, dp_in, dn_in, dd_in, lim_idx, lim_dist, lim_v, lim_sign):
+                  erp, skin, geo_given, dp_in, dn_in, dd_in, lim_idx, lim_dist, lim_v, lim_sign,
+                  v0, rest):
     """JT: ``data.J.T`` (nv, 6), WORLD joint Jacobian columns after
     ``computeForwardKinematicsDerivatives`` at (q, v1), as are ``oM`` and ``ov``.
 
@@ -43,7 +44,10 @@ def contact_terms(JT, oM, ov, fext, supp, dof_joint, parents, gjoint, static_pla
     ``(corr (nv, nv), Dq_extra (m, nv), True)``. ``geo_given``: dp/dn/dd of every contact
     computed in Python (``dp_in`` ...), else the closed form of a shape on a static plane; where
     a contact's geom pair has no closed form here (``python_geometry[g1, g2]``) and the geometry
-    is not given, returns ``(.., .., False)`` at once: the caller computes it and calls again."""
+    is not given, returns ``(.., .., False)`` at once: the caller computes it and calls again.
+    ``rest`` (nc,): the coefficient of the contacts whose normal row carries Newton's impact law
+    (``b = e u + erp min(d, 0) / dt``, u the normal velocity at the pre-step ``v0``), 0
+    elsewhere: their rows get ``e du/dq`` and the gain of that ``b``."""
     nv = JT.shape[0]
     nj = oM.shape[0]
     nc = pos.shape[0]
@@ -298,6 +302,8 @@ def contact_terms(JT, oM, ov, fext, supp, dof_joint, parents, gjoint, static_pla
     # Dq_extra: R^T d vrel (+ dR^T vrel), Baumgarte on the normal rows
     for k in range(nc):
         gain = 1.0 / dt if cdist[k] > skin else erp / dt
+        if rest[k] > 0.0:                    # impact law: b = e u + erp min(d, 0) / dt
+            gain = erp / dt if cdist[k] < 0.0 else 0.0
         for i in range(3):
             for c in range(nv):
                 acc = frames[k, 0, i] * dvrel[k, 0, c] + frames[k, 1, i] * dvrel[k, 1, c] \
@@ -308,7 +314,77 @@ def contact_terms(JT, oM, ov, fext, supp, dof_joint, parents, gjoint, static_pla
                 Dq[3 * k + i, c] = acc
         for c in range(nv):
             Dq[3 * k + 2, c] += gain * dd[k, c]
+    for k in range(nc):
+        if rest[k] > 0.0:
+            _restitution_dq(JT, slot, supp, dof_joint, parents, gjoint, geom1, geom2, pos,
+                            frames, dp, dR, moving, v0, rest, Dq)
+            break
     return corr, Dq, True
+
+
+@njit
+def _restitution_dq(JT, slot, supp, dof_joint, parents, gjoint, geom1, geom2, pos, frames,
+                    dp, dR, moving, v0, rest, Dq):
+    """Adds ``e du/dq`` to the normal rows of the impact-law contacts (``rest > 0``): u = n .
+    (relative velocity of the contact point at the pre-step v0), differentiated as the
+    relative velocity at v1 is in ``contact_terms``, with the joints' spatial velocities at v0
+    (``ov0[j] = sum over its supporting dofs of JT[c] v0[c]``, WORLD) in place of ``data.ov``."""
+    nv = JT.shape[0]
+    nj = supp.shape[0]
+    nc = pos.shape[0]
+    ov0 = np.zeros((nj, 6))
+    for j in range(1, nj):
+        for c in range(nv):
+            if supp[j, c]:
+                for i in range(6):
+                    ov0[j, i] += JT[c, i] * v0[c]
+    dvr = np.zeros((3, nv))
+    vr = np.zeros(3)
+    for k in range(nc):
+        if not rest[k] > 0.0:
+            continue
+        dvr[:, :] = 0.0
+        vr[:] = 0.0
+        p0, p1, p2 = pos[k, 0], pos[k, 1], pos[k, 2]
+        for side in range(2):
+            sgn = -1.0 if side == 0 else 1.0
+            j = gjoint[geom1[k]] if side == 0 else gjoint[geom2[k]]
+            if j == 0:
+                continue
+            vj = ov0[j]
+            # (linear part of a joint's WORLD velocity is that of the point at the origin)
+            vr[0] += sgn * (vj[0] - (p1 * vj[5] - p2 * vj[4]))
+            vr[1] += sgn * (vj[1] - (p2 * vj[3] - p0 * vj[5]))
+            vr[2] += sgn * (vj[2] - (p0 * vj[4] - p1 * vj[3]))
+            w0, w1, w2 = vj[3], vj[4], vj[5]
+            for c in range(nv):
+                # (the velocity derivative of joint j: only its supporting dofs; the point's
+                # own motion dp: every dof)
+                d0 = d1 = d2 = b0 = b1 = b2 = 0.0
+                if supp[j, c]:
+                    l0, l1, l2 = JT[c, 0], JT[c, 1], JT[c, 2]
+                    a0, a1, a2 = JT[c, 3], JT[c, 4], JT[c, 5]
+                    pp = parents[dof_joint[c]]
+                    t0, t1, t2 = ov0[pp, 0] - vj[0], ov0[pp, 1] - vj[1], ov0[pp, 2] - vj[2]
+                    x0, x1, x2 = ov0[pp, 3] - vj[3], ov0[pp, 4] - vj[4], ov0[pp, 5] - vj[5]
+                    d0 = (x1 * l2 - x2 * l1) + (t1 * a2 - t2 * a1)
+                    d1 = (x2 * l0 - x0 * l2) + (t2 * a0 - t0 * a2)
+                    d2 = (x0 * l1 - x1 * l0) + (t0 * a1 - t1 * a0)
+                    b0 = x1 * a2 - x2 * a1
+                    b1 = x2 * a0 - x0 * a2
+                    b2 = x0 * a1 - x1 * a0
+                g0, g1, g2 = dp[k, 0, c], dp[k, 1, c], dp[k, 2, c]
+                dvr[0, c] += sgn * ((d0 - (p1 * b2 - p2 * b1)) + (w1 * g2 - w2 * g1))
+                dvr[1, c] += sgn * ((d1 - (p2 * b0 - p0 * b2)) + (w2 * g0 - w0 * g2))
+                dvr[2, c] += sgn * ((d2 - (p0 * b1 - p1 * b0)) + (w0 * g1 - w1 * g0))
+        e = rest[k]
+        for c in range(nv):
+            acc = frames[k, 0, 2] * dvr[0, c] + frames[k, 1, 2] * dvr[1, c] \
+                + frames[k, 2, 2] * dvr[2, c]
+            if moving[k]:
+                acc = (dR[k, 0, 2, c] * vr[0] + dR[k, 1, 2, c] * vr[1]
+                       + dR[k, 2, 2, c] * vr[2]) + acc
+            Dq[3 * k + 2, c] += e * acc
 
 
 @njit
@@ -602,13 +678,16 @@ def _block_min_norm(A, B):
 
 @njit
 def dynamics_terms(ddq_dq, ddq_dv, Minv_u, kstiff, has_stiff, damping, damped, dt,
-                   Jc, G, corr, Dq, lam, sigma, modes, limit_active, mu, nc, dI_dq, dI_dv):
+                   Jc, G, corr, Dq, lam, sigma, modes, limit_active, mu, nc, dI_dq, dI_dv,
+                   bias_v):
     """``(status, dq_dq, dq_dv, dq_dtau, dv_dq, dv_dv, dv_dtau)`` from the ABA derivatives
     (Minv_u: only its upper triangle is read), the contact terms and pinocchio's dIntegrate.
 
     status 0: done. 1: non-finite data (the caller takes the reference route). 2: the pivoted QR
     leaves the rank of the mode system in doubt; the six arrays are then ``(A, W D, J M^-1, Vq,
-    Vv, Vt)`` and the caller finishes with the reference's LAPACK solve (numpy)."""
+    Vv, Vt)`` and the caller finishes with the reference's LAPACK solve (numpy). ``bias_v`` (m,):
+    rows whose offset b depends on the pre-step v as ``bias_v[i] J[i] v`` (Newton's impact law;
+    empty: none)."""
     nv = ddq_dq.shape[0]
     m = Jc.shape[0]
     if not (_all_finite(ddq_dq) and _all_finite(ddq_dv) and _all_finite(Minv_u)
@@ -645,6 +724,8 @@ def dynamics_terms(ddq_dq, ddq_dv, Minv_u, kstiff, has_stiff, damping, damped, d
             for c in range(nv):
                 D[i, c] = JVq[i, c] + Dq[i, c]
                 D[i, nv + c] = JVv[i, c]
+                if bias_v.shape[0]:
+                    D[i, nv + c] += bias_v[i] * Jc[i, c]
                 D[i, 2 * nv + c] = dt * JM[i, c]
         A, W = mode_system(lam, sigma, modes, limit_active, G, nc, mu)
         WD = _mm(W, D)

@@ -689,6 +689,14 @@ def _solve_min_norm(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     return np.linalg.lstsq(A, B, rcond=1e-12)[0]
 
 
+def _restitution(cons):
+    """The contacts' coefficients of the impact-law rows of the step (nc,), or None if none."""
+    rest = getattr(cons, "restitution", None)
+    if rest is None or not cons.nc or not np.any(rest):
+        return None
+    return rest
+
+
 def _joint_torques(sim, cons, res) -> np.ndarray:
     """The generalized forces at which the ABA derivatives are evaluated: the applied and passive
     forces plus the active joint-limit impulses as joint torques (``J_lim^T lam_lim / dt``).
@@ -800,6 +808,7 @@ def _step_jacobian_reference(sim) -> StepJacobian:
     if cons is not None and cons.m:
         J, G = cons.J, C["G"]
         m = cons.m
+        rest = _restitution(cons)
         corr = np.zeros((nv, nv))           # d(J^T lam)/dq minus its body-fixed part
         Dq_extra = np.zeros((m, nv))        # d(J(q) w)/dq at w = v1, plus Baumgarte
         erp, skin = sim.constraints.erp, sim.constraints.skin
@@ -830,7 +839,29 @@ def _step_jacobian_reference(sim) -> StepJacobian:
             if dR is not None:
                 RdV = np.einsum("kain,ka->kin", dR, vrel) + RdV
             Dq_extra[:3 * nc] = RdV.reshape(3 * nc, nv)
-            Dq_extra[2:3 * nc:3] += baumgarte_gain(cons.dist, dt, erp, skin)[:, None] * dd
+            gain = baumgarte_gain(cons.dist, dt, erp, skin)
+            if rest is not None:
+                # Newton's impact law rows: b = e u(q, v) + erp min(d, 0) / dt, u = n . vrel at
+                # the pre-step v (constraint.restitution_bias): the gain of d, and e du/dq
+                gain = np.where(rest > 0.0, np.where(cons.dist < 0.0, erp / dt, 0.0), gain)
+                data0 = getattr(sim, "_ddata0", None)
+                if data0 is None:
+                    data0 = sim._ddata0 = model.createData()
+                kin0 = _Kin(model, data0, q, v, np.concatenate([j1s, j2s]))
+                vrel0 = np.zeros((nc, 3))
+                dvrel0 = np.zeros((nc, 3, nv))
+                for js, sgn in ((j1s, -1.0), (j2s, 1.0)):
+                    if not np.any(js):
+                        continue
+                    Jj, o, w, dV = kin0.stacked(js)
+                    Jp = Jj[:, :3] - _cross(p - o, Jj[:, 3:])
+                    vrel0 += sgn * (Jp @ v)
+                    dvrel0 += sgn * (dV[:, :3] - _cross(p, dV[:, 3:]) + _cross(w, dp))
+                du = np.einsum("ka,kan->kn", R[:, :, 2], dvrel0)
+                if dR is not None:
+                    du += np.einsum("kan,ka->kn", dR[:, :, 2], vrel0)
+                Dq_extra[2:3 * nc:3] += rest[:, None] * du
+            Dq_extra[2:3 * nc:3] += gain[:, None] * dd
         for jl, (li, ld) in enumerate(zip(cons.limits.tolist(), cons.limit_dist.tolist())):
             lim = sim.sm.limits[li]
             gain = 1.0 / dt if ld > skin else erp / dt        # baumgarte_gain on a float
@@ -840,7 +871,10 @@ def _step_jacobian_reference(sim) -> StepJacobian:
             Dq_extra[s0:] = Dx
             corr += cx
         Vq = Vq + Minv @ corr
-        D = np.hstack([J @ Vq + Dq_extra, J @ Vv, J @ Vt])
+        JVv = J @ Vv
+        if rest is not None:                 # d b / d v of the impact-law rows: e J_N
+            JVv[2:3 * nc:3] += rest[:, None] * J[2:3 * nc:3]
+        D = np.hstack([J @ Vq + Dq_extra, JVv, J @ Vt])
         A, W = _mode_system(res, G, nc, cons.mu)
         dlam = _solve_min_norm(A, -(W @ D))
         MJt_dlam = (Minv @ J.T) @ dlam
@@ -1005,7 +1039,9 @@ def _step_jacobian_compiled(sim) -> StepJacobian | None:
         args = (JT, st.oM, st.ov, st.fext, st.supp, st.dof_joint, st.parents, st.gjoint,
                 st.static_plane, st.roll_radius, st.python_geometry, c.geom1, c.geom2, c.pos,
                 c.normal, c.dist, cons.dist, cons.frames, res.lam, v1, dt, ccons.erp, ccons.skin)
-        lims = (cons.limits, cons.limit_dist, st.lim_v, st.lim_sign)
+        rest = _restitution(cons)
+        rest = np.zeros(nc) if rest is None else np.ascontiguousarray(rest, dtype=float)
+        lims = (cons.limits, cons.limit_dist, st.lim_v, st.lim_sign, v, rest)
         corr, Dq, done = K.contact_terms(*args, False, *st.no_geo, *lims)
         if not done:           # pairs without a closed form in the kernel: geometry in Python
             gj = st.gjoint
@@ -1017,6 +1053,8 @@ def _step_jacobian_compiled(sim) -> StepJacobian | None:
             st.scatter_forces()
         Jc, G, lam, sigma, modes, act, mu = cons.J, C["G"], res.lam, res.sigma, res.modes, \
             res.limit_active, cons.mu
+        bias_v = np.zeros(cons.m)            # d b / d v = bias_v[:, None] * J (impact law)
+        bias_v[2:3 * nc:3] = rest
     else:
         nc = 0
         if st.dirty:
@@ -1027,6 +1065,7 @@ def _step_jacobian_compiled(sim) -> StepJacobian | None:
         corr, Dq = st.no_corr, st.no_J
         Jc, G, lam, sigma, modes, act, mu = st.no_J, st.no_G, st.no_f, st.no_f, st.no_modes, \
             st.no_act, st.no_f
+        bias_v = st.no_f
     ddq_dq, ddq_dv, Minv = pin.computeABADerivatives(model, data, q, v,
                                                      _joint_torques(sim, cons, res), st.fext_vec)
     v1dt = v1 * dt
@@ -1037,7 +1076,7 @@ def _step_jacobian_compiled(sim) -> StepJacobian | None:
         dI_dv = pin.dIntegrate(model, q, v1dt, _ARG1)
     status, dq_dq, dq_dv, dq_dtau, dv_dq, dv_dv, dv_dtau = K.dynamics_terms(
         ddq_dq, ddq_dv, Minv, st.kstiff, st.has_stiff, sim.sm.damping, st.damped, dt,
-        Jc, G, corr, Dq, lam, sigma, modes, act, mu, nc, dI_dq, dI_dv)
+        Jc, G, corr, Dq, lam, sigma, modes, act, mu, nc, dI_dq, dI_dv, bias_v)
     if status == 1:                        # non-finite data
         return None
     if status == 2:                        # rank in doubt: the reference's solve, then finish

@@ -18,7 +18,7 @@ import pinocchio as pin
 
 from .collision_driver import CollisionDriver, Contacts
 from .constraint import (ConstraintBuilder, Constraints, _active_limits, assemble_problem,  # noqa: F401
-                         assemble_sparse, island_rows)
+                         assemble_sparse, island_rows, restitution_bias)
 from .derivatives import step_jacobian
 from .jit import njit
 from .model import ModelError, SimModel
@@ -278,13 +278,15 @@ def _constrained_velocity(pos, frames, geom1, geom2, geom_joint, dist, mu, pair,
                           sup_ptr, sup_idx, joint_tree, tree_lo, tree_hi,
                           q, v, lim_q, lim_v, lim_bound, lim_sign, limit_margin, dt, erp, skin,
                           Minv, v_free, warm, pair_w, point_w, lam_w, modes_w, limits_w, lim_act_w,
-                          tol, mode_tol, newton_iter, mode_rounds, budget):
+                          tol, mode_tol, newton_iter, mode_rounds, budget, pair_rest, rest_thr):
     """The constrained part of the step in one compiled call: the active joint limits, the
-    problem and its islands (constraint.assemble_sparse), the warm start (_match_warm_start),
+    problem and its islands (constraint.assemble_sparse), Newton's impact law on the normal rows
+    of impacting contacts (constraint.restitution_bias, at the pre-step ``v``; ``pair_rest``
+    empty: none), the warm start (_match_warm_start),
     stage 1 of the NCP solve per island (_solve_islands) and ``v1 = v_free + M^-1 J^T lam``.
 
     Returns (island_ok, isl_c, isl_l, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes,
-    lim_act, its, res, v1, MJt) (each returned array costs a Python object: only those the step
+    lim_act, its, res, v1, MJt, rest) (each returned array costs a Python object: only those the step
     keeps); an island whose stage 1 failed has ``island_ok`` False (the caller runs the later
     stages on it); ``v1`` then holds only the other islands' impulses."""
     nc = pos.shape[0]
@@ -300,6 +302,7 @@ def _constrained_velocity(pos, frames, geom1, geom2, geom_joint, dist, mu, pair,
     J, b, G, g, MJt, isl_c, isl_l, nis, rt = assemble_sparse(
         pos, frames, j1, j2, dist, Jw, support, sup_ptr, sup_idx, tree_lo, tree_hi, joint_tree,
         lim_idx, lim_dist, lim_v, lim_sign, dt, erp, skin, Minv, v_free)
+    rest = restitution_bias(J, b, g, v, dist, pair, pair_rest, nc, dt, erp, skin, rest_thr)
     m = G.shape[0]
     found = False
     if warm:
@@ -311,13 +314,13 @@ def _constrained_velocity(pos, frames, geom1, geom2, geom_joint, dist, mu, pair,
     if m == 0:
         return (np.ones(0, dtype=np.bool_), isl_c, isl_l, lim_idx, lim_dist, J, b, G, g,
                 np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.bool_),
-                0, 0.0, v1, MJt)
+                0, 0.0, v1, MJt, rest)
     island_ok, lam, sigma, modes, lim_act, its, res = _solve_islands(
         G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mode_tol, newton_iter,
         mode_rounds, budget)
     _add_impulses(v1, MJt, rt, lam, tree_hi)
     return (island_ok, isl_c, isl_l, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, lim_act,
-            its, res, v1, MJt)
+            its, res, v1, MJt, rest)
 
 
 @njit
@@ -484,7 +487,7 @@ class StepInfo:
 
 
 _LOADER_KEYS = ("floating_base", "ground", "friction", "self_collision", "package_dirs", "srdf",
-                "gravity")
+                "gravity", "restitution")
 
 
 class Simulator:
@@ -492,12 +495,16 @@ class Simulator:
 
     Keyword settings: ``dt`` (time step, s), ``erp`` (Baumgarte fraction of a penetration
     removed per step, default 0.2), ``margin`` (base contact margin, m), ``tol`` (NCP residual
-    tolerance, m/s), ``max_iter`` (ADMM iterations), ``max_contact_points`` per pair (4).
+    tolerance, m/s), ``max_iter`` (ADMM iterations), ``max_contact_points`` per pair (4),
+    ``restitution_threshold`` (m/s: impacts closing slower stay inelastic; default
+    ``2 |gravity| dt``, at least 1e-3). Coefficients of restitution come from the model
+    (``set_restitution`` changes them).
     """
 
     def __init__(self, sm: SimModel, *, dt: float | None = None, erp: float = 0.2,
                  margin: float = 1e-3, tol: float = 1e-9, max_iter: int = 2000,
-                 max_contact_points: int = 4, gradient="exact"):
+                 max_contact_points: int = 4, gradient="exact",
+                 restitution_threshold: float | None = None):
         # how to rebuild this simulator (pickling); from_file / from_string replace it
         self._source: tuple | None = None
         self._settings = dict(dt=dt, erp=erp, margin=margin, tol=tol, max_iter=max_iter,
@@ -512,6 +519,11 @@ class Simulator:
             raise ValueError(f"erp must be in [0, 1], got {erp!r}")
         _check_settings(tol=tol, margin=margin, max_iter=max_iter,
                         max_contact_points=max_contact_points)
+        if restitution_threshold is not None and not (
+                isinstance(restitution_threshold, (int, float, np.integer, np.floating))
+                and np.isfinite(restitution_threshold) and restitution_threshold >= 0):
+            raise ValueError("restitution_threshold must be a finite speed >= 0 (m/s) or None, "
+                             f"got {restitution_threshold!r}")
         self.sm = sm
         self.model: pin.Model = sm.model
         self.geom_model: pin.GeometryModel = sm.geom_model
@@ -520,7 +532,8 @@ class Simulator:
         for req in self.geom_data.collisionRequests:
             req.enable_contact = True
         self.collision = CollisionDriver(sm, base_margin=margin, max_points=max_contact_points)
-        self.constraints = ConstraintBuilder(sm, erp=erp, limit_margin=margin)
+        self.constraints = ConstraintBuilder(sm, erp=erp, limit_margin=margin,
+                                             restitution_threshold=restitution_threshold)
         self.solver = NCPSolver(SolverSettings(tol=tol, max_iter=max_iter))
         self.last = StepInfo()
         # warm start: (pair, point, impulses, modes, limits, limit impulses, limit modes) of the
@@ -609,7 +622,8 @@ class Simulator:
         return {"source": self._source, "dt": float(self.sm.dt),
                 "solver_settings": copy.copy(self.solver.settings),
                 "warm_start": self.warm_start_state(), "warned": self._warned,
-                "last": self.last}
+                "last": self.last,
+                "restitution": [float(g.restitution) for g in self.sm.geoms]}
 
     def __setstate__(self, state) -> None:
         src = state["source"]
@@ -625,6 +639,10 @@ class Simulator:
         self.set_warm_start_state(state["warm_start"])
         self._warned = state["warned"]
         self.last = state["last"]
+        for g, e in zip(self.sm.geoms, state.get("restitution", ())):
+            g.restitution = e
+        self.sm.update_restitution()
+        self.constraints.refresh_restitution()
 
     # -- properties ------------------------------------------------------------------------
     @property
@@ -646,6 +664,19 @@ class Simulator:
     @property
     def actuators(self):
         return self.sm.actuators
+
+    def set_restitution(self, geom, e: float) -> None:
+        """Set the coefficient of restitution of a geom (name or index), in [0, 1]; a pair uses
+        the larger of its two geoms' coefficients."""
+        i = self.geom_id(geom) if isinstance(geom, str) else int(geom)
+        if not 0 <= i < len(self.sm.geoms):
+            raise KeyError(f"no geom with index {geom!r} ({len(self.sm.geoms)} geoms)")
+        if not (isinstance(e, (int, float, np.integer, np.floating)) and 0.0 <= e <= 1.0):
+            raise ValueError(f"geom {self.sm.geoms[i].name!r}: restitution must be in [0, 1], "
+                             f"got {e!r}")
+        self.sm.geoms[i].restitution = float(e)
+        self.sm.update_restitution()
+        self.constraints.refresh_restitution()
 
     def geom_id(self, name: str) -> int:
         for i, g in enumerate(self.sm.geoms):
@@ -842,17 +873,18 @@ class Simulator:
             w = self._warm
             st = solver.settings
             (island_ok, isl_c, isl_l, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, lim_act,
-             its, resid, v1, MJt) = _constrained_velocity(
+             its, resid, v1, MJt, rest) = _constrained_velocity(
                 contacts.pos, frames, contacts.geom1, contacts.geom2, cb.geom_joint, contacts.dist,
                 contacts.mu, contacts.pair, contacts.point, Jw, cb.support, cb.sup_ptr,
                 cb.sup_idx, cb.joint_tree, cb.tree_lo, cb.tree_hi,
                 q, v, cb.lim_q, cb.lim_v, cb.lim_bound, cb.lim_sign, cb.limit_margin, dt, cb.erp,
                 cb.skin, Minv, v_free, w is not None, *(w if w is not None else _NO_WARM),
-                st.tol, st.mode_tol, st.newton_iter, st.mode_rounds, st.newton_budget)
+                st.tol, st.mode_tol, st.newton_iter, st.mode_rounds, st.newton_budget,
+                cb.pair_restitution, cb.restitution_thr(dt))
             nis = island_ok.shape[0]
             if G.shape[0]:
                 cons = Constraints(J, b, nc, contacts.mu, frames, contacts, lim_idx, lim_dist,
-                                   contacts.dist)
+                                   contacts.dist, rest if len(cb.pair_restitution) else None)
                 if island_ok.all():
                     res = SolverResult(lam, sigma, modes, lim_act, its, resid, True, "newton")
                 else:                              # (rare) stages 2-4 in Python, per island
@@ -869,7 +901,7 @@ class Simulator:
                 Minv = pin.computeMinverse(model, data, q)
                 if nv == 1:
                     Minv = Minv.reshape(1, 1)
-                cons, G, g, MJt, Minv = cb.assemble(Jw, contacts, limits, dt, Minv, v_free)
+                cons, G, g, MJt, Minv = cb.assemble(Jw, contacts, limits, dt, Minv, v_free, v)
                 lam0, modes0 = self._warm_start(cons)
                 res = self._solve(solver, G, g, cons, lam0, modes0, v)
                 v1 = v_free + MJt @ res.lam

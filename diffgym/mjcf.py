@@ -15,6 +15,9 @@ subset of MJCF that rigid-body scenes use:
 * geom ``friction`` (first component), ``contype``/``conaffinity``, ``<contact><exclude>`` and
   ``<contact><pair>``, and MuJoCo's no-parent-child filter
 * ``<actuator><motor>`` and the first ``<keyframe><key qpos>``
+* diffgym's coefficients of restitution, in ``<custom><numeric name="diffgym:restitution"`` (every
+  geom) or ``name="diffgym:restitution:GEOM"`` (one geom) ``data="e"/>``: MuJoCo loads and
+  ignores them (``parse_restitution``)
 
 Configuration vectors use pinocchio's convention: a free joint is ``[x y z qx qy qz qw]``
 (MuJoCo writes ``[x y z qw qx qy qz]``; keyframes are converted). Its velocity is MuJoCo's:
@@ -393,6 +396,7 @@ class _MJCFBuilder:
         pairs = self.collision_pairs()
         actuators = self.parse_actuators()
         keyframes = self.parse_keyframes(nq)
+        self.parse_restitution()
         if keyframes:
             q0 = next(iter(keyframes.values())).copy()
         sm = SimModel(self.model, self.geom_model, self.geoms, pairs, self.limits, actuators,
@@ -580,6 +584,36 @@ class _MJCFBuilder:
             return None
         R, p = pose.rotation, pose.translation
         return mass, p + R @ com, mass * (R @ I @ R.T)
+
+    # -- restitution (a diffgym extension MuJoCo itself still loads) ------------------
+    def parse_restitution(self) -> None:
+        """Coefficients of restitution from ``<custom><numeric>`` fields, which MuJoCo accepts
+        and ignores: ``name="diffgym:restitution"`` sets every geom's, ``name=
+        "diffgym:restitution:GEOM"`` one geom's (it wins). One number in [0, 1]; default 0."""
+        names = {g.name: i for i, g in enumerate(self.geoms)}
+        every, per = None, {}
+        for custom in self.root.findall("custom"):
+            for el in custom.findall("numeric"):
+                key = el.get("name") or ""
+                if not (key == "diffgym:restitution" or key.startswith("diffgym:restitution:")):
+                    continue
+                what = f"<custom><numeric name={key!r}>"
+                val = _floats(el.get("data"), 1, f"{what} data")
+                if val is None:
+                    raise self.err(f"{what}: needs data=\"e\", the coefficient of restitution")
+                e = float(val[0])
+                if not 0.0 <= e <= 1.0:
+                    raise self.err(f"{what}: the coefficient of restitution must be in [0, 1], "
+                                   f"got {e!r}")
+                if key == "diffgym:restitution":
+                    every = e
+                    continue
+                gname = key[len("diffgym:restitution:"):]
+                if gname not in names:
+                    raise self.err(f"{what}: no geom named {gname!r}")
+                per[names[gname]] = e
+        for i, g in enumerate(self.geoms):
+            g.restitution = per.get(i, every if every is not None else g.restitution)
 
     # -- pairs, actuators, keyframes -----------------------------------------------
     def collision_pairs(self) -> np.ndarray:

@@ -29,6 +29,7 @@ class GeomInfo:
     conaffinity: int = 1
     rgba: np.ndarray = field(default_factory=lambda: np.array([0.7, 0.7, 0.7, 1.0]))
     bound_radius: float = np.inf   # radius of a sphere around the geom origin holding the shape
+    restitution: float = 0.0  # coefficient of restitution (0: perfectly inelastic impacts)
 
 
 @dataclass
@@ -80,6 +81,19 @@ class SimModel:
         self.pair_friction = (
             np.maximum(self.friction[self.pairs[:, 0]], self.friction[self.pairs[:, 1]])
             if len(self.pairs) else np.zeros(0))
+        self.update_restitution()
+
+    def update_restitution(self) -> None:
+        """``pair_restitution`` (P,) from the geoms' ``restitution``: a pair takes the larger of
+        its two coefficients (as friction does), so a bouncy ball bounces on any floor."""
+        e = np.array([float(getattr(g, "restitution", 0.0)) for g in self.geoms], dtype=float)
+        bad = np.flatnonzero(~((e >= 0.0) & (e <= 1.0)))
+        if len(bad):
+            g = self.geoms[int(bad[0])]
+            raise ModelError(f"{self.source}: geom {g.name!r}: restitution must be in [0, 1], "
+                             f"got {g.restitution!r}")
+        self.pair_restitution = (np.maximum(e[self.pairs[:, 0]], e[self.pairs[:, 1]])
+                                 if len(self.pairs) else np.zeros(0))
 
 
 def check_inertia(model: pin.Model, source: str = "<string>") -> None:

@@ -144,7 +144,7 @@ def project_cone(x: np.ndarray, mu: np.ndarray) -> np.ndarray:
     out = np.empty_like(x)
     out[:, :2] = x[:, :2] * f[:, None]
     out[:, 2] = alpha
-    inside = nt <= mu * xn
+    inside = (nt <= mu * xn) & (xn >= 0.0)     # (mu = 0: the cone is the ray xn >= 0)
     if inside.any():
         out[inside] = x[inside]
     return out
@@ -240,7 +240,7 @@ def _natres(lam, sigma, nc, mu, dc, dl) -> float:
         lc = lam[:k].reshape(nc, 3)
         y = lc - desaxce(sigma[:k].reshape(nc, 3), mu) / dc[:, None]
         y0, y1, yn = y[:, 0], y[:, 1], y[:, 2]
-        if (np.sqrt(y0 * y0 + y1 * y1) <= mu * yn).all():
+        if ((np.sqrt(y0 * y0 + y1 * y1) <= mu * yn) & (yn >= 0.0)).all():
             r = lc - y                     # every y inside its cone: P(y) = y
         else:
             r = lc - project_cone(y, mu)
@@ -789,7 +789,7 @@ class NCPSolver:
                 yt = yc[:, :2]
                 nt = np.sqrt(yt[:, 0] ** 2 + yt[:, 1] ** 2)
                 yn = yc[:, 2]
-                inside = nt <= mu * yn
+                inside = (nt <= mu * yn) & (yn >= 0.0)
                 polar = ~inside & (mu * nt + yn <= 0.0)
                 bnd = ~(inside | polar)
                 dP = np.zeros((nc, 3, 3))
@@ -841,7 +841,7 @@ class NCPSolver:
         if nc:
             yt = yc[:, :2]
             nt = np.sqrt(yt[:, 0] ** 2 + yt[:, 1] ** 2)
-            inside = nt <= mu * yc[:, 2]
+            inside = (nt <= mu * yc[:, 2]) & (yc[:, 2] >= 0.0)
             polar = ~inside & (mu * nt + yc[:, 2] <= 0.0)
             modes = np.where(polar, BREAKING, np.where(inside, STICKING, SLIDING)).astype(np.int64)
         else:

@@ -67,7 +67,7 @@ def _dot(a):
 def _cone(x0, x1, xn, mu):
     """``project_cone`` of one (t1, t2, n) vector."""
     nt = math.sqrt(x0 * x0 + x1 * x1)
-    if nt <= mu * xn:
+    if nt <= mu * xn and xn >= 0.0:       # (mu = 0: the cone is the ray xn >= 0)
         return x0, x1, xn
     alpha = (mu * nt + xn) / (mu * mu + 1.0)
     if alpha < 0.0:                       # np.maximum(alpha, 0): NaN stays NaN

@@ -1,6 +1,8 @@
 """Model loading, URDF: pinocchio's URDF parser plus a ground plane, limits and actuators.
 
-URDF has no friction, gravity or time step, so those come from keyword settings. By default a
+URDF has no friction, restitution, gravity or time step, so those come from keyword settings
+(``restitution``: the coefficient of every robot geom; the ground's is 0 and a pair takes the
+larger). By default a
 floating base is added (``floating_base=True``), a ground half-space ``z <= 0`` is added
 (``ground=True``) and every robot geom may touch the ground; self-collision is off unless
 ``self_collision=True`` (then every pair of geoms on different, non-adjacent links is a
@@ -53,7 +55,8 @@ def _find_srdf(path: str) -> str | None:
 def load_urdf(path: str, *, floating_base: bool = True, ground: bool = True,
               friction: float = 1.0, self_collision: bool = False, dt: float = 0.002,
               gravity=(0.0, 0.0, -9.81), package_dirs: list[str] | None = None,
-              srdf: str | None = None, mesh_collisions: bool = True) -> SimModel:
+              srdf: str | None = None, mesh_collisions: bool = True,
+              restitution: float = 0.0) -> SimModel:
     if not os.path.isfile(path):
         raise ModelError(f"{path}: no such file")
     try:
@@ -86,7 +89,7 @@ def load_urdf(path: str, *, floating_base: bool = True, ground: bool = True,
         body = model.frames[go.parentFrame].name
         geoms.append(GeomInfo(go.name, body, kind, size, friction, 1, 1,
                               np.array([0.6, 0.6, 0.65, 1.0]),
-                              bounding_radius(kind, size, go.geometry)))
+                              bounding_radius(kind, size, go.geometry), float(restitution)))
     pairs: list[tuple[int, int]] = []
     if ground:
         gid = gmodel.addGeometryObject(pin.GeometryObject(

@@ -289,13 +289,14 @@ def test_status_2_finishes_with_the_reference_solve(monkeypatch):
 
 
 def _status2(ddq_dq, ddq_dv, Minv_u, kstiff, has_stiff, damping, damped, dt, Jc, G, corr, Dq,
-             lam, sigma, modes, limit_active, mu, nc, dI_dq, dI_dv):
+             lam, sigma, modes, limit_active, mu, nc, dI_dq, dI_dv, bias_v):
     """What dynamics_terms returns with status 2 (numpy; no stiffness)."""
     nv = ddq_dq.shape[0]
     M = np.where(np.triu(np.ones((nv, nv), bool)), Minv_u, Minv_u.T)
     Vq = dt * ddq_dq + M @ corr
     Vv = np.eye(nv) + dt * (ddq_dv - M * damping[None, :]) if damped else np.eye(nv) + dt * ddq_dv
     Vt = dt * M
-    Dm = np.hstack([Jc @ Vq + Dq, Jc @ Vv, Jc @ Vt])
+    JVv = Jc @ Vv + (bias_v[:, None] * Jc if len(bias_v) else 0.0)
+    Dm = np.hstack([Jc @ Vq + Dq, JVv, Jc @ Vt])
     A, W = K.mode_system(lam, sigma, modes, limit_active, G, nc, mu)
     return 2, A, W @ Dm, Jc @ M, Vq, Vv, Vt

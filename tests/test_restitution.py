@@ -1,0 +1,265 @@
+"""Restitution (issue 15): Newton's impact law on the normal rows of impacting contacts.
+
+Oracles: closed forms (bounce heights e^2 h0, the velocities after a head-on impact of two
+balls), central differences of the step (the gradient audit), the numpy reference of the
+derivatives, and the plain-Python run (DIFFGYM_JIT=0) of the compiled kernels."""
+from __future__ import annotations
+
+import os
+import pickle
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import diffgym
+from diffgym import derivatives as D
+from diffgym.model import ModelError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+BALL = """<mujoco><option timestep="{dt}"/><worldbody>
+<geom name="floor" type="plane" size="2 2 .1" friction="0.5"/>
+<body name="ball" pos="0 0 {z}"><joint name="x" type="slide" axis="1 0 0"/>
+<joint name="y" type="slide" axis="0 1 0"/><joint name="z" type="slide" axis="0 0 1"/>
+<geom name="ball" type="sphere" size="0.1" mass="1" friction="0.5"/></body></worldbody>
+<custom><numeric name="diffgym:restitution:ball" data="{e}"/></custom></mujoco>"""
+
+# a spinning free ball (frictional impacts: the contact frame and point move with q)
+FREE_BALL = """<mujoco><option timestep="0.01"/><worldbody>
+<geom name="floor" type="plane" size="2 2 .1" friction="0.5"/>
+<body name="ball" pos="0 0 0.3"><freejoint name="ball"/>
+<geom name="ball" type="sphere" size="0.1" mass="1" friction="0.5"/></body></worldbody>
+<custom><numeric name="diffgym:restitution:ball" data="0.7"/></custom></mujoco>"""
+
+# two free balls colliding off-centre on a floor (every geom e = 0.8)
+TWO_BALLS = """<mujoco><option timestep="0.01"/><worldbody>
+<geom name="floor" type="plane" size="2 2 .1" friction="0.3"/>
+<body name="a" pos="-0.4 0 0.1"><freejoint name="a"/>
+<geom name="a" type="sphere" size="0.1" mass="1" friction="0.3"/></body>
+<body name="b" pos="0 0.03 0.25"><freejoint name="b"/>
+<geom name="b" type="sphere" size="0.1" mass="1.5" friction="0.3"/></body></worldbody>
+<custom><numeric name="diffgym:restitution" data="0.8"/></custom></mujoco>"""
+
+# two balls on a line, no gravity (a head-on impact)
+HEAD_ON = """<mujoco><option timestep="0.001" gravity="0 0 0"/><worldbody>
+<body name="a" pos="-0.5 0 0"><joint name="ax" type="slide" axis="1 0 0"/>
+<geom name="a" type="sphere" size="0.1" mass="1" friction="0"/></body>
+<body name="b" pos="0 0 0"><joint name="bx" type="slide" axis="1 0 0"/>
+<geom name="b" type="sphere" size="0.1" mass="1" friction="0"/></body></worldbody>
+<custom><numeric name="diffgym:restitution" data="{e}"/></custom></mujoco>"""
+
+
+def _impacts(sim):
+    cons = sim.cache["cons"]
+    r = None if cons is None else cons.restitution
+    return 0 if r is None else int(np.count_nonzero(r))
+
+
+# -- loading -----------------------------------------------------------------------------------
+def test_mjcf_restitution_is_read_and_mujoco_still_loads_the_file():
+    xml = TWO_BALLS.replace('data="0.8"/>', 'data="0.8"/><numeric name="diffgym:restitution:a" '
+                            'data="0.25"/>')
+    sim = diffgym.Simulator.from_string(xml)
+    e = {g.name: g.restitution for g in sim.sm.geoms}
+    assert e == {"floor": 0.8, "a": 0.25, "b": 0.8}
+    # a pair takes the larger coefficient
+    names = [g.name for g in sim.sm.geoms]
+    pr = {frozenset((names[i], names[k])): float(x)
+          for (i, k), x in zip(sim.sm.pairs.tolist(), sim.sm.pair_restitution)}
+    assert pr[frozenset(("floor", "a"))] == 0.8 and pr[frozenset(("a", "b"))] == 0.8
+    mujoco = pytest.importorskip("mujoco")
+    mujoco.MjModel.from_xml_string(xml)
+    # without the extension every impact is inelastic, as before
+    plain = diffgym.Simulator.from_string(xml.split("<custom>")[0] + "</mujoco>")
+    assert not plain.sm.pair_restitution.any()
+
+
+@pytest.mark.parametrize("numeric, msg", [
+    ('<numeric name="diffgym:restitution:ball" data="1.5"/>', "must be in [0, 1]"),
+    ('<numeric name="diffgym:restitution:nope" data="0.5"/>', "no geom named 'nope'"),
+    ('<numeric name="diffgym:restitution" data="0.5 0.2"/>', "expected 1 numbers"),
+])
+def test_bad_restitution_names_the_element(numeric, msg):
+    xml = BALL.format(dt=0.01, z=0.3, e=0.5).replace(
+        '<numeric name="diffgym:restitution:ball" data="0.5"/>', numeric)
+    with pytest.raises(ModelError, match=msg.replace("[", r"\[").replace("]", r"\]")):
+        diffgym.Simulator.from_string(xml)
+
+
+def test_urdf_restitution_and_runtime_setting(tmp_path):
+    urdf = tmp_path / "ball.urdf"
+    urdf.write_text("""<robot name="ball"><link name="ball"><inertial><mass value="1"/>
+      <inertia ixx="0.004" iyy="0.004" izz="0.004" ixy="0" ixz="0" iyz="0"/></inertial>
+      <collision><geometry><sphere radius="0.1"/></geometry></collision></link></robot>""")
+    sim = diffgym.Simulator.from_file(str(urdf), restitution=0.6, dt=0.005)
+    assert [g.restitution for g in sim.sm.geoms] == [0.6, 0.0]
+    assert sim.sm.pair_restitution.tolist() == [0.6]
+    sim.set_restitution("ball_0", 0.9)
+    assert sim.constraints.pair_restitution.tolist() == [0.9]
+    copy = pickle.loads(pickle.dumps(sim))
+    assert copy.constraints.pair_restitution.tolist() == [0.9]
+    with pytest.raises(ValueError, match="restitution must be in"):
+        sim.set_restitution("ball_0", -0.1)
+    with pytest.raises(ValueError, match="restitution_threshold"):
+        diffgym.Simulator.from_file(str(urdf), restitution_threshold=-1.0)
+
+
+# -- closed forms ----------------------------------------------------------------------------
+@pytest.mark.parametrize("e", [0.3, 0.5, 0.9])
+def test_bounce_height_is_e_squared_h0(e):
+    """A ball dropped from rest at height h0 rebounds to e^2 h0, then e^4 h0. The impact acts
+    at the start of the step in which the contact closes, so the rebound starts from a height
+    d in [0, V dt + skin) (V = sqrt(2 g h0) the impact speed), and the semi-implicit Euler
+    flight under-shoots by ~V dt / 2 each way: |apex - e^2 h0| <= 2 V dt + skin."""
+    dt, h0, g, skin = 1e-3, 1.0, 9.81, 1e-3
+    sim = diffgym.Simulator.from_string(BALL.format(dt=dt, z=h0 + 0.1, e=e))
+    q, v = sim.q0, np.zeros(3)
+    z, vz, impacts = [], [], 0
+    for _ in range(int((1 + 2 * e + 2 * e ** 2) * np.sqrt(2 * h0 / g) / dt) + 50):
+        q, v = sim.step(q, v, np.zeros(3))
+        impacts += _impacts(sim)
+        z.append(h0 + q[2])
+        vz.append(v[2])
+    z, vz = np.array(z), np.array(vz)
+    apex = z[np.flatnonzero((vz[:-1] > 0) & (vz[1:] <= 0))]
+    V = np.sqrt(2 * g * h0)
+    tol = 2 * V * dt + skin
+    assert impacts >= 2 and len(apex) >= 2
+    assert abs(apex[0] - e ** 2 * h0) <= tol, (apex[0], e ** 2 * h0, tol)
+    assert abs(apex[1] - e ** 4 * h0) <= tol + 2 * e * V * dt, (apex[1], e ** 4 * h0)
+    assert z.min() > -1e-4                     # no tunnelling, no deep penetration
+
+
+@pytest.mark.parametrize("e", [1.0, 0.5])
+def test_head_on_impact_of_equal_balls(e):
+    """Equal masses, head on: after the impact v_a = (1 - e) V / 2, v_b = (1 + e) V / 2 (e = 1:
+    the velocities are exchanged), momentum conserved."""
+    sim = diffgym.Simulator.from_string(HEAD_ON.format(e=e))
+    V = 2.0
+    q, v = sim.q0, np.array([V, 0.0])
+    impacts = 0
+    for _ in range(300):
+        q, v = sim.step(q, v, np.zeros(2))
+        impacts += _impacts(sim)
+    assert impacts == 1
+    np.testing.assert_allclose(v, [(1 - e) * V / 2, (1 + e) * V / 2], atol=1e-9)
+
+
+def test_resting_and_slow_contacts_do_not_bounce():
+    """Below the threshold (default 2 |g| dt) a contact is inelastic: a ball dropped from 1 mm
+    with e = 0.9 settles and stays at rest."""
+    sim = diffgym.Simulator.from_string(BALL.format(dt=0.01, z=0.101, e=0.9))
+    q, v = sim.q0, np.zeros(3)
+    for t in range(200):
+        q, v = sim.step(q, v, np.zeros(3))
+        if t > 20:
+            assert _impacts(sim) == 0
+    assert np.abs(v).max() < 1e-9 and abs(q[2] + 0.001) < 1e-4     # (resting on the floor)
+
+
+# -- derivatives ---------------------------------------------------------------------------------
+def _rollout_states(sim, v0, steps, seed=0):
+    rng = np.random.default_rng(seed)
+    acts = rng.normal(0, 0.5, (steps, sim.nv))
+    q, v = sim.q0, np.asarray(v0, float)
+    states, impact_steps = [], []
+    sim.reset_warmstart()
+    for t in range(steps):
+        states.append((q.copy(), v.copy(), acts[t]))
+        q1, v1, jac = sim.step(q, v, acts[t], jacobian=True)
+        if _impacts(sim):
+            impact_steps.append(t)
+            ref = D.step_jacobian(sim, compiled=False)
+            for k in ("dq_dq", "dq_dv", "dv_dq", "dv_dv", "dv_dtau"):
+                np.testing.assert_allclose(getattr(jac, k), getattr(ref, k), rtol=1e-9, atol=1e-9)
+        q, v = q1, v1
+    return states, impact_steps
+
+
+@pytest.mark.parametrize("xml, v0", [
+    (FREE_BALL, [0.5, 0.2, -1.0, 1.0, -2.0, 0.5]),
+    (TWO_BALLS, [3.0, 0.1, 0, 0, 0, 0, -0.5, 0, 0.5, 0, 3, 0]),
+])
+def test_step_jacobians_at_impacts(xml, v0):
+    """Along a rollout of a spinning ball bouncing on a plane and of two spinning balls
+    colliding (and bouncing): the compiled Jacobian equals the numpy reference at every impact
+    step, and the audit against central differences passes at the impact steps and around."""
+    sim = diffgym.Simulator.from_string(xml)
+    states, impacts = _rollout_states(sim, v0, 40)
+    assert impacts
+    pick = sorted({t for i in impacts for t in (i - 1, i, i + 1) if 0 <= t < len(states)}
+                  | {0, 20, 39})
+    rep = diffgym.check_step_jacobians(sim, states=[states[t] for t in pick])
+    assert rep.ok, str(rep)
+
+
+def test_rollout_gradient_of_the_two_ball_shot():
+    """The two-ball experiment (scripts/two_ball_elastic.py): d p_final / d v0 through an
+    elastic impact against central differences of whole rollouts, then Gauss-Newton sends the
+    yellow ball to the target (at dt = 1 ms the optimum is within 0.03 m/s of the continuous-time
+    answer)."""
+    sys.path.insert(0, os.path.join(ROOT, "scripts"))
+    try:
+        import two_ball_elastic as T
+    finally:
+        sys.path.pop(0)
+    sim = T.make_sim(0.001)
+    u = np.array([4.0, -0.6])
+    p, Jp = T.final_position(sim, u, 200, jacobian=True)
+    h = 1e-6
+    fd = np.column_stack([(T.final_position(sim, u + h * e, 200) - T.final_position(sim, u - h * e, 200))
+                          / (2 * h) for e in np.eye(2)])
+    np.testing.assert_allclose(Jp, fd, rtol=1e-5, atol=1e-7)
+    u_gn, p_gn, _ = T.gauss_newton(sim, [4.0, -0.1], 200)
+    assert np.linalg.norm(p_gn - T.TARGET) < 1e-9
+    assert np.linalg.norm(u_gn - T.event_driven()[0]) < 0.03
+
+
+def test_plain_python_kernels_give_the_same_bounce():
+    """DIFFGYM_JIT=0 (the kernels as plain Python): the same impact and Jacobian as compiled."""
+    code = textwrap.dedent(f"""
+        import numpy as np, diffgym, sys
+        sim = diffgym.Simulator.from_string({FREE_BALL!r})
+        q, v = sim.q0, np.array([0.5, 0.2, -1.0, 1.0, -2.0, 0.5])
+        for t in range(30):
+            q, v, jac = sim.step(q, v, np.zeros(6), jacobian=True)
+            if sim.cache["cons"] is not None and sim.cache["cons"].restitution is not None \\
+                    and sim.cache["cons"].restitution.any():
+                break
+        np.save(sys.argv[1], np.concatenate([q, v, jac.dv_dq.ravel(), jac.dv_dv.ravel(), [t]]))
+    """)
+    outs = []
+    for jit in ("0", "1"):
+        path = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"diffgym_rest_{os.getpid()}_{jit}.npy")
+        env = dict(os.environ, DIFFGYM_JIT=jit, DIFFGYM_QUIET_COMPILE="1")
+        subprocess.run([sys.executable, "-c", code, path], check=True, env=env, timeout=600)
+        outs.append(np.load(path))
+        os.remove(path)
+    assert outs[0][-1] < 29                      # the impact happened
+    np.testing.assert_allclose(outs[0], outs[1], rtol=1e-9, atol=1e-10)
+
+
+def test_stage_by_stage_path_applies_the_same_law():
+    """The fused compiled call (forward._constrained_velocity) and the stage-by-stage path
+    (ConstraintBuilder.assemble, taken for any other solver type) give the same bounces."""
+    from diffgym.solver import NCPSolver
+
+    class Staged(NCPSolver):
+        pass
+
+    sims = [diffgym.Simulator.from_string(TWO_BALLS) for _ in range(2)]
+    sims[1].solver = Staged(sims[1].solver.settings)
+    state = (sims[0].q0, np.array([3.0, 0.1, 0, 0, 0, 0, -0.5, 0, 0.5, 0, 3, 0]))
+    impacts = 0
+    for _ in range(40):
+        outs = [s.step(*state, np.zeros(12)) for s in sims]
+        r = [s.cache["cons"].restitution if s.cache["cons"] is not None else None for s in sims]
+        if r[0] is not None:
+            np.testing.assert_array_equal(r[0], r[1])
+            impacts += int(np.count_nonzero(r[0]))
+        np.testing.assert_allclose(outs[0][1], outs[1][1], rtol=1e-9, atol=1e-10)
+        state = outs[0]
+    assert impacts >= 1
