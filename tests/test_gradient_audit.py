@@ -213,17 +213,10 @@ PAIRS = {
 }
 
 
-# A cylinder on a box face is a known defect, kept visible (strict: the test reports it once it
-# passes): coal returns one contact point for a cylinder resting flat on a box, where the contact
-# is a patch, and the pair's geometry derivative is still the collision finite difference, so
-# dv_dq is wrong (relative error 1.0) at rest. Patches and closed forms for cylinder pairs are
-# open work of the contact-rich issue.
-_KNOWN_DEFECTS = {"cylinder-box": "cylinder flat on a box: one contact point from coal and a "
-                                  "finite-difference geometry derivative (open, issue 16)"}
-
-
-@pytest.mark.parametrize("pair", [pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=_KNOWN_DEFECTS[p]))
-                                  if p in _KNOWN_DEFECTS else p for p in PAIRS])
+# (the cylinder-box pair was a strict xfail until issue 12: coal gave one contact point for a
+# cylinder flat on a box and its geometry derivative was a finite difference; now a box face gives
+# closed-form points and derivatives, tests/test_cylinder_contacts.py)
+@pytest.mark.parametrize("pair", list(PAIRS))
 def test_collision_pair(pair, tmp_path):
     ground, geom, pos, euler = PAIRS[pair]
     asset = '<asset><mesh name="cube" file="cube.obj"/></asset>' if "mesh" in geom else ""
