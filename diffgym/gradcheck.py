@@ -54,7 +54,10 @@ of the impulses that moves the velocity (``G z != 0`` beyond rounding; see
 whose split of normal impulse changes the friction torque; the solver returns the member of the
 family its warm start leads to, and central differences of it do not converge as h shrinks.
 Redundant impulses that leave the velocity alone (a face resting or sliding without spin) are
-determinate and are checked as usual.
+determinate and are checked as usual. An environment step is classified the same way, by the
+same test at each of its frame-skip sub-steps: a disagreement of its state and reward blocks
+that no mode switch explains is indeterminate when a sub-step's velocity is (the finding names
+the sub-step); the observation block, a function of the next state alone, is always checked.
 
 The result is a :class:`GradientReport` (counts of columns checked, agreeing, explained,
 indeterminate and failed; per-block worst errors; the findings; a readable table) and ``raise_on_failure=True``
@@ -498,17 +501,28 @@ def _audit_sim_state(report, settings, sim, q, v, tau, warm, *, model, step, sub
     sim.step(q, v, tau)
 
 
+class _SubstepRecords(list):
+    """The records of record_substeps, with ``indeterminate``: per sub-step the verdict of
+    :func:`velocity_indeterminacy` ("" where the velocity is unique; filled only when asked)."""
+
+    def __init__(self):
+        super().__init__()
+        self.indeterminate: list = []
+
+
 @contextlib.contextmanager
-def record_substeps(sim):
+def record_substeps(sim, indeterminacy: bool = False):
     """Record the ``(q, v, tau, warm start, signature)`` of every ``sim.step`` made inside the
     block (an environment's frame-skip sub-steps), into the yielded list. The simulator's own
-    ``step`` is restored afterwards.
+    ``step`` is restored afterwards. With ``indeterminacy``, the list's ``indeterminate``
+    attribute gets :func:`velocity_indeterminacy` of each sub-step (why its velocity is not
+    unique, or "").
 
         with record_substeps(env.unwrapped.sim) as subs:
             env.unwrapped.step(action)
         for q, v, tau, warm, sig in subs: ...
     """
-    records: list = []
+    records = _SubstepRecords()
     step = sim.step
     own = sim.__dict__.get("step")          # (a step already patched on this instance stays)
 
@@ -517,6 +531,8 @@ def record_substeps(sim):
         out = step(q, v, tau, jacobian=jacobian)
         records.append((np.array(q, dtype=float), np.array(v, dtype=float),
                         np.array(tau, dtype=float), warm, _sim_signature(sim)))
+        if indeterminacy:
+            records.indeterminate.append(velocity_indeterminacy(sim))
         return out
 
     sim.step = recording_step
@@ -541,7 +557,7 @@ def _audit_env_step(report, settings, env, snap, action, *, model, step, substep
     """Audit the five environment blocks of one step from a snapshot, and the sub-steps."""
     env.restore(snap)
     sim = env.sim
-    with record_substeps(sim) as subs:
+    with record_substeps(sim, indeterminacy=True) as subs:
         obs, r, term, trunc, info, jac = env.step_with_jacobian(action)
     if info.get("diverged"):
         report.skipped += 1
@@ -551,6 +567,9 @@ def _audit_env_step(report, settings, env, snap, action, *, model, step, substep
     a0 = np.asarray(action, dtype=float)
     sig0 = tuple(s[4] for s in subs)
     modes = " | ".join(f"sub-step {k}: {describe_modes_from(s[4])}" for k, s in enumerate(subs))
+    # the step's next state is not unique where a sub-step's velocity is not (the same verdict
+    # as a simulator state's, velocity_indeterminacy): its disagreements are indeterminate
+    indeterminate = "; ".join(f"sub-step {k}: {w}" for k, w in enumerate(subs.indeterminate) if w)
     xnames, anames = _env_names(env)
 
     def run(grp, j, delta):
@@ -576,7 +595,8 @@ def _audit_env_step(report, settings, env, snap, action, *, model, step, substep
               "reward_state": ("reward", "x", np.asarray(jac.reward_state)[None, :]),
               "reward_action": ("reward", "a", np.asarray(jac.reward_action)[None, :])}
     _audit_problem(report, settings, model=model, step=step, substep=None, groups=groups,
-                   outputs=outputs, blocks=blocks, run=run, modes=modes, base_signature=sig0)
+                   outputs=outputs, blocks=blocks, run=run, modes=modes, base_signature=sig0,
+                   indeterminate=indeterminate)
 
     # obs_state: d obs(x_next) / d x_next, by differences of the observation hook
     obs0, _ = env._observe(x_next)

@@ -325,6 +325,34 @@ def test_env_audit_catches_a_wrong_reward_derivative():
     assert rep.blocks["state_state"].failed == 0 and rep.blocks["obs_state"].failed == 0
 
 
+def test_env_audit_classifies_indeterminate_steps(monkeypatch):
+    """An environment step's state and reward blocks take the simulator's verdict on its
+    sub-steps (gradcheck.velocity_indeterminacy, the one test for both): a disagreement at a
+    step one of whose sub-steps has a non-unique velocity is indeterminate, naming the
+    sub-step; elsewhere it fails. (A wrong Jacobian stands in for the disagreement and a stub
+    verdict for a non-unique sub-step: the cart-pole has one sub-step per step.)"""
+    import diffgym.gradcheck as gc
+    env = gym.make("DiffCartPole-v0")
+    u = env.unwrapped
+    real = u.step_with_jacobian
+
+    def wrong(action):
+        *out, jac = real(action)
+        jac.state_state[0, 0] += 1e-3 * np.abs(jac.state_state).max()
+        return (*out, jac)
+
+    u.step_with_jacobian = wrong
+    rep = diffgym.envs.check_jacobians(env, steps=2, max_states=2)
+    assert rep.failed >= 1 and rep.indeterminate == 0
+    assert {f.block for f in rep.failures} == {"state_state"}, str(rep)
+    monkeypatch.setattr(gc, "velocity_indeterminacy", lambda sim: "stub: null direction")
+    rep = diffgym.envs.check_jacobians(env, steps=2, max_states=2)
+    assert rep.ok and rep.failed == 0 and rep.indeterminate >= 1, str(rep)
+    ind = [f for f in rep.findings if f.status == "indeterminate"]
+    assert {f.block for f in ind} == {"state_state"}
+    assert all(f.indeterminate == "sub-step 0: stub: null direction" for f in ind), ind[0].indeterminate
+
+
 def _contact_threshold_height(sim, vz):
     """The height at which a falling ball's contact impulse just becomes positive within the
     step (bisection to 1e-13 m): a contact making/breaking inside any stencil around it."""
