@@ -450,6 +450,12 @@ def velocity_indeterminacy(sim) -> str:
     if cons is None or res is None or G is None or not getattr(cons, "m", 0) or not cons.nc:
         return ""
     A, _ = D._mode_system(res, G, cons.nc, cons.mu)
+    # rows to unit length first (the null space is the same): the mode system's rows are scaled
+    # for the solve, and a sliding contact's slip-magnitude row at a slip of 5e-10 under a large
+    # normal impulse is ~1e-11 of the others, which a relative cut-off took for a null direction
+    # of the tangential impulse (a creeping 10 t block, translating, was called indeterminate)
+    rn = np.sqrt(np.einsum("ij,ij->i", A, A))
+    A = A / np.where(rn > 0.0, rn, 1.0)[:, None]
     _, s, Vt = np.linalg.svd(A)
     if not len(s) or s[0] == 0.0:
         return ""
