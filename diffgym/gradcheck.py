@@ -516,6 +516,73 @@ class _SubstepRecords(list):
         self.indeterminate: list = []
 
 
+def step_differences(sim, q, v, tau, eps: float, *, warm=None, tau_scale: float = 1.0):
+    """Central and one-sided differences of the whole step ``sim.step(q, v, tau)``, every block
+    of SIM_BLOCKS: ``(central, forward, backward)``, dicts block -> (nv, nv). q is perturbed in
+    the tangent space (``pinocchio.integrate``, outputs compared with ``pinocchio.difference``),
+    v by ``eps``, tau by ``eps * tau_scale``; every step starts from the warm start ``warm``
+    (a ``sim.warm_start_state()``; None: cold), so hidden solver state cannot differ. The raw
+    differences behind the audit, for scripts and tests that tabulate errors themselves."""
+    nv = sim.nv
+    q, v, tau = (np.asarray(a, dtype=float) for a in (q, v, tau))
+
+    def run(qq, vv, tt):
+        sim.set_warm_start_state(warm)
+        return sim.step(qq, vv, tt)
+
+    cen, fwd, bwd = ({k: np.zeros((nv, nv)) for k in SIM_BLOCKS} for _ in range(3))
+    q0, v0 = run(q, v, tau)
+    for i in range(nv):
+        for name, h in (("q", eps), ("v", eps), ("tau", eps * tau_scale)):
+            e = np.zeros(nv)
+            e[i] = h
+            if name == "q":
+                plus, minus = ((pin.integrate(sim.model, q, e), v, tau),
+                               (pin.integrate(sim.model, q, -e), v, tau))
+            elif name == "v":
+                plus, minus = (q, v + e, tau), (q, v - e, tau)
+            else:
+                plus, minus = (q, v, tau + e), (q, v, tau - e)
+            qa, va = run(*plus)
+            qb, vb = run(*minus)
+            for blk, a, b, z in (("dq_d" + name, qa, qb, q0), ("dv_d" + name, va, vb, v0)):
+                if blk[1] == "q":
+                    da, db = pin.difference(sim.model, z, a), pin.difference(sim.model, b, z)
+                else:
+                    da, db = a - z, z - b
+                cen[blk][:, i] = (da + db) / (2 * h)
+                fwd[blk][:, i] = da / h
+                bwd[blk][:, i] = db / h
+    return cen, fwd, bwd
+
+
+def step_jacobian_errors(sim, q, v, tau, *, warm=None, tau_scale: float = 1.0,
+                         eps=(1e-4, 1e-5, 1e-6), skip_q=()):
+    """``(jac, errors, one_sided)`` of the step from (q, v, tau) (warm start ``warm``): per
+    block the smallest, over the step sizes ``eps``, of the analytical Jacobian's largest
+    deviation from central differences relative to the block's largest difference; and the
+    largest disagreement of the one-sided differences on the same scale (a mode switch inside
+    the stencil shows there). ``skip_q``: q columns left out of the ``*_dq`` blocks. A cruder,
+    block-wise measure than the audit's, for tables of many states."""
+    sim.set_warm_start_state(warm)
+    sim.step(q, v, tau)
+    from .derivatives import step_jacobian
+    jac = step_jacobian(sim)
+    errors = {k: np.inf for k in SIM_BLOCKS}
+    one_sided = {k: 0.0 for k in SIM_BLOCKS}
+    keep = [i for i in range(sim.nv) if i not in set(skip_q)]
+    for h in eps:
+        c, p, m = step_differences(sim, q, v, tau, h, warm=warm, tau_scale=tau_scale)
+        for k in SIM_BLOCKS:
+            cols = keep if k.endswith("_dq") else list(range(sim.nv))
+            C, A = c[k][:, cols], getattr(jac, k)[:, cols]
+            scale = max(float(np.abs(C).max(initial=0.0)), 1e-12)
+            errors[k] = min(errors[k], float(np.abs(A - C).max(initial=0.0)) / scale)
+            one_sided[k] = max(one_sided[k],
+                               float(np.abs(p[k][:, cols] - m[k][:, cols]).max(initial=0.0)) / scale)
+    return jac, errors, one_sided
+
+
 @contextlib.contextmanager
 def record_substeps(sim, indeterminacy: bool = False):
     """Record the ``(q, v, tau, warm start, signature)`` of every ``sim.step`` made inside the

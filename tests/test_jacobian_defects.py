@@ -14,10 +14,10 @@ import pytest
 import gymnasium as gym
 
 import diffgym
-from diffgym import derivatives as D
+from diffgym import derivatives as D, gradcheck
 from diffgym.envs import ENV_IDS  # noqa: F401  (registers the environments)
 
-BLOCKS = ("dq_dq", "dq_dv", "dq_dtau", "dv_dq", "dv_dv", "dv_dtau")
+BLOCKS = gradcheck.SIM_BLOCKS
 
 
 def _run(sim, warm, q, v, tau):
@@ -26,57 +26,21 @@ def _run(sim, warm, q, v, tau):
 
 
 def fd_step(sim, q, v, tau, eps, tau_scale, warm=None):
-    """Central and one-sided differences of the whole step (tangent perturbations of q; tau
-    perturbed by ``eps * tau_scale``), each from the same warm start."""
-    nv = sim.nv
-    c = {k: np.zeros((nv, nv)) for k in BLOCKS}
-    p = {k: np.zeros((nv, nv)) for k in BLOCKS}
-    m = {k: np.zeros((nv, nv)) for k in BLOCKS}
-    q0, v0 = _run(sim, warm, q, v, tau)
-    for i in range(nv):
-        for name, h in (("q", eps), ("v", eps), ("tau", eps * tau_scale)):
-            e = np.zeros(nv)
-            e[i] = h
-            if name == "q":
-                plus, minus = ((pin.integrate(sim.model, q, e), v, tau),
-                               (pin.integrate(sim.model, q, -e), v, tau))
-            elif name == "v":
-                plus, minus = (q, v + e, tau), (q, v - e, tau)
-            else:
-                plus, minus = (q, v, tau + e), (q, v, tau - e)
-            qa, va = _run(sim, warm, *plus)
-            qb, vb = _run(sim, warm, *minus)
-            for blk, a, b, z in (("dq_d" + name, qa, qb, q0), ("dv_d" + name, va, vb, v0)):
-                if blk[1] == "q":
-                    da, db = pin.difference(sim.model, z, a), pin.difference(sim.model, b, z)
-                else:
-                    da, db = a - z, z - b
-                c[blk][:, i] = (da + db) / (2 * h)
-                p[blk][:, i] = da / h
-                m[blk][:, i] = db / h
-    return c, p, m
+    """Central and one-sided differences of the whole step (gradcheck.step_differences)."""
+    return gradcheck.step_differences(sim, q, v, tau, eps, warm=warm, tau_scale=tau_scale)
 
 
 def step_jacobian_errors(sim, q, v, tau, warm=None, tau_scale=100.0,
                          eps_list=(1e-4, 1e-5, 1e-6)):
-    """(jac, errors, one_sided): per block the smallest relative error of the analytical
-    Jacobian against central differences over the step sizes, and the largest relative
-    disagreement of the one-sided differences (a mode switch inside the stencil shows there)."""
+    """(jac, errors, one_sided) of gradcheck.step_jacobian_errors, after checking that the
+    compiled route and the numpy reference give the same Jacobian."""
     _run(sim, warm, q, v, tau)
-    jac = D.step_jacobian(sim)
-    ref = D.step_jacobian(sim, compiled=False)
-    errors = {k: np.inf for k in BLOCKS}
-    one_sided = {k: 0.0 for k in BLOCKS}
-    for eps in eps_list:
-        c, p, m = fd_step(sim, q, v, tau, eps, tau_scale, warm)
-        for k in BLOCKS:
-            A, B = getattr(jac, k), c[k]
-            scale = max(np.abs(B).max(), 1e-12)
-            assert np.allclose(getattr(ref, k), A, rtol=1e-9, atol=1e-11 * scale), \
-                f"{k}: compiled and reference routes differ"
-            errors[k] = min(errors[k], np.abs(A - B).max() / scale)
-            one_sided[k] = max(one_sided[k], np.abs(p[k] - m[k]).max() / scale)
-    return jac, errors, one_sided
+    jac, ref = D.step_jacobian(sim), D.step_jacobian(sim, compiled=False)
+    for k in BLOCKS:
+        A, B = getattr(jac, k), getattr(ref, k)
+        assert np.allclose(B, A, rtol=1e-9, atol=1e-11 * max(np.abs(A).max(), 1e-12)), \
+            f"{k}: compiled and reference routes differ"
+    return gradcheck.step_jacobian_errors(sim, q, v, tau, warm=warm, tau_scale=tau_scale, eps=eps_list)
 
 
 def assert_exact(sim, q, v, tau, rtol=1e-6, warm=None, **kw):
@@ -408,8 +372,3 @@ def test_creeping_box_fails_without_the_equilibration(monkeypatch):
     # every dv_dtau column (the ones the test above certifies) fails, and the v columns by 100%
     assert rep.blocks["dv_dtau"].failed == 6, str(rep)
     assert max(f.error for f in rep.failures) > 0.5, str(rep)
-
-
-def _run_jac(sim, warm, q, v, tau):
-    sim.set_warm_start_state(warm)
-    return sim.step(q, v, tau, jacobian=True)
