@@ -12,7 +12,11 @@
 * contact patches (``pinocchio.computeContactPatch``): a face or edge contact gives a polygon,
   reduced to at most ``max_points`` (4) points that span it, so a box lies flat without rocking;
 * closed form, without coal (``collision_kernels``): spheres, capsules and boxes on a static
-  plane, sphere-sphere and sphere-box pairs (a ball against a cushion).
+  plane, sphere-sphere and sphere-box pairs (a ball against a cushion); (``plane_contacts``)
+  cylinders and ellipsoids on a plane, and a cylinder on the face of a box
+  (``cylinder_box_face``: 4 rim points of a cap lying flat, the two ends of a side-lying
+  cylinder's line contact, a tilted cap's lowest rim point; coal where the cylinder is over an
+  edge or a corner of the box).
 
 The margin of a pair is ``base_margin + dt^2 |gravity| + dt * (speed bound of geom 1 + speed
 bound of geom 2)``.

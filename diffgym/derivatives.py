@@ -28,8 +28,10 @@ centre or segment point, box and mesh witness points are body-fixed vertices, a 
 cylinder's witness is the lowest point of its cap rim, an ellipsoid's its support point), for
 sphere-sphere, for sphere-box (``_sphere_box``: face, edge, corner and centre-inside regions;
 either body static or moving), for every pair of boxes and convex meshes and for capsule-capsule
-(``collision_derivatives``: feature by feature, patches included). Every other pair (capsule
-with a box or mesh, cylinders and ellipsoids off the plane, anything on a moving plane, ...)
+(``collision_derivatives``: feature by feature, patches included), and for a cylinder on a
+box face, static or moving (``collision_derivatives.cylinder_box_pair``: the rows the driver
+found on the face; a cylinder over a box's edge or corner keeps coal's point). Every other
+pair (cylinders and ellipsoids off the plane and box faces, anything on a moving plane, ...)
 falls back to a central difference of the collision output alone (``_collision_fd``, step
 ``collision_fd_eps``), never of the dynamics, counted in ``fallback_counts`` with a warning
 once per pair of kinds; ``closed_form_pair`` says which. ``tests/test_gradients.py`` and
