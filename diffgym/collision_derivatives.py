@@ -629,3 +629,74 @@ def capsule_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list:
     dd[k] = n @ dr
     dp[k] = 0.5 * (dc1 + dc2) + 0.5 * (rA - rB) * Dn
     return []
+
+
+# -- a cylinder on a face of a box (or on a plane) --------------------------------------------------
+def cylinder_face(x, d, n, lowest, a, rad, dX, dC, Wc, dn_face, dXf):
+    """Closed-form (dp (3, nv), dn (3, nv), dd (nv,)) of one contact row of a cylinder on a face
+    plane (``plane_contacts.cylinder_points``): x the witness point on the cylinder, d its
+    height above the plane, n the plane's unit normal (out of the plane, towards the cylinder),
+    ``lowest`` whether x is the lowest point of a tilted cap's rim (else a body-fixed rim
+    point of a flat cap), a the cylinder's axis, rad its radius; dX, dC the Jacobians of the
+    cylinder's body points at x and at the centre ``x + rad u`` of x's cap; Wc the cylinder's
+    angular Jacobian; dn_face the Jacobian of n (``w_box x n`` for a box face, 0 for a static
+    plane); dXf the Jacobian of the face's body point at the contact point p = x - d n.
+
+    A rim vertex moves with the cylinder (dx = dX); the lowest rim point is ``c - rad u`` with
+    u the unit projection of n on the cap plane, u = e / |e|, e = n - (n.a) a, so
+    ``de = dn - a (dn.a + n.da) - (n.a) da``, da = w_c x a, du = (I - u u^T) de / |e| and
+    dx = dC - rad du. The height d = n.(x - y) over the face's point y (at p, moving with the
+    face) has dd = dn.(x - y) + n.(dx - dy) = n.(dx - dXf) (x - y = d n is normal to dn), and
+    p = x - d n has dp = dx - n dd - d dn."""
+    if lowest:
+        na = float(n @ a)
+        e = n - na * a
+        ne = float(np.sqrt(e @ e))
+        u = e / ne
+        da = -_skew(a) @ Wc
+        de = dn_face - np.outer(a, a @ dn_face + n @ da) - na * da
+        du = (de - np.outer(u, u @ de)) / ne
+        dx = dC - rad * du
+    else:
+        dx = dX
+    ddist = n @ (dx - dXf)
+    return dx - np.outer(n, ddist) - d * dn_face, dn_face, ddist
+
+
+def cylinder_box_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list:
+    """Closed-form dp, dn, dd for the rows of a cylinder-box pair that the driver found on a
+    box face (``plane_contacts.cylinder_box_face``; the pair is in the collision driver's
+    ``cylinder_face_pairs``): per row ``cylinder_face`` with the face normal turning with the
+    box. Returns the rows it could not do (for the fallback)."""
+    from .plane_contacts import CYLINDER_LOWEST_ID
+    k0 = rows[0]
+    if int(c.pair[k0]) not in getattr(sim.collision, "cylinder_face_pairs", ()):
+        return _undone(rows, 'cylinder-box: not on a face')
+    g1, g2 = int(c.geom1[k0]), int(c.geom2[k0])
+    box_first = sim.sm.geoms[g1].kind == "box"
+    gb, gc = (g1, g2) if box_first else (g2, g1)
+    B, C = (_Body(kin, j1), _Body(kin, j2)) if box_first else (_Body(kin, j2), _Body(kin, j1))
+    sgn = 1.0 if box_first else -1.0
+    Mc, Mb = sim.geom_data.oMg[gc], sim.geom_data.oMg[gb]
+    a = Mc.rotation[:, 2]
+    rad = float(sim.geom_model.geometryObjects[gc].geometry.radius)
+    undone = []
+    for k in rows:
+        n = sgn * np.asarray(c.normal[k], float)
+        if float(np.max(np.abs(Mb.rotation.T @ n))) < 1.0 - 1e-12:
+            undone += _undone([k], 'cylinder-box: normal off the face')
+            continue
+        d = float(c.dist[k])
+        p = np.asarray(c.pos[k], float)
+        x = p + d * n
+        lowest = int(c.point[k]) >= CYLINDER_LOWEST_ID
+        if lowest:
+            e = n - float(n @ a) * a
+            centre = x + rad * e / np.linalg.norm(e)
+            dC = C.point(centre)
+        else:
+            dC = None
+        Dp, Dn, Dd = cylinder_face(x, d, n, lowest, a, rad, C.point(x), dC, C.Jw, B.turn(n),
+                                   B.point(p))
+        dp[k], dn[k], dd[k] = Dp, sgn * Dn, Dd
+    return undone

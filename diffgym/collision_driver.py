@@ -12,7 +12,11 @@
 * contact patches (``pinocchio.computeContactPatch``): a face or edge contact gives a polygon,
   reduced to at most ``max_points`` (4) points that span it, so a box lies flat without rocking;
 * closed form, without coal (``collision_kernels``): spheres, capsules and boxes on a static
-  plane, sphere-sphere and sphere-box pairs (a ball against a cushion).
+  plane, sphere-sphere and sphere-box pairs (a ball against a cushion); (``plane_contacts``)
+  cylinders and ellipsoids on a plane, and a cylinder on the face of a box
+  (``cylinder_box_face``: 4 rim points of a cap lying flat, the two ends of a side-lying
+  cylinder's line contact, a tilted cap's lowest rim point; coal where the cylinder is over an
+  edge or a corner of the box).
 
 The margin of a pair is ``base_margin + dt^2 |gravity| + dt * (speed bound of geom 1 + speed
 bound of geom 2)``.
@@ -36,7 +40,7 @@ from .frames import tangent_frames
 from .pinviews import gather_placements, placement_view
 from .model import SimModel
 from .collision_kernels import BROAD_SLACK as _BROAD_SLACK, KIND_CODES, detect_closed_form
-from .plane_contacts import ANALYTIC_KINDS, shape_points
+from .plane_contacts import ANALYTIC_KINDS, cylinder_box_face, shape_points
 
 
 
@@ -371,6 +375,20 @@ class CollisionDriver:
                 return _mesh_axes(np.asarray(sh.points(), dtype=float).reshape(-1, 3))
             return None
 
+        # cylinder-box pairs (no swept radius): closed-form points on a box face
+        # (plane_contacts.cylinder_box_face), coal elsewhere
+        self._cyl_box = {}
+        for k in range(len(p)):
+            sh = [gm.geometryObjects[int(g)].geometry for g in p[k]]
+            if any(hasattr(x, "getSweptSphereRadius") and x.getSweptSphereRadius() for x in sh):
+                continue
+            for ic, ib in ((0, 1), (1, 0)):
+                if isinstance(sh[ic], coal.Cylinder) and isinstance(sh[ib], coal.Box):
+                    self._cyl_box[k] = (int(p[k, ic]), int(p[k, ib]), float(sh[ic].radius),
+                                        float(sh[ic].halfLength),
+                                        np.asarray(sh[ib].halfSide, float).copy(), ib == 0)
+        self.cylinder_face_pairs: set = set()
+
         for k in range(len(p)):
             ca, cb = core(int(p[k, 0])), core(int(p[k, 1]))
             if ca is not None and cb is not None and (ca[0] != "capsule" or cb[0] != "capsule"):
@@ -487,6 +505,33 @@ class CollisionDriver:
         rows_n.append(n)
         rows_d.append(float(n @ (p2 - p1)))
 
+    def _cylinder_box(self, k, gdata, margin, rows_pair, rows_pt, rows_pos, rows_n, rows_d) -> bool:
+        """Closed-form points of cylinder-box pair k where a box face is the contact feature
+        (plane_contacts.cylinder_box_face: a cap flat on the face gives 4 rim points, a
+        cylinder on its side the two ends of its line contact; the points on the face plane);
+        False where it is not (coal decides)."""
+        gc, gb, r, h, hb, box_first = self._cyl_box[k]
+        Mc, Mb = gdata.oMg[gc], gdata.oMg[gb]
+        out = cylinder_box_face(r, h, Mc.rotation, Mc.translation, Mb.rotation, Mb.translation,
+                                hb, margin)
+        if out is None:
+            return False
+        n, _, _, x, height, ids = out
+        self.cylinder_face_pairs.add(k)
+        m = len(ids)
+        if not m:
+            return True
+        if m > self.max_points:
+            sel = np.argsort(height, kind="stable")[:self.max_points]
+            x, height, ids, m = x[sel], height[sel], ids[sel], self.max_points
+        N = n if box_first else -n                   # from geom 1 to geom 2
+        rows_pair += [k] * m
+        rows_pt += ids.tolist()
+        rows_pos.extend(x - height[:, None] * n)
+        rows_n += [N] * m
+        rows_d += height.tolist()
+        return True
+
     def _narrow_tables(self, gdata: pin.GeometryData):
         """References to gdata's per-pair request/result objects (looked up once per gdata)."""
         if self._gdata is not gdata:
@@ -541,9 +586,13 @@ class CollisionDriver:
         reqs, cres, pres_all = self._narrow_tables(gdata)
         # box-box pairs whose patch points carry their own distances (derivatives read it)
         per_point = self.per_point_pairs = set()
+        self.cylinder_face_pairs = set()
         for k, mk in zip(cand.tolist(), margin[cand].tolist()):
             if analytic[k]:
                 self._plane_pair(k, gdata, mk, rows_pair, rows_pt, rows_pos, rows_n, rows_d)
+                continue
+            if k in self._cyl_box and self._cylinder_box(k, gdata, mk, rows_pair, rows_pt,
+                                                         rows_pos, rows_n, rows_d):
                 continue
             req = reqs[k]
             req.security_margin = mk

@@ -28,8 +28,10 @@ centre or segment point, box and mesh witness points are body-fixed vertices, a 
 cylinder's witness is the lowest point of its cap rim, an ellipsoid's its support point), for
 sphere-sphere, for sphere-box (``_sphere_box``: face, edge, corner and centre-inside regions;
 either body static or moving), for every pair of boxes and convex meshes and for capsule-capsule
-(``collision_derivatives``: feature by feature, patches included). Every other pair (capsule
-with a box or mesh, cylinders and ellipsoids off the plane, anything on a moving plane, ...)
+(``collision_derivatives``: feature by feature, patches included), and for a cylinder on a
+box face, static or moving (``collision_derivatives.cylinder_box_pair``: the rows the driver
+found on the face; a cylinder over a box's edge or corner keeps coal's point). Every other
+pair (cylinders and ellipsoids off the plane and box faces, anything on a moving plane, ...)
 falls back to a central difference of the collision output alone (``_collision_fd``, step
 ``collision_fd_eps``), never of the dynamics, counted in ``fallback_counts`` with a warning
 once per pair of kinds; ``closed_form_pair`` says which. ``tests/test_gradients.py`` and
@@ -51,10 +53,10 @@ import numpy as np
 import pinocchio as pin
 
 from . import derivative_kernels as K
-from .collision_derivatives import POLYTOPE_KINDS, capsule_pair, polytope_pair
+from .collision_derivatives import POLYTOPE_KINDS, capsule_pair, cylinder_box_pair, polytope_pair
 from .collision_driver import tighten_requests
 from .constraint import baumgarte_gain
-from .plane_contacts import ellipsoid_directions
+from .plane_contacts import CYLINDER_LOWEST_ID, ellipsoid_directions
 from .pinviews import addr as _addr, gather_placements, placement_view, raw_rows as _raw_rows
 from .solver import BREAKING, STICKING
 
@@ -392,7 +394,7 @@ def _plane_contacts(sim, kin: _Kin, cons, idx: np.ndarray, dp, dn, dd) -> None:
             a = Rg[:, 2]
             dvec = m - (m @ a) * a
             nd = np.linalg.norm(dvec)
-            if nd < 1e-9:                               # cap flat on the plane: rim vertices
+            if int(c.point[idx[r]]) < CYLINDER_LOWEST_ID:   # cap flat on the plane: rim vertices
                 continue
             u = dvec / nd
             centre = x[r] + rad * u                     # centre of the touching cap (body-fixed)
@@ -504,10 +506,13 @@ def geometry_derivatives(sim, kin: _Kin, cons) -> tuple[np.ndarray, np.ndarray, 
     plane, fallback = [], []
     polytope: dict = {}
     capsules: dict = {}
+    cylbox: dict = {}
     for k, (g1, g2) in enumerate(zip(c.geom1.tolist(), c.geom2.tolist())):
         k1, k2 = geoms[g1].kind, geoms[g2].kind
         j1, j2 = int(gjoint[g1]), int(gjoint[g2])
-        if not closed_form_pair(k1, j1 == 0, k2, j2 == 0):
+        if {k1, k2} == {"cylinder", "box"}:
+            cylbox.setdefault(int(c.pair[k]), (j1, j2, []))[2].append(k)
+        elif not closed_form_pair(k1, j1 == 0, k2, j2 == 0):
             fallback.append(k)
         elif (k1 in POLYTOPE_KINDS or k1 == "capsule") and (k2 in POLYTOPE_KINDS or k2 == "capsule") \
                 and not (k1 == "capsule" and k2 == "capsule"):
@@ -533,7 +538,8 @@ def geometry_derivatives(sim, kin: _Kin, cons) -> tuple[np.ndarray, np.ndarray, 
             dp[k] = 0.5 * (dc1 + dc2) + 0.5 * (r1 - r2) * dn[k]
         else:
             plane.append(k)
-    for route, groups in ((polytope_pair, polytope), (capsule_pair, capsules)):
+    for route, groups in ((polytope_pair, polytope), (capsule_pair, capsules),
+                          (cylinder_box_pair, cylbox)):
         for j1, j2, rows in groups.values():
             try:
                 with np.errstate(divide="raise", invalid="raise", over="raise"):

@@ -54,7 +54,10 @@ of the impulses that moves the velocity (``G z != 0`` beyond rounding; see
 whose split of normal impulse changes the friction torque; the solver returns the member of the
 family its warm start leads to, and central differences of it do not converge as h shrinks.
 Redundant impulses that leave the velocity alone (a face resting or sliding without spin) are
-determinate and are checked as usual.
+determinate and are checked as usual. An environment step is classified the same way, by the
+same test at each of its frame-skip sub-steps: a disagreement of its state and reward blocks
+that no mode switch explains is indeterminate when a sub-step's velocity is (the finding names
+the sub-step); the observation block, a function of the next state alone, is always checked.
 
 The result is a :class:`GradientReport` (counts of columns checked, agreeing, explained,
 indeterminate and failed; per-block worst errors; the findings; a readable table) and ``raise_on_failure=True``
@@ -448,6 +451,12 @@ def velocity_indeterminacy(sim) -> str:
     if cons is None or res is None or G is None or not getattr(cons, "m", 0) or not cons.nc:
         return ""
     A, _ = D._mode_system(res, G, cons.nc, cons.mu)
+    # rows to unit length first (the null space is the same): the mode system's rows are scaled
+    # for the solve, and a sliding contact's slip-magnitude row at a slip of 5e-10 under a large
+    # normal impulse is ~1e-11 of the others, which a relative cut-off took for a null direction
+    # of the tangential impulse (a creeping 10 t block, translating, was called indeterminate)
+    rn = np.sqrt(np.einsum("ij,ij->i", A, A))
+    A = A / np.where(rn > 0.0, rn, 1.0)[:, None]
     _, s, Vt = np.linalg.svd(A)
     if not len(s) or s[0] == 0.0:
         return ""
@@ -499,17 +508,95 @@ def _audit_sim_state(report, settings, sim, q, v, tau, warm, *, model, step, sub
     sim.step(q, v, tau)
 
 
+class _SubstepRecords(list):
+    """The records of record_substeps, with ``indeterminate``: per sub-step the verdict of
+    :func:`velocity_indeterminacy` ("" where the velocity is unique; filled only when asked)."""
+
+    def __init__(self):
+        super().__init__()
+        self.indeterminate: list = []
+
+
+def step_differences(sim, q, v, tau, eps: float, *, warm=None, tau_scale: float = 1.0):
+    """Central and one-sided differences of the whole step ``sim.step(q, v, tau)``, every block
+    of SIM_BLOCKS: ``(central, forward, backward)``, dicts block -> (nv, nv). q is perturbed in
+    the tangent space (``pinocchio.integrate``, outputs compared with ``pinocchio.difference``),
+    v by ``eps``, tau by ``eps * tau_scale``; every step starts from the warm start ``warm``
+    (a ``sim.warm_start_state()``; None: cold), so hidden solver state cannot differ. The raw
+    differences behind the audit, for scripts and tests that tabulate errors themselves."""
+    nv = sim.nv
+    q, v, tau = (np.asarray(a, dtype=float) for a in (q, v, tau))
+
+    def run(qq, vv, tt):
+        sim.set_warm_start_state(warm)
+        return sim.step(qq, vv, tt)
+
+    cen, fwd, bwd = ({k: np.zeros((nv, nv)) for k in SIM_BLOCKS} for _ in range(3))
+    q0, v0 = run(q, v, tau)
+    for i in range(nv):
+        for name, h in (("q", eps), ("v", eps), ("tau", eps * tau_scale)):
+            e = np.zeros(nv)
+            e[i] = h
+            if name == "q":
+                plus, minus = ((pin.integrate(sim.model, q, e), v, tau),
+                               (pin.integrate(sim.model, q, -e), v, tau))
+            elif name == "v":
+                plus, minus = (q, v + e, tau), (q, v - e, tau)
+            else:
+                plus, minus = (q, v, tau + e), (q, v, tau - e)
+            qa, va = run(*plus)
+            qb, vb = run(*minus)
+            for blk, a, b, z in (("dq_d" + name, qa, qb, q0), ("dv_d" + name, va, vb, v0)):
+                if blk[1] == "q":
+                    da, db = pin.difference(sim.model, z, a), pin.difference(sim.model, b, z)
+                else:
+                    da, db = a - z, z - b
+                cen[blk][:, i] = (da + db) / (2 * h)
+                fwd[blk][:, i] = da / h
+                bwd[blk][:, i] = db / h
+    return cen, fwd, bwd
+
+
+def step_jacobian_errors(sim, q, v, tau, *, warm=None, tau_scale: float = 1.0,
+                         eps=(1e-4, 1e-5, 1e-6), skip_q=()):
+    """``(jac, errors, one_sided)`` of the step from (q, v, tau) (warm start ``warm``): per
+    block the smallest, over the step sizes ``eps``, of the analytical Jacobian's largest
+    deviation from central differences relative to the block's largest difference; and the
+    largest disagreement of the one-sided differences on the same scale (a mode switch inside
+    the stencil shows there). ``skip_q``: q columns left out of the ``*_dq`` blocks. A cruder,
+    block-wise measure than the audit's, for tables of many states."""
+    sim.set_warm_start_state(warm)
+    sim.step(q, v, tau)
+    from .derivatives import step_jacobian
+    jac = step_jacobian(sim)
+    errors = {k: np.inf for k in SIM_BLOCKS}
+    one_sided = {k: 0.0 for k in SIM_BLOCKS}
+    keep = [i for i in range(sim.nv) if i not in set(skip_q)]
+    for h in eps:
+        c, p, m = step_differences(sim, q, v, tau, h, warm=warm, tau_scale=tau_scale)
+        for k in SIM_BLOCKS:
+            cols = keep if k.endswith("_dq") else list(range(sim.nv))
+            C, A = c[k][:, cols], getattr(jac, k)[:, cols]
+            scale = max(float(np.abs(C).max(initial=0.0)), 1e-12)
+            errors[k] = min(errors[k], float(np.abs(A - C).max(initial=0.0)) / scale)
+            one_sided[k] = max(one_sided[k],
+                               float(np.abs(p[k][:, cols] - m[k][:, cols]).max(initial=0.0)) / scale)
+    return jac, errors, one_sided
+
+
 @contextlib.contextmanager
-def record_substeps(sim):
+def record_substeps(sim, indeterminacy: bool = False):
     """Record the ``(q, v, tau, warm start, signature)`` of every ``sim.step`` made inside the
     block (an environment's frame-skip sub-steps), into the yielded list. The simulator's own
-    ``step`` is restored afterwards.
+    ``step`` is restored afterwards. With ``indeterminacy``, the list's ``indeterminate``
+    attribute gets :func:`velocity_indeterminacy` of each sub-step (why its velocity is not
+    unique, or "").
 
         with record_substeps(env.unwrapped.sim) as subs:
             env.unwrapped.step(action)
         for q, v, tau, warm, sig in subs: ...
     """
-    records: list = []
+    records = _SubstepRecords()
     step = sim.step
     own = sim.__dict__.get("step")          # (a step already patched on this instance stays)
 
@@ -518,6 +605,8 @@ def record_substeps(sim):
         out = step(q, v, tau, jacobian=jacobian)
         records.append((np.array(q, dtype=float), np.array(v, dtype=float),
                         np.array(tau, dtype=float), warm, _sim_signature(sim)))
+        if indeterminacy:
+            records.indeterminate.append(velocity_indeterminacy(sim))
         return out
 
     sim.step = recording_step
@@ -542,7 +631,7 @@ def _audit_env_step(report, settings, env, snap, action, *, model, step, substep
     """Audit the five environment blocks of one step from a snapshot, and the sub-steps."""
     env.restore(snap)
     sim = env.sim
-    with record_substeps(sim) as subs:
+    with record_substeps(sim, indeterminacy=True) as subs:
         obs, r, term, trunc, info, jac = env.step_with_jacobian(action)
     if info.get("diverged"):
         report.skipped += 1
@@ -552,6 +641,9 @@ def _audit_env_step(report, settings, env, snap, action, *, model, step, substep
     a0 = np.asarray(action, dtype=float)
     sig0 = tuple(s[4] for s in subs)
     modes = " | ".join(f"sub-step {k}: {describe_modes_from(s[4])}" for k, s in enumerate(subs))
+    # the step's next state is not unique where a sub-step's velocity is not (the same verdict
+    # as a simulator state's, velocity_indeterminacy): its disagreements are indeterminate
+    indeterminate = "; ".join(f"sub-step {k}: {w}" for k, w in enumerate(subs.indeterminate) if w)
     xnames, anames = _env_names(env)
 
     def run(grp, j, delta):
@@ -577,7 +669,8 @@ def _audit_env_step(report, settings, env, snap, action, *, model, step, substep
               "reward_state": ("reward", "x", np.asarray(jac.reward_state)[None, :]),
               "reward_action": ("reward", "a", np.asarray(jac.reward_action)[None, :])}
     _audit_problem(report, settings, model=model, step=step, substep=None, groups=groups,
-                   outputs=outputs, blocks=blocks, run=run, modes=modes, base_signature=sig0)
+                   outputs=outputs, blocks=blocks, run=run, modes=modes, base_signature=sig0,
+                   indeterminate=indeterminate)
 
     # obs_state: d obs(x_next) / d x_next, by differences of the observation hook
     obs0, _ = env._observe(x_next)

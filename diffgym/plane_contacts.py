@@ -9,7 +9,12 @@ the warm start and the step derivatives rely on:
 * sphere: its centre minus r n;
 * box: the 8 corners (body-fixed);
 * capsule: the two segment ends, offset by the radius along the plane normal;
-* cylinder: for each cap, the lowest rim point, or 4 rim points when the cap lies flat;
+* cylinder: for each cap, the lowest point of its rim (ids 8, 9), or, where the cap lies flat
+  to within ``CYLINDER_FLAT_TOL`` (its rim's height varies by less: a face contact, a patch),
+  4 body-fixed rim points (ids 4 cap + 0..3), the corners of the square inscribed in the
+  rim, so a cylinder standing on its cap or lying on its side (the two ends of the line
+  contact) rests without rocking (``cylinder_points``, also the points of a cylinder on a box
+  face, ``cylinder_box_face``);
 * ellipsoid: its support point along -n, ``c - E n / sqrt(n^T E n)`` with
   ``E = R diag(radii^2) R^T`` (its height above the plane is ``n.c - offset - sqrt(n^T E n)``,
   the exact signed distance of an ellipsoid to a plane), and the support points along 4
@@ -47,18 +52,7 @@ def shape_points(kind: str, size: np.ndarray, R: np.ndarray, t: np.ndarray,
         x = ends - r * n
         ids = np.arange(2)
     elif kind == "cylinder":
-        r, h = size[0], size[1]
-        a = R[:, 2]
-        d = n - (n @ a) * a
-        nd = np.linalg.norm(d)
-        caps = np.stack([t - h * a, t + h * a])
-        if nd < 1e-9:
-            rim = np.stack([R[:, 0], R[:, 1], -R[:, 0], -R[:, 1]]) * r
-            x = (caps[:, None, :] + rim[None, :, :]).reshape(8, 3)
-            ids = np.arange(8)
-        else:
-            x = caps - r * d / nd
-            ids = np.array([0, 4])
+        x, ids = cylinder_points(size[0], size[1], R, t, n)
     elif kind == "ellipsoid":
         # support points of x = t + R diag(r) u (|u| = 1) along -m, m = n and 4 directions
         # tilted from n (ellipsoid_directions)
@@ -88,3 +82,68 @@ def ellipsoid_directions(n: np.ndarray) -> np.ndarray:
 
 
 ANALYTIC_KINDS = ("sphere", "box", "capsule", "cylinder", "ellipsoid")
+
+# a cylinder's cap lies flat on a plane when its rim's height above the plane varies by less
+# than this (2 r sin(tilt)): coal's contact patch tolerance, the thickness it gives a support set
+CYLINDER_FLAT_TOL = 1e-3
+# ids of a cylinder's lowest rim points (a tilted cap): 8 + cap; flat rim points 4 cap + 0..3
+CYLINDER_LOWEST_ID = 8
+
+
+def cylinder_points(r: float, h: float, R: np.ndarray, t: np.ndarray, n: np.ndarray):
+    """Contact candidates (k, 3) and ids of a cylinder (radius r, half length h, rotation R,
+    centre t, axis R[:, 2]) on a plane with unit normal n (out of the plane): per cap, the
+    lowest point of its rim ``c - r u`` (u the unit projection of n on the cap plane; id
+    8 + cap), or 4 body-fixed rim points (ids 4 cap + 0..3) where the cap is flat to within
+    CYLINDER_FLAT_TOL (``2 r |n - (n.a) a| <=`` it; then the lowest rim point is within
+    ``0.15 CYLINDER_FLAT_TOL`` of the lowest of the four)."""
+    a = R[:, 2]
+    d = n - (n @ a) * a
+    nd = float(np.sqrt(d @ d))
+    caps = np.stack([t - h * a, t + h * a])
+    if 2.0 * r * nd <= CYLINDER_FLAT_TOL:
+        rim = np.stack([R[:, 0], R[:, 1], -R[:, 0], -R[:, 1]]) * r
+        return (caps[:, None, :] + rim[None, :, :]).reshape(8, 3), np.arange(8)
+    return caps - r * d / nd, np.array([CYLINDER_LOWEST_ID, CYLINDER_LOWEST_ID + 1])
+
+
+def cylinder_box_face(r: float, h: float, Rc: np.ndarray, tc: np.ndarray, Rb: np.ndarray,
+                      tb: np.ndarray, hb: np.ndarray, margin: float):
+    """A cylinder (radius r, half length h, pose Rc, tc) against a face of a box (pose Rb, tb,
+    half sizes hb), in closed form where a face of the box is the contact feature:
+    (face normal n (world, out of the box), face axis index, sign, witness points x (k, 3) on
+    the cylinder within ``margin`` of the face plane, their heights above it, ids), or None.
+
+    The face is the one whose plane the cylinder is highest above (its support along the face
+    normal m is ``m.tc - h |m.a| - r sqrt(1 - (m.a)^2)``): the separating axis among the face
+    normals, and the exact signed distance when the cylinder's points over the plane project
+    inside the face (the box lies under the plane, the cylinder above it, and its lowest point
+    is over the face). Where a point projects outside the face (a cylinder over an edge or a
+    corner) or the cylinder is deeper than half the box, None: the narrow phase (coal) decides.
+    The candidates are those of ``cylinder_points`` on the face plane, so a cap flat on the
+    face gives 4 rim points and a cylinder on its side the two ends of its line contact."""
+    a = Rc[:, 2]
+    best, bi, bs = -np.inf, -1, 0.0
+    for i in range(3):
+        for s in (-1.0, 1.0):
+            m = s * Rb[:, i]
+            ma = float(m @ a)
+            sup = float(m @ tc) - h * abs(ma) - r * np.sqrt(max(1.0 - ma * ma, 0.0))
+            height = sup - float(m @ tb) - hb[i]
+            if height > best:
+                best, bi, bs = height, i, s
+    if best < -0.5 * float(np.min(hb)):
+        return None
+    n = bs * Rb[:, bi]
+    offset = float(n @ tb) + hb[bi]
+    x, ids = cylinder_points(r, h, Rc, tc, n)
+    height = x @ n - offset
+    sel = np.flatnonzero(height < margin)
+    if not len(sel):
+        return n, bi, bs, x[:0], height[:0], ids[:0]
+    # inside the face: the other two box coordinates within the half sizes
+    loc = (x[sel] - tb) @ Rb
+    for j in range(3):
+        if j != bi and np.any(np.abs(loc[:, j]) > hb[j]):
+            return None
+    return n, bi, bs, x[sel], height[sel], ids[sel]

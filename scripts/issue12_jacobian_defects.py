@@ -17,14 +17,12 @@ import sys
 import warnings
 
 import numpy as np
-import pinocchio as pin
 import gymnasium as gym
 
 import diffgym
-from diffgym import derivatives as D, forward as F
+from diffgym import derivatives as D, forward as F, gradcheck
 from diffgym.envs import ENV_IDS  # noqa: F401
 
-BLOCKS = ("dq_dq", "dq_dv", "dq_dtau", "dv_dq", "dv_dv", "dv_dtau")
 _ORIG = (D._joint_torques, F._label_frictionless)
 
 
@@ -42,67 +40,25 @@ def _run(sim, warm, q, v, tau):
 
 
 def errors(sim, warm, q, v, tau, tau_scale, eps_list=(1e-5, 1e-6, 1e-7), skip_q=()):
-    """(error, one-sided disagreement, worst block) as in the module doc; ``skip_q``: q columns
-    left out of dq_dq and dv_dq."""
-    nv = sim.nv
-    _run(sim, warm, q, v, tau)
-    jac = D.step_jacobian(sim)
-    best = {k: np.inf for k in BLOCKS}
-    one = 0.0
-    for eps in eps_list:
-        c = {k: np.zeros((nv, nv)) for k in BLOCKS}
-        p = {k: np.zeros((nv, nv)) for k in BLOCKS}
-        m = {k: np.zeros((nv, nv)) for k in BLOCKS}
-        q0, v0 = _run(sim, warm, q, v, tau)
-        for i in range(nv):
-            for name, h in (("q", eps), ("v", eps), ("tau", eps * tau_scale)):
-                e = np.zeros(nv)
-                e[i] = h
-                if name == "q":
-                    args = ((pin.integrate(sim.model, q, e), v, tau), (pin.integrate(sim.model, q, -e), v, tau))
-                elif name == "v":
-                    args = ((q, v + e, tau), (q, v - e, tau))
-                else:
-                    args = ((q, v, tau + e), (q, v, tau - e))
-                qa, va = _run(sim, warm, *args[0])
-                qb, vb = _run(sim, warm, *args[1])
-                for blk, a, b, z in (("dq_d" + name, qa, qb, q0), ("dv_d" + name, va, vb, v0)):
-                    if blk[1] == "q":
-                        da, db = pin.difference(sim.model, z, a), pin.difference(sim.model, b, z)
-                    else:
-                        da, db = a - z, z - b
-                    c[blk][:, i], p[blk][:, i], m[blk][:, i] = (da + db) / (2 * h), da / h, db / h
-        keep = [i for i in range(nv) if i not in skip_q]
-        for k in BLOCKS:
-            cols = keep if k.endswith("_dq") else list(range(nv))
-            C, A = c[k][:, cols], getattr(jac, k)[:, cols]
-            sc = max(np.abs(C).max(), 1e-12)
-            best[k] = min(best[k], np.abs(A - C).max() / sc)
-            one = max(one, np.abs(p[k][:, cols] - m[k][:, cols]).max() / sc)
+    """(error, one-sided disagreement, worst block) as in the module doc
+    (gradcheck.step_jacobian_errors); ``skip_q``: q columns left out of dq_dq and dv_dq."""
+    _, best, one = gradcheck.step_jacobian_errors(sim, q, v, tau, warm=warm, tau_scale=tau_scale,
+                                                  eps=eps_list, skip_q=skip_q)
     worst = max(best, key=best.get)
-    return best[worst], one, worst
+    return best[worst], max(one.values()), worst
 
 
 def record(env, steps, seed, policy=None):
     """Every simulator sub-step (q, v, tau, warm start) of a seeded episode."""
     env.reset(seed=seed)
     rng = np.random.default_rng(seed)
-    sim = env.sim
-    states, orig = [], sim.step
-
-    def rec(q, v, tau, jacobian=False):
-        states.append((np.array(q), np.array(v), np.array(tau), sim.warm_start_state()))
-        return orig(q, v, tau, jacobian=jacobian)
-    sim.step = rec
-    try:
+    with gradcheck.record_substeps(env.sim) as subs:
         for t in range(steps):
             a = policy(env, t, rng) if policy else rng.uniform(-1, 1, env.action_space.shape)
             _, _, term, trunc, _ = env.step(a)
             if term or trunc:
                 break
-    finally:
-        sim.step = orig
-    return states
+    return [s[:4] for s in subs]
 
 
 def table(name, sim, states, select, tau_scale, skip_q=()):
@@ -149,19 +105,10 @@ def head_on_push(seed, steps=20, speed=0.4, lateral=0.0, yaw=0.0):
 
 
 def record_from(env, steps, a):
-    sim = env.sim
-    states, orig = [], sim.step
-
-    def rec(q, v, tau, jacobian=False):
-        states.append((np.array(q), np.array(v), np.array(tau), sim.warm_start_state()))
-        return orig(q, v, tau, jacobian=jacobian)
-    sim.step = rec
-    try:
+    with gradcheck.record_substeps(env.sim) as subs:
         for _ in range(steps):
             env.step(a)
-    finally:
-        sim.step = orig
-    return states
+    return [s[:4] for s in subs]
 
 
 def main() -> int:

@@ -213,17 +213,10 @@ PAIRS = {
 }
 
 
-# A cylinder on a box face is a known defect, kept visible (strict: the test reports it once it
-# passes): coal returns one contact point for a cylinder resting flat on a box, where the contact
-# is a patch, and the pair's geometry derivative is still the collision finite difference, so
-# dv_dq is wrong (relative error 1.0) at rest. Patches and closed forms for cylinder pairs are
-# open work of the contact-rich issue.
-_KNOWN_DEFECTS = {"cylinder-box": "cylinder flat on a box: one contact point from coal and a "
-                                  "finite-difference geometry derivative (open, issue 16)"}
-
-
-@pytest.mark.parametrize("pair", [pytest.param(p, marks=pytest.mark.xfail(strict=True, reason=_KNOWN_DEFECTS[p]))
-                                  if p in _KNOWN_DEFECTS else p for p in PAIRS])
+# (the cylinder-box pair was a strict xfail until issue 12: coal gave one contact point for a
+# cylinder flat on a box and its geometry derivative was a finite difference; now a box face gives
+# closed-form points and derivatives, tests/test_cylinder_contacts.py)
+@pytest.mark.parametrize("pair", list(PAIRS))
 def test_collision_pair(pair, tmp_path):
     ground, geom, pos, euler = PAIRS[pair]
     asset = '<asset><mesh name="cube" file="cube.obj"/></asset>' if "mesh" in geom else ""
@@ -330,6 +323,34 @@ def test_env_audit_catches_a_wrong_reward_derivative():
     assert {f.block for f in rep.failures} <= {"reward_state", "reward_action"}, str(rep)
     assert u._box_v in {f.column for f in rep.failures if f.block == "reward_state"}
     assert rep.blocks["state_state"].failed == 0 and rep.blocks["obs_state"].failed == 0
+
+
+def test_env_audit_classifies_indeterminate_steps(monkeypatch):
+    """An environment step's state and reward blocks take the simulator's verdict on its
+    sub-steps (gradcheck.velocity_indeterminacy, the one test for both): a disagreement at a
+    step one of whose sub-steps has a non-unique velocity is indeterminate, naming the
+    sub-step; elsewhere it fails. (A wrong Jacobian stands in for the disagreement and a stub
+    verdict for a non-unique sub-step: the cart-pole has one sub-step per step.)"""
+    import diffgym.gradcheck as gc
+    env = gym.make("DiffCartPole-v0")
+    u = env.unwrapped
+    real = u.step_with_jacobian
+
+    def wrong(action):
+        *out, jac = real(action)
+        jac.state_state[0, 0] += 1e-3 * np.abs(jac.state_state).max()
+        return (*out, jac)
+
+    u.step_with_jacobian = wrong
+    rep = diffgym.envs.check_jacobians(env, steps=2, max_states=2)
+    assert rep.failed >= 1 and rep.indeterminate == 0
+    assert {f.block for f in rep.failures} == {"state_state"}, str(rep)
+    monkeypatch.setattr(gc, "velocity_indeterminacy", lambda sim: "stub: null direction")
+    rep = diffgym.envs.check_jacobians(env, steps=2, max_states=2)
+    assert rep.ok and rep.failed == 0 and rep.indeterminate >= 1, str(rep)
+    ind = [f for f in rep.findings if f.status == "indeterminate"]
+    assert {f.block for f in ind} == {"state_state"}
+    assert all(f.indeterminate == "sub-step 0: stub: null direction" for f in ind), ind[0].indeterminate
 
 
 def _contact_threshold_height(sim, vz):

@@ -14,10 +14,10 @@ import pytest
 import gymnasium as gym
 
 import diffgym
-from diffgym import derivatives as D
+from diffgym import derivatives as D, gradcheck
 from diffgym.envs import ENV_IDS  # noqa: F401  (registers the environments)
 
-BLOCKS = ("dq_dq", "dq_dv", "dq_dtau", "dv_dq", "dv_dv", "dv_dtau")
+BLOCKS = gradcheck.SIM_BLOCKS
 
 
 def _run(sim, warm, q, v, tau):
@@ -26,57 +26,21 @@ def _run(sim, warm, q, v, tau):
 
 
 def fd_step(sim, q, v, tau, eps, tau_scale, warm=None):
-    """Central and one-sided differences of the whole step (tangent perturbations of q; tau
-    perturbed by ``eps * tau_scale``), each from the same warm start."""
-    nv = sim.nv
-    c = {k: np.zeros((nv, nv)) for k in BLOCKS}
-    p = {k: np.zeros((nv, nv)) for k in BLOCKS}
-    m = {k: np.zeros((nv, nv)) for k in BLOCKS}
-    q0, v0 = _run(sim, warm, q, v, tau)
-    for i in range(nv):
-        for name, h in (("q", eps), ("v", eps), ("tau", eps * tau_scale)):
-            e = np.zeros(nv)
-            e[i] = h
-            if name == "q":
-                plus, minus = ((pin.integrate(sim.model, q, e), v, tau),
-                               (pin.integrate(sim.model, q, -e), v, tau))
-            elif name == "v":
-                plus, minus = (q, v + e, tau), (q, v - e, tau)
-            else:
-                plus, minus = (q, v, tau + e), (q, v, tau - e)
-            qa, va = _run(sim, warm, *plus)
-            qb, vb = _run(sim, warm, *minus)
-            for blk, a, b, z in (("dq_d" + name, qa, qb, q0), ("dv_d" + name, va, vb, v0)):
-                if blk[1] == "q":
-                    da, db = pin.difference(sim.model, z, a), pin.difference(sim.model, b, z)
-                else:
-                    da, db = a - z, z - b
-                c[blk][:, i] = (da + db) / (2 * h)
-                p[blk][:, i] = da / h
-                m[blk][:, i] = db / h
-    return c, p, m
+    """Central and one-sided differences of the whole step (gradcheck.step_differences)."""
+    return gradcheck.step_differences(sim, q, v, tau, eps, warm=warm, tau_scale=tau_scale)
 
 
 def step_jacobian_errors(sim, q, v, tau, warm=None, tau_scale=100.0,
                          eps_list=(1e-4, 1e-5, 1e-6)):
-    """(jac, errors, one_sided): per block the smallest relative error of the analytical
-    Jacobian against central differences over the step sizes, and the largest relative
-    disagreement of the one-sided differences (a mode switch inside the stencil shows there)."""
+    """(jac, errors, one_sided) of gradcheck.step_jacobian_errors, after checking that the
+    compiled route and the numpy reference give the same Jacobian."""
     _run(sim, warm, q, v, tau)
-    jac = D.step_jacobian(sim)
-    ref = D.step_jacobian(sim, compiled=False)
-    errors = {k: np.inf for k in BLOCKS}
-    one_sided = {k: 0.0 for k in BLOCKS}
-    for eps in eps_list:
-        c, p, m = fd_step(sim, q, v, tau, eps, tau_scale, warm)
-        for k in BLOCKS:
-            A, B = getattr(jac, k), c[k]
-            scale = max(np.abs(B).max(), 1e-12)
-            assert np.allclose(getattr(ref, k), A, rtol=1e-9, atol=1e-11 * scale), \
-                f"{k}: compiled and reference routes differ"
-            errors[k] = min(errors[k], np.abs(A - B).max() / scale)
-            one_sided[k] = max(one_sided[k], np.abs(p[k] - m[k]).max() / scale)
-    return jac, errors, one_sided
+    jac, ref = D.step_jacobian(sim), D.step_jacobian(sim, compiled=False)
+    for k in BLOCKS:
+        A, B = getattr(jac, k), getattr(ref, k)
+        assert np.allclose(B, A, rtol=1e-9, atol=1e-11 * max(np.abs(A).max(), 1e-12)), \
+            f"{k}: compiled and reference routes differ"
+    return gradcheck.step_jacobian_errors(sim, q, v, tau, warm=warm, tau_scale=tau_scale, eps=eps_list)
 
 
 def assert_exact(sim, q, v, tau, rtol=1e-6, warm=None, **kw):
@@ -332,40 +296,79 @@ def test_push_rod_near_box_collision_output_is_continuous():
 CREEP_XML = """<mujoco><option timestep="0.01" gravity="0 0 -9.81"/>
 <worldbody><geom name="floor" type="plane" size="5 5 0.1" friction="0.5"/>
 <body name="box" pos="0 0 0.1"><freejoint name="box"/>
-<geom name="b" type="box" size="0.1 0.1 0.1" mass="1" friction="0.5"/></body></worldbody></mujoco>"""
+<geom name="b" type="box" size="0.1 0.1 0.1" mass="10000" friction="0.5"/></body></worldbody></mujoco>"""
 
 
-def test_creeping_box_sliding_rows():
-    """A box settled on its face, pushed with a force 2e-6 above the friction limit: its four
-    corners creep at a slip of ~1e-7 m/s, where the slip-direction rows of the mode system carry
-    mu lam_N / |slip| ~ 1e5 (divided by 1 + that factor in the mode system: an equivalent,
-    equilibrated system). d v1 / d tau must match central differences whose stencil stays
-    sliding (h = 1e-6 N moves the slip by 1e-8).
-
-    (This replaces a regression test at DiffPush-v0's creeping foot, where the unscaled rows set
-    the rank cut-off of the solve and gave a spurious 6e-6 in the box's yaw rate: after the
-    solver's change of plane contact points that state is no longer visited, and no other state
-    found reproduces the rank cut-off; this scene passes with or without the scaling.)"""
+def _creeping_box():
+    """A 10 t block settled on its face (50 steps), pushed with a force 1e-8 above the friction
+    limit: its four corners creep at a slip of 5e-10 m/s under normal impulses of 245 N s each,
+    so mu lam_N / |slip| ~ 2.5e11 in the slip-direction rows of the mode system."""
     sim = diffgym.Simulator.from_string(CREEP_XML)
     q, v = sim.q0, np.zeros(sim.nv)
     for _ in range(50):
         q, v = sim.step(q, v, np.zeros(sim.nv))
     tau = np.zeros(sim.nv)
-    tau[0] = 0.5 * 9.81 * (1.0 + 2e-6)
+    tau[0] = 0.5 * 9.81 * 10000.0 * (1.0 + 1e-8)
     warm = sim.warm_start_state()
-    _, v1, jac = _run_jac(sim, warm, q, v, tau)
+    _run(sim, warm, q, v, tau)
     sig = sim.cache["res"].sigma.reshape(-1, 3)
     slip = np.hypot(sig[:, 0], sig[:, 1])
     assert sim.last.contact_modes == ["sliding"] * 4, sim.last.contact_modes
-    assert np.all((slip > 5e-8) & (slip < 2e-7)), slip
-    h = 1e-6
-    for col in range(sim.nv):
-        e = np.zeros(sim.nv)
-        e[col] = h
-        cd = (_run(sim, warm, q, v, tau + e)[1] - _run(sim, warm, q, v, tau - e)[1]) / (2 * h)
-        assert np.abs(jac.dv_dtau[:, col] - cd).max() < 1e-8, (col, jac.dv_dtau[:, col], cd)
+    assert np.all((slip > 2e-10) & (slip < 1e-9)), slip
+    return sim, (q, v, tau, warm)
 
 
-def _run_jac(sim, warm, q, v, tau):
-    sim.set_warm_start_state(warm)
-    return sim.step(q, v, tau, jacobian=True)
+def _unequilibrated(orig):
+    """The mode system with a sliding contact's slip-direction rows NOT divided by
+    1 + mu lam_N / |slip| (the equivalent system before the equilibration)."""
+    def mode_system(res, G, nc, mu):
+        A, W = orig(res, G, nc, mu)
+        for i in range(nc):
+            st = res.sigma[3 * i:3 * i + 2]
+            nst = float(np.linalg.norm(st))
+            if res.modes[i] not in (D.BREAKING, D.STICKING) and mu[i] > 0 and nst >= 1e-14:
+                f = mu[i] * res.lam[3 * i + 2] / nst
+                A[3 * i:3 * i + 2] *= 1.0 + f
+                W[3 * i:3 * i + 2] *= 1.0 + f
+        return A, W
+    return mode_system
+
+
+def test_creeping_box_sliding_rows():
+    """The step Jacobian of the creeping block (every block, compiled route and numpy
+    reference) against central differences (the gradient audit: the stencil stays sliding).
+    Unscaled, the slip-direction rows of the four corners are ~1e11 times the others, the
+    least-squares rank cut-off of the rank-deficient mode system (four coplanar corners)
+    discards genuine directions: every dv_dtau column fails (next test)."""
+    from diffgym.gradcheck import check_step_jacobians
+    sim, state = _creeping_box()
+    rep = check_step_jacobians(sim, states=[state], name="creeping block")
+    # The tau columns are the ones differences can check here: tau moves the slip by 1e-6 m/s
+    # per N, so the audit's steps (1e-7 to 1e-4 N) stay inside the smooth piece. Its steps in v
+    # and q (>= 1e-7) reverse or turn the 5e-10 m/s slip: those columns see a kink (explained
+    # where the analytic column matches one side; in v_y the slip direction turns by ~90
+    # degrees on either side, so neither side's secant is the tangent). The state is
+    # determinate: it translates (the audit's velocity_indeterminacy finds no null direction
+    # that moves the velocity).
+    assert rep.indeterminate == 0, str(rep)
+    for k in ("dq_dtau", "dv_dtau"):
+        assert rep.blocks[k].agreeing == rep.blocks[k].checked == 6, str(rep)
+    _run(sim, state[3], *state[:3])
+    good, ref = D.step_jacobian(sim), D.step_jacobian(sim, compiled=False)
+    for k in BLOCKS:
+        A, B = getattr(good, k), getattr(ref, k)
+        assert np.abs(A - B).max() <= 1e-8 * np.abs(B).max() + 1e-14, k
+
+
+def test_creeping_box_fails_without_the_equilibration(monkeypatch):
+    """The same state with the mode system's slip rows unscaled (numpy reference route): the
+    audit fails (so the test above cannot pass by accident)."""
+    from diffgym.gradcheck import check_step_jacobians
+    sim, state = _creeping_box()
+    monkeypatch.setattr(D, "COMPILED", False)
+    monkeypatch.setattr(D, "_mode_system", _unequilibrated(D._mode_system))
+    rep = check_step_jacobians(sim, states=[state], name="creeping block, unscaled")
+    assert not rep.ok, str(rep)
+    # every dv_dtau column (the ones the test above certifies) fails, and the v columns by 100%
+    assert rep.blocks["dv_dtau"].failed == 6, str(rep)
+    assert max(f.error for f in rep.failures) > 0.5, str(rep)
