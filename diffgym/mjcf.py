@@ -34,9 +34,22 @@ import numpy as np
 import pinocchio as pin
 
 from .model import Actuator, GeomInfo, JointLimit, ModelError, SimModel
+from .unsupported import Refusals, rules_for
+from .xmlsource import XMLSource, parse_model_xml
 
 GEOM_TYPES = ("plane", "sphere", "box", "capsule", "cylinder", "ellipsoid", "mesh")
 JOINT_TYPES = ("hinge", "slide", "ball", "free")
+# geom types diffgym has no collision shape for: refused (unsupported.RULES) when they collide,
+# dropped silently when visual only (contype = conaffinity = 0, no mass of their own)
+UNSIMULATED_GEOMS = ("hfield", "sdf")
+ACTUATOR_TAGS = ("motor", "general", "position", "velocity", "intvelocity", "damper",
+                 "cylinder", "muscle", "adhesion", "plugin")
+# attributes holding names or keywords, not numbers (skipped by the NaN/inf check)
+_TEXT_ATTRS = {"name", "class", "childclass", "type", "joint", "joint1", "joint2", "body",
+               "body1", "body2", "geom", "geom1", "geom2", "site", "site1", "site2", "mesh",
+               "material", "texture", "hfield", "file", "target", "tendon", "objname",
+               "objtype", "refsite", "cranksite", "slidersite", "jointinparent", "model",
+               "prefix", "mode", "camera", "plugin", "instance", "content_type", "key"}
 
 
 def _floats(text: str | None, n: int | None = None, what: str = "") -> np.ndarray | None:
@@ -151,10 +164,20 @@ class _Body:
 
 
 class _MJCFBuilder:
-    def __init__(self, root: ET.Element, base_dir: str, source: str):
+    def __init__(self, root: ET.Element, base_dir: str, source: str,
+                 src: XMLSource | None = None, ignore_unsupported=None):
         self.root = root
         self.base_dir = base_dir
         self.source = source
+        self.src = src or XMLSource(source)
+        self.refusals = Refusals(source, ignore_unsupported)
+        self.no_contact = False          # <flag contact="disable"> (or constraint)
+        self.no_limits = False           # <flag limit="disable"> (or constraint)
+        self.no_damping = False          # <flag damper="disable"> (or passive)
+        self.no_springs = False          # <flag spring="disable"> (or passive)
+        self.geom_el: list[ET.Element | None] = []     # the element of each geom (messages)
+        self.geom_attrs: list[dict[str, str]] = []      # its attributes, defaults applied
+        self.joint_where: dict[str, str] = {}
         self.compiler = _Compiler()
         self.defaults: dict[str, dict[str, dict[str, str]]] = {}
         self.default_parent: dict[str, str | None] = {}
@@ -175,15 +198,18 @@ class _MJCFBuilder:
         self.pair_mu: dict[tuple[int, int], float] = {}
 
     # -- document-level parsing -------------------------------------------------------
-    def err(self, msg: str) -> ModelError:
-        return ModelError(f"{self.source}: {msg}")
+    def err(self, msg: str, el: ET.Element | None = None) -> ModelError:
+        """A ModelError prefixed by ``file:line`` of ``el`` (or the model's source)."""
+        return ModelError(f"{self.src.where(el) if el is not None else self.source}: {msg}")
+
+    @staticmethod
+    def desc(el: ET.Element) -> str:
+        n = el.get("name")
+        return f"<{el.tag} name={n!r}>" if n is not None else f"<{el.tag}>"
 
     def parse_header(self) -> None:
         if self.root.tag != "mujoco":
             raise self.err(f"root element is <{self.root.tag}>, expected <mujoco>")
-        for el in self.root:
-            if el.tag == "include":
-                raise self.err("<include> is not supported; inline the included file")
         for comp in self.root.findall("compiler"):
             a = comp.attrib
             if "angle" in a:
@@ -194,7 +220,7 @@ class _MJCFBuilder:
             self.compiler.inertiafromgeom = a.get("inertiafromgeom", self.compiler.inertiafromgeom)
             if "autolimits" in a:
                 self.compiler.autolimits = a["autolimits"] == "true"
-            self.compiler.meshdir = a.get("meshdir", self.compiler.meshdir)
+            self.compiler.meshdir = a.get("meshdir", a.get("assetdir", self.compiler.meshdir))
             if a.get("coordinate", "local") != "local":
                 raise self.err("<compiler coordinate='global'> is not supported")
         for opt in self.root.findall("option"):
@@ -202,11 +228,88 @@ class _MJCFBuilder:
                 self.dt = float(_floats(opt.get("timestep"), 1, "<option timestep>")[0])
             if "gravity" in opt.attrib:
                 self.gravity = _floats(opt.get("gravity"), 3, "<option gravity>")
+            for flag in opt.findall("flag"):
+                f = flag.attrib
+                off = lambda k: f.get(k) == "disable"  # noqa: E731
+                self.no_contact |= off("contact") or off("constraint")
+                self.no_limits |= off("limit") or off("constraint")
+                self.no_damping |= off("damper") or off("passive")
+                self.no_springs |= off("spring") or off("passive")
+                if off("gravity"):
+                    self.gravity = np.zeros(3)
         for d in self.root.findall("default"):
             self._parse_default(d, "main", None)
         for asset in self.root.findall("asset"):
             for mesh in asset.findall("mesh"):
                 self._parse_mesh(mesh)
+
+    # -- what the model asks for that diffgym does not simulate; bad numbers ---------------
+    def scan(self) -> None:
+        """Check every element against :data:`diffgym.unsupported.RULES` (attributes with the
+        default classes applied) and every numeric attribute for NaN/inf, everywhere in the
+        document; geom and pair friction must be >= 0."""
+        rules = rules_for("mjcf")
+        ctx = {"autolimits": self.compiler.autolimits}
+        defaulted = {"joint", "geom", "site", *ACTUATOR_TAGS}
+
+        def matches(path: str, tag: str, parent: str) -> bool:
+            if "/" in path:
+                p, t = path.split("/")
+                return parent == p and t in ("*", tag)
+            return tag == path
+
+        def visit(el: ET.Element, parent: str, childclass: str | None, inside: bool) -> None:
+            self._check_numbers(el)
+            if el.tag == "default":
+                for d in el.iter():
+                    if d is not el:
+                        self._check_numbers(d)
+                return
+            if el.tag == "body":
+                childclass = el.get("childclass", childclass)
+            if inside and el.tag in defaulted and (parent != "default"):
+                a = self.attrs(el, childclass if parent not in ("actuator", "contact") else None)
+                if el.tag == "freejoint":
+                    a["type"] = "free"
+            else:
+                a = dict(el.attrib)
+            for r in rules:
+                if r.path is None or not matches(r.path, el.tag, parent):
+                    continue
+                if r.when is not None and not r.when(a, ctx):
+                    continue
+                attr = r.attr
+                value = a.get(attr) if attr and attr in a else None
+                if attr and "/" in attr:        # several attributes: name those present
+                    present = [k for k in attr.split("/") if k in a]
+                    attr = " ".join(f"{k}={a[k]!r}" for k in present) or attr
+                detail = ""
+                if el.tag == "flag":
+                    detail = ", ".join(f"{k}={v!r}" for k, v in a.items())
+                self.refusals.hit(r.key, self.src.where(el), self.desc(el), attr, value, detail)
+            if el.tag in ("geom", "pair") and "friction" in a:
+                fr = _floats(a["friction"], None, f"{self.src.where(el)}: {self.desc(el)} friction")
+                if fr.size == 0 or np.any(fr < 0):
+                    raise self.err(f"{self.desc(el)}: friction must be >= 0, got "
+                                   f"friction={a['friction']!r}", el)
+            for child in el:
+                visit(child, el.tag, childclass,
+                      inside or el.tag in ("worldbody", "actuator", "contact"))
+
+        for el in self.root:
+            visit(el, self.root.tag, None, False)
+
+    def _check_numbers(self, el: ET.Element) -> None:
+        for k, val in el.attrib.items():
+            if k in _TEXT_ATTRS:
+                continue
+            toks = val.split()
+            try:
+                nums = [float(t) for t in toks]
+            except ValueError:
+                continue
+            if nums and not all(math.isfinite(x) for x in nums):
+                raise self.err(f"{self.desc(el)}: {k}={val!r} is not finite (NaN or inf)", el)
 
     def _parse_default(self, el: ET.Element, name: str, parent: str | None) -> None:
         self.default_parent[name] = parent
@@ -219,14 +322,14 @@ class _MJCFBuilder:
         for child in el.findall("default"):
             cname = child.get("class")
             if cname is None:
-                raise self.err("nested <default> without a class name")
+                raise self.err("nested <default> without a class name", child)
             self._parse_default(child, cname, name)
 
     def attrs(self, el: ET.Element, childclass: str | None) -> dict[str, str]:
         """An element's attributes with its default class chain applied."""
         cls = el.get("class") or childclass or "main"
         if cls not in self.defaults and cls != "main":
-            raise self.err(f"<{el.tag} name={el.get('name')!r}> uses unknown default class {cls!r}")
+            raise self.err(f"<{el.tag} name={el.get('name')!r}> uses unknown default class {cls!r}", el)
         chain = []
         c: str | None = cls
         while c is not None and c in self.defaults:
@@ -237,7 +340,7 @@ class _MJCFBuilder:
         tags = [tag]
         if tag == "freejoint":
             tags = []
-        if tag in ("motor", "position", "velocity", "general"):
+        if tag in ACTUATOR_TAGS:
             tags = ["general", tag]
         for c in reversed(chain):
             for t in tags:
@@ -291,8 +394,9 @@ class _MJCFBuilder:
     def geom_shape(self, a: dict[str, str], what: str):
         """Returns (kind, size, local pose, coal shape, volume, com, inertia-about-com)."""
         kind = a.get("type", "sphere")
+        el = getattr(self, "_el", None)
         if kind not in GEOM_TYPES:
-            raise self.err(f"{what}: unsupported geom type {kind!r} (supported: {', '.join(GEOM_TYPES)})")
+            raise self.err(f"{what}: unsupported geom type {kind!r} (supported: {', '.join(GEOM_TYPES)})", el)
         size = _floats(a.get("size"), None, f"{what} size")
         size = np.zeros(3) if size is None else size
         pose = self.pose(a, what)
@@ -315,7 +419,7 @@ class _MJCFBuilder:
         def need(n: int) -> np.ndarray:
             if size.size < n or not np.all(np.isfinite(size[:n]) & (size[:n] > 0)):
                 raise self.err(f"{what}: {kind} needs {n} positive size values (finite), "
-                               f"got size={a.get('size')!r}")
+                               f"got size={a.get('size')!r}", el)
             return size[:n]
 
         com = np.zeros(3)
@@ -370,6 +474,7 @@ class _MJCFBuilder:
     # -- bodies -----------------------------------------------------------------------
     def build(self) -> SimModel:
         self.parse_header()
+        self.scan()
         world = self.root.find("worldbody")
         if world is None:
             raise self.err("no <worldbody>")
@@ -381,22 +486,29 @@ class _MJCFBuilder:
             elif el.tag == "body":
                 self.add_body(el, self.bodies["world"], None)
             elif el.tag == "frame":
-                raise self.err("<frame> is not supported; fold it into the bodies' pos/quat")
+                raise self.err("<frame> is not supported; fold it into the bodies' pos/quat", el)
         nq = self.model.nq
         q0 = pin.neutral(self.model)
         for idx, val in self.q0_parts:
             q0[idx:idx + val.size] = val
         damping = np.zeros(self.model.nv)
-        for iv, d in self.damping.items():
-            damping[iv] = d
+        if not self.no_damping:
+            for iv, d in self.damping.items():
+                damping[iv] = d
         pairs = self.collision_pairs()
+        if self.no_contact:
+            pairs = np.zeros((0, 2), dtype=np.int64)
+        limits = [] if self.no_limits else self.limits
         actuators = self.parse_actuators()
         keyframes = self.parse_keyframes(nq)
         if keyframes:
             q0 = next(iter(keyframes.values())).copy()
-        sm = SimModel(self.model, self.geom_model, self.geoms, pairs, self.limits, actuators,
-                      q0, self.dt, damping, source=self.source, keyframes=keyframes)
-        sm.stiffness = self.stiffness
+        self.refusals.finish()
+        sm = SimModel(self.model, self.geom_model, self.geoms, pairs, limits, actuators,
+                      q0, self.dt, damping, source=self.source, keyframes=keyframes,
+                      joint_where=self.joint_where)
+        sm.stiffness = {} if self.no_springs else self.stiffness
+        sm.refused_ignored = list(self.refusals.ignored_keys)
         # an explicit <pair> has its own friction (MuJoCo's default 1), not the geoms' larger one
         for k, (a, b) in enumerate(sm.pairs):
             mu = self.pair_mu.get((int(a), int(b)), self.pair_mu.get((int(b), int(a))))
@@ -407,7 +519,7 @@ class _MJCFBuilder:
     def add_body(self, el: ET.Element, parent: _Body, childclass: str | None) -> None:
         name = el.get("name") or f"body{len(self.bodies)}"
         if name in self.bodies:
-            raise self.err(f"duplicate body name {name!r}")
+            raise self.err(f"duplicate body name {name!r}", el)
         what = f"<body name={name!r}>"
         childclass = el.get("childclass", childclass)
         local = self.pose(dict(el.attrib), what)
@@ -420,12 +532,15 @@ class _MJCFBuilder:
             jname = a.get("name") or f"{name}_joint{self._unnamed}"
             self._unnamed += 1
             if jtype not in JOINT_TYPES:
-                raise self.err(f"<joint name={jname!r}>: unsupported type {jtype!r}")
+                raise self.err(f"<joint name={jname!r}>: unsupported type {jtype!r}", j)
+            self.joint_where[jname] = f"{self.src.where(j)}: <body name={name!r}>"
+            self.joint_where[f"{jname}_rot"] = self.joint_where[jname]
+            self._el = j
             anchor = _floats(a.get("pos", "0 0 0"), 3, f"<joint name={jname!r}> pos")
             if jtype == "free":
                 if parent.jid != 0 or len(joints) > 1:
                     raise self.err(f"<joint name={jname!r}>: a free joint must be the only joint "
-                                   "of a top-level body")
+                                   "of a top-level body", j)
                 # MuJoCo's free joint: a translation whose velocity is the WORLD-frame linear
                 # velocity of the body origin, then a ball joint (body-frame angular velocity).
                 # Same q layout [x y z qx qy qz qw] and v layout as one free flyer, but not
@@ -455,7 +570,7 @@ class _MJCFBuilder:
                 else:
                     axis = _floats(a.get("axis", "0 0 1"), 3, f"<joint name={jname!r}> axis")
                     if np.linalg.norm(axis) == 0:
-                        raise self.err(f"<joint name={jname!r}>: zero axis")
+                        raise self.err(f"<joint name={jname!r}>: zero axis", j)
                     axis = axis / np.linalg.norm(axis)
                     ref = float(a.get("ref", 0.0))
                     if jtype == "hinge":
@@ -503,13 +618,14 @@ class _MJCFBuilder:
                 for m, c, Ig in geom_mass:
                     d = c - com
                     I += Ig + m * (np.dot(d, d) * np.eye(3) - np.outer(d, d))
+                I = 0.5 * (I + I.T)           # (rotated geom inertias: rounding asymmetry)
                 self.model.appendBodyToJoint(jid, pin.Inertia(mass, com, I), T)
         elif inertial is not None:
             a = dict(inertial.attrib)
             mass = _float_attr(a, "mass", f"{what} <inertial>", self.err, 0.0)
             if not (np.isfinite(mass) and mass > 0):
                 raise self.err(f"{what} <inertial>: mass must be positive and finite, got "
-                               f"mass={a.get('mass')!r}")
+                               f"mass={a.get('mass')!r}", inertial)
             R = self.rotation(a, f"{what} <inertial>")
             if "diaginertia" in a:
                 I = np.diag(_floats(a["diaginertia"], 3, f"{what} diaginertia"))
@@ -519,10 +635,10 @@ class _MJCFBuilder:
                 I = np.array([[xx, xy, xz], [xy, yy, yz], [xz, yz, zz]])
                 key = "fullinertia"
             else:
-                raise self.err(f"{what} <inertial>: needs diaginertia or fullinertia")
+                raise self.err(f"{what} <inertial>: needs diaginertia or fullinertia", inertial)
             problem = inertia_problem(I)
             if problem:
-                raise self.err(f"{what} <inertial>: {key}={a[key]!r} {problem}")
+                raise self.err(f"{what} <inertial>: {key}={a[key]!r} {problem}", inertial)
             pos = _floats(a.get("pos", "0 0 0"), 3, f"{what} <inertial> pos")
             self.model.appendBodyToJoint(jid, pin.Inertia(mass, pos, R @ I @ R.T), T)
         for child in el.findall("body"):
@@ -534,20 +650,27 @@ class _MJCFBuilder:
             limited = "true" if (self.compiler.autolimits and "range" in a) else "false"
         if limited != "true":
             return
+        el = getattr(self, "_el", None)
         if "range" not in a:
-            raise self.err(f"<joint name={jname!r}>: limited joint without range")
-        lo, hi = _floats(a["range"], 2, f"<joint name={jname!r}> range")
+            raise self.err(f"<joint name={jname!r}>: limited joint without range", el)
+        lo, hi = _floats(a["range"], 2, f"{self.src.where(el)}: <joint name={jname!r}> range")
         if jtype == "hinge":
             lo, hi = self.compiler.angle(lo), self.compiler.angle(hi)
         if lo >= hi:
-            raise self.err(f"<joint name={jname!r}>: range lower {lo} >= upper {hi}")
+            raise self.err(f"<joint name={jname!r}>: range lower {lo} >= upper {hi} "
+                           f"(range={a['range']!r})", el)
         self.limits.append(JointLimit(jname, jmodel.idx_q, jmodel.idx_v, lo, +1.0))
         self.limits.append(JointLimit(jname, jmodel.idx_q, jmodel.idx_v, hi, -1.0))
 
     def add_geom(self, el: ET.Element, body: _Body, childclass: str | None):
         a = self.attrs(el, childclass)
+        if a.get("type") in UNSIMULATED_GEOMS:
+            # refused by the scan when it collides; visual-only: no dynamics (in MuJoCo an
+            # hfield has no mass either)
+            return None
         gname = a.get("name") or f"{body.name}_geom{len(self.geoms)}"
         what = f"<geom name={gname!r}>"
+        self._el = el
         kind, size, pose, shape, vol, com, I = self.geom_shape(a, what)
         placement = body.placement * pose
         go = pin.GeometryObject(gname, body.jid, body.frame_id, placement, shape)
@@ -558,6 +681,8 @@ class _MJCFBuilder:
                         int(a.get("contype", 1)), int(a.get("conaffinity", 1)), rgba,
                         bounding_radius(kind, size, shape))
         self.geoms.append(info)
+        self.geom_el.append(el)
+        self.geom_attrs.append(a)
         self.geom_body_index.append(body.name)
         if body.jid == 0 or kind == "plane":
             return None
@@ -566,12 +691,12 @@ class _MJCFBuilder:
         if "mass" in a:
             mass = _float_attr(a, "mass", what, self.err)
             if not (np.isfinite(mass) and mass >= 0):
-                raise self.err(f"{what}: mass must be finite and >= 0, got mass={a['mass']!r}")
+                raise self.err(f"{what}: mass must be finite and >= 0, got mass={a['mass']!r}", el)
         else:
             density = _float_attr(a, "density", what, self.err, 1000.0)
             if not (np.isfinite(density) and density >= 0):
                 raise self.err(f"{what}: density must be finite and >= 0, got "
-                               f"density={a.get('density')!r}")
+                               f"density={a.get('density')!r}", el)
             mass = density * vol
         if mass <= 0:
             return None
@@ -594,10 +719,16 @@ class _MJCFBuilder:
                 g1, g2 = pr.get("geom1"), pr.get("geom2")
                 for g in (g1, g2):
                     if g not in names:
-                        raise self.err(f"<pair geom1={g1!r} geom2={g2!r}>: unknown geom {g!r}")
+                        raise self.err(f"<pair geom1={g1!r} geom2={g2!r}>: unknown geom {g!r}", pr)
                 explicit.append((names[g1], names[g2]))
+                pa = self.attrs(pr, None)
+                if int(pa.get("condim", 3)) == 1:
+                    self.pair_mu[(names[g1], names[g2])] = 0.0
+                elif int(pa.get("condim", 3)) != 3 and not self.no_contact:
+                    self.refusals.hit("geom.condim", self.src.where(pr),
+                                      f"<pair geom1={g1!r} geom2={g2!r}>", "condim", pa["condim"])
                 fr = _floats(pr.get("friction", "1"), None, f"<pair geom1={g1!r} geom2={g2!r}> friction")
-                self.pair_mu[(names[g1], names[g2])] = float(fr[0])
+                self.pair_mu.setdefault((names[g1], names[g2]), float(fr[0]))
         weld_parent = {b.weld: self.bodies[b.parent].weld for b in self.bodies.values()
                        if b.parent is not None and b.weld != self.bodies[b.parent].weld}
         pairs = []
@@ -620,6 +751,36 @@ class _MJCFBuilder:
                 if frozenset((gi.body, gk.body)) in excluded:
                     continue
                 pairs.append((i, k))
+        # MuJoCo's mixing: the geom of higher priority gives condim and friction, else the
+        # larger condim and friction (diffgym's contacts are condim 3: others are refused)
+        flagged: set[int] = set()
+        explicit_set = set(explicit) | {p[::-1] for p in explicit}
+        for i, k in pairs:
+            if (i, k) in explicit_set:      # a <pair> has its own condim and friction
+                continue
+            ai, ak = self.geom_attrs[i], self.geom_attrs[k]
+            pi, pk = int(ai.get("priority", 0)), int(ak.get("priority", 0))
+            ci, ck = int(ai.get("condim", 3)), int(ak.get("condim", 3))
+            if pi != pk:
+                src = i if pi > pk else k
+                self.pair_mu.setdefault((i, k), self.geoms[src].friction)
+                condim = ci if pi > pk else ck
+                culprits = [src]
+            else:
+                condim = max(ci, ck)
+                culprits = [g for g, c in ((i, ci), (k, ck)) if c == condim]
+            if condim == 1:                 # frictionless contact
+                self.pair_mu[(i, k)] = 0.0
+            elif condim != 3 and not self.no_contact:
+                for g in culprits:
+                    if g in flagged:
+                        continue
+                    flagged.add(g)
+                    el = self.geom_el[g]
+                    other = self.geoms[k if g == i else i].name
+                    self.refusals.hit("geom.condim", self.src.where(el),
+                                      f"<geom name={self.geoms[g].name!r}>", "condim",
+                                      str(condim), f"in its contacts with {other!r}, ...")
         for p in explicit:
             if p not in pairs and p[::-1] not in pairs:
                 pairs.append(p)
@@ -629,22 +790,30 @@ class _MJCFBuilder:
         acts = []
         for sec in self.root.findall("actuator"):
             for el in sec:
-                if el.tag not in ("motor", "general"):
-                    raise self.err(f"<actuator><{el.tag}> is not supported (use <motor>)")
+                if el.tag not in ACTUATOR_TAGS:
+                    raise self.err(f"<actuator><{el.tag}>: unknown actuator type", el)
+                if el.tag != "motor" and el.tag != "general":
+                    continue       # refused by the scan, or ignored: left out
                 a = self.attrs(el, None)
                 jname = a.get("joint")
                 if jname is None:
-                    raise self.err(f"<{el.tag} name={a.get('name')!r}>: only joint transmissions are supported")
+                    continue       # another transmission: refused by the scan, or ignored
                 if not self.model.existJointName(jname):
-                    raise self.err(f"<{el.tag}>: unknown joint {jname!r}")
+                    raise self.err(f"<{el.tag}>: unknown joint {jname!r}", el)
                 jm = self.model.joints[self.model.getJointId(jname)]
                 if jm.nv != 1:
-                    raise self.err(f"<{el.tag} joint={jname!r}>: actuated joint must be hinge or slide")
+                    raise self.err(f"<{el.tag} joint={jname!r}>: actuated joint must be hinge or slide", el)
                 gear = float(_floats(a.get("gear", "1"), None, "gear")[0])
+                if el.tag == "general":     # force = gain * ctrl (gaintype fixed; the rest refused)
+                    gear *= float(_floats(a.get("gainprm", "1"), None,
+                                          f"{self.src.where(el)}: gainprm")[0])
                 cr = None
                 limited = a.get("ctrllimited", "auto")
                 if "ctrlrange" in a and limited != "false":
                     lo, hi = _floats(a["ctrlrange"], 2, f"<{el.tag} joint={jname!r}> ctrlrange")
+                    if not lo <= hi:
+                        raise self.err(f"<{el.tag} joint={jname!r}>: ctrlrange lower {lo} > "
+                                       f"upper {hi}", el)
                     cr = (float(lo), float(hi))
                 acts.append(Actuator(a.get("name", jname), jname, jm.idx_v, gear, cr))
         return acts
@@ -668,9 +837,12 @@ class _MJCFBuilder:
         return out
 
 
-def load_mjcf(text: str, base_dir: str = ".", source: str = "<string>") -> SimModel:
-    try:
-        root = ET.fromstring(text)
-    except ET.ParseError as exc:
-        raise ModelError(f"{source}: not valid XML: {exc}") from exc
-    return _MJCFBuilder(root, base_dir, source).build()
+def load_mjcf(text: str, base_dir: str = ".", source: str = "<string>",
+              ignore_unsupported=None) -> SimModel:
+    """Build the model of an MJCF document. ``<include>`` files are read relative to the
+    including file (``base_dir`` for the text itself). What the model asks for and diffgym does
+    not simulate (:data:`diffgym.unsupported.RULES`) raises a ModelError naming file, line,
+    element and attribute, unless named in ``ignore_unsupported`` (then it is left out, with a
+    warning)."""
+    root, src = parse_model_xml(text, source, base_dir)
+    return _MJCFBuilder(root, base_dir, source, src, ignore_unsupported).build()
