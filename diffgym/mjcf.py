@@ -178,6 +178,8 @@ class _MJCFBuilder:
         self.geom_el: list[ET.Element | None] = []     # the element of each geom (messages)
         self.geom_attrs: list[dict[str, str]] = []      # its attributes, defaults applied
         self.joint_where: dict[str, str] = {}
+        self.static_mass = 0.0           # mass of the bodies welded to the world (settotalmass)
+        self.settotalmass = -1.0
         self.compiler = _Compiler()
         self.defaults: dict[str, dict[str, dict[str, str]]] = {}
         self.default_parent: dict[str, str | None] = {}
@@ -221,6 +223,8 @@ class _MJCFBuilder:
             if "autolimits" in a:
                 self.compiler.autolimits = a["autolimits"] == "true"
             self.compiler.meshdir = a.get("meshdir", a.get("assetdir", self.compiler.meshdir))
+            if "settotalmass" in a:
+                self.settotalmass = float(_floats(a["settotalmass"], 1, "<compiler settotalmass>")[0])
             if a.get("coordinate", "local") != "local":
                 raise self.err("<compiler coordinate='global'> is not supported")
         for opt in self.root.findall("option"):
@@ -475,18 +479,28 @@ class _MJCFBuilder:
     def build(self) -> SimModel:
         self.parse_header()
         self.scan()
-        world = self.root.find("worldbody")
-        if world is None:
+        worlds = self.root.findall("worldbody")      # (several: from included files)
+        if not worlds:
             raise self.err("no <worldbody>")
         self.model.gravity = pin.Motion(self.gravity, np.zeros(3))
         self.bodies["world"] = _Body("world", 0, pin.SE3.Identity(), 0, "world", None)
-        for el in world:
+        for el in (e for w in worlds for e in w):
             if el.tag == "geom":
                 self.add_geom(el, self.bodies["world"], None)
             elif el.tag == "body":
                 self.add_body(el, self.bodies["world"], None)
             elif el.tag == "frame":
                 raise self.err("<frame> is not supported; fold it into the bodies' pos/quat", el)
+        if self.settotalmass > 0:
+            # MuJoCo's compiler scales every body's mass and inertia so the total is this value
+            total = self.static_mass + sum(self.model.inertias[j].mass
+                                           for j in range(1, self.model.njoints))
+            if total > 0:
+                s = self.settotalmass / total
+                for j in range(1, self.model.njoints):
+                    Y = self.model.inertias[j]
+                    self.model.inertias[j] = pin.Inertia(Y.mass * s, Y.lever.copy(),
+                                                         Y.inertia.copy() * s)
         nq = self.model.nq
         q0 = pin.neutral(self.model)
         for idx, val in self.q0_parts:
@@ -612,7 +626,9 @@ class _MJCFBuilder:
                 geom_mass.append(m_c_I)
         if use_geoms:
             mass = sum(m for m, _, _ in geom_mass)
-            if mass > 0:
+            if jid == 0:
+                self.static_mass += mass     # a body welded to the world: not simulated
+            elif mass > 0:
                 com = sum(m * c for m, c, _ in geom_mass) / mass
                 I = np.zeros((3, 3))
                 for m, c, Ig in geom_mass:
@@ -640,7 +656,10 @@ class _MJCFBuilder:
             if problem:
                 raise self.err(f"{what} <inertial>: {key}={a[key]!r} {problem}", inertial)
             pos = _floats(a.get("pos", "0 0 0"), 3, f"{what} <inertial> pos")
-            self.model.appendBodyToJoint(jid, pin.Inertia(mass, pos, R @ I @ R.T), T)
+            if jid == 0:
+                self.static_mass += mass
+            else:
+                self.model.appendBodyToJoint(jid, pin.Inertia(mass, pos, R @ I @ R.T), T)
         for child in el.findall("body"):
             self.add_body(child, body, childclass)
 
@@ -684,7 +703,7 @@ class _MJCFBuilder:
         self.geom_el.append(el)
         self.geom_attrs.append(a)
         self.geom_body_index.append(body.name)
-        if body.jid == 0 or kind == "plane":
+        if body.name == "world" or kind == "plane":
             return None
         # (a zero mass or density is MuJoCo's massless geom, e.g. a visual; negative or
         # non-finite values are errors)

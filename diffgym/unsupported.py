@@ -137,8 +137,6 @@ RULES: tuple[Rule, ...] = (
          attr="boundinertia", when=lambda a, c: _num(a, "boundinertia") > 0),
     Rule("compiler.balanceinertia", "inertias rebalanced by the compiler", path="compiler",
          attr="balanceinertia", when=lambda a, c: a.get("balanceinertia") == "true"),
-    Rule("compiler.settotalmass", "masses rescaled to a total by the compiler", path="compiler",
-         attr="settotalmass", when=lambda a, c: _num(a, "settotalmass", -1) > 0),
     Rule("compiler.inertiagrouprange", "inertia from a subset of geom groups", path="compiler",
          attr="inertiagrouprange", when=lambda a, c: _nums(a, "inertiagrouprange") not in ([], [0, 5])),
     Rule("composite", "composite object", path="body/composite"),
@@ -235,11 +233,13 @@ class Refusals:
         if self.refused:
             shown = self.refused[:20]
             more = len(self.refused) - len(shown)
-            raise ModelError(
+            exc = ModelError(
                 f"{self.source}: the model uses what diffgym does not simulate:\n  "
                 + "\n  ".join(shown) + (f"\n  ... and {more} more" if more else "")
                 + "\nTo load it anyway, accepting the difference: ignore_unsupported="
                 + repr(tuple(self.refused_keys)))
+            exc.unsupported = tuple(self.refused_keys)     # the keys, for programs
+            raise exc
         if self.ignored:
             warnings.warn(UnsupportedIgnoredWarning(
                 f"{self.source}: left out of the simulation (ignore_unsupported):\n  "
