@@ -136,6 +136,8 @@ def main(argv: list[str] | None = None) -> int:
                         "refused by name or simulated next to MuJoCo")
     p.add_argument("--zoo-seconds", type=float, default=3.0, help="--zoo: simulated time per model")
     p.add_argument("--only", default="", help="--zoo: comma-separated substrings of model names")
+    p.add_argument("--budget", type=float, default=120.0,
+                   help="--zoo: wall-clock seconds per model (the row says where a run stopped)")
     p.set_defaults(func=_bench)
     from .record import add_arguments as record_arguments
     p = record_arguments(sub.add_parser("record", help="render a rollout of an environment to a GIF or MP4"))

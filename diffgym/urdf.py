@@ -62,6 +62,8 @@ def check_urdf(path: str, ignore_unsupported=None) -> dict[str, str]:
                 if nums and not all(math.isfinite(x) for x in nums):
                     raise err(el, f"{desc(parent)} {desc(el)}: {k}={val!r} is not finite "
                                   "(NaN or inf)")
+            if parent.tag == "joint" and parent.get("type") == "fixed":
+                continue         # (a fixed joint's <mimic> or <dynamics> has no effect)
             for r in rules:
                 p_tag, _, tag = r.path.partition("/")
                 if parent.tag == p_tag and el.tag == tag and (r.when is None or r.when(el.attrib, {})):
