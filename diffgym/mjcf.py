@@ -262,8 +262,13 @@ class _MJCFBuilder:
                 return parent == p and t in ("*", tag)
             return tag == path
 
-        def visit(el: ET.Element, parent: str, childclass: str | None, inside: bool) -> None:
-            self._check_numbers(el)
+        def visit(el: ET.Element, parent: str, childclass: str | None, inside: bool,
+                  owner: str) -> None:
+            # (an unnamed element is described with its nearest named ancestor: the body of
+            # an <inertial>)
+            named = el.get("name") is not None
+            self._check_numbers(el, "" if named else owner)
+            owner = self.desc(el) if named else owner
             if el.tag == "default":
                 for d in el.iter():
                     if d is not el:
@@ -298,12 +303,12 @@ class _MJCFBuilder:
                                    f"friction={a['friction']!r}", el)
             for child in el:
                 visit(child, el.tag, childclass,
-                      inside or el.tag in ("worldbody", "actuator", "contact"))
+                      inside or el.tag in ("worldbody", "actuator", "contact"), owner)
 
         for el in self.root:
-            visit(el, self.root.tag, None, False)
+            visit(el, self.root.tag, None, False, "")
 
-    def _check_numbers(self, el: ET.Element) -> None:
+    def _check_numbers(self, el: ET.Element, owner: str = "") -> None:
         for k, val in el.attrib.items():
             if k in _TEXT_ATTRS:
                 continue
@@ -313,7 +318,8 @@ class _MJCFBuilder:
             except ValueError:
                 continue
             if nums and not all(math.isfinite(x) for x in nums):
-                raise self.err(f"{self.desc(el)}: {k}={val!r} is not finite (NaN or inf)", el)
+                what = f"{owner} {self.desc(el)}" if owner else self.desc(el)
+                raise self.err(f"{what}: {k}={val!r} is not finite (NaN or inf)", el)
 
     def _parse_default(self, el: ET.Element, name: str, parent: str | None) -> None:
         self.default_parent[name] = parent
