@@ -139,19 +139,6 @@ def _mj_to_pin_q(m, qpos: np.ndarray) -> np.ndarray:
     return q
 
 
-def _pin_to_mj_q(m, q: np.ndarray) -> np.ndarray:
-    out = np.array(q, float)
-    for j in range(m.njnt):
-        a = m.jnt_qposadr[j]
-        if m.jnt_type[j] == 0:
-            x = out[a + 3:a + 7].copy()
-            out[a + 3], out[a + 4:a + 7] = x[3], x[:3]
-        elif m.jnt_type[j] == 1:
-            x = out[a:a + 4].copy()
-            out[a], out[a + 1:a + 4] = x[3], x[:3]
-    return out
-
-
 def _lift_robot(sim, q: np.ndarray, clearance: float = 0.01) -> np.ndarray:
     """Raise a floating base so the lowest robot collision geom is ``clearance`` above z = 0
     (the distances of the robot-ground pairs: lifting by dz raises each by dz exactly)."""
@@ -192,18 +179,20 @@ def compare(row: Row, sim, seconds: float, budget: float = math.inf) -> None:
                            f"nq={sim.nq} nv={sim.nv}")
     m.opt.disableflags |= int(mujoco.mjtDisableBit.mjDSBL_EULERDAMP)
     d = mujoco.MjData(m)
+    # a deterministic kick of every joint velocity (a URDF's floating base starts at rest)
+    v = np.random.default_rng(0).uniform(-KICK, KICK, sim.nv)
     if row.path.endswith(".urdf"):
+        # pinocchio orders a URDF's joints by its own rule, MuJoCo in file order: by name
+        from .bench import mujoco_state
+        if sim.model.joints[1].shortname() == "JointModelFreeFlyer":
+            v[:6] = 0.0
         q = _lift_robot(sim, sim.q0.copy())
-        d.qpos[:] = _pin_to_mj_q(m, q)
-    else:
+        d.qpos[:], d.qvel[:], _ = mujoco_state(mujoco, m, SimpleNamespace(
+            sim=sim, path=row.path, q0=q, v0=v, q_ref=None, base_nq=0))
+    else:                              # MJCF: the same joints in the same (document) order
         d.qpos[:] = m.qpos0
         q = _mj_to_pin_q(m, m.qpos0)
-    # a deterministic kick of every joint velocity (not of a floating base: a URDF free flyer's
-    # linear velocity is in the base frame, MuJoCo's in the world frame)
-    v = np.random.default_rng(0).uniform(-KICK, KICK, sim.nv)
-    if row.path.endswith(".urdf") and sim.model.joints[1].shortname() == "JointModelFreeFlyer":
-        v[:6] = 0.0
-    d.qvel[:] = v
+        d.qvel[:] = v
     data = sim.model.createData()
 
     # the centre of mass of the moving bodies (static ones are not simulated by either engine)
