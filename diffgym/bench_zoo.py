@@ -99,7 +99,7 @@ class Row:
     group: str
     name: str
     path: str
-    status: str = ""                 # match | differs | refused | error
+    status: str = ""                 # match | differs | refused | invalid (bad input) | error
     refused: list[str] = field(default_factory=list)
     nv: int = 0
     mass_rel: float = math.nan
@@ -261,7 +261,10 @@ def run_one(group: str, name: str, path: str, seconds: float, budget: float = ma
         except ModelError as exc:
             text = str(exc)
             if not getattr(exc, "unsupported", ()):
-                row.status, row.note = "error", text.splitlines()[0][-160:]
+                # bad input: the message without the file path (the row names the model)
+                first = text.splitlines()[0]
+                row.status = "invalid"
+                row.note = first.split(": ", 1)[1] if first.startswith(path) else first[-200:]
                 return row
             keys = getattr(exc, "unsupported", ())
             row.refused = list(keys)
@@ -322,7 +325,8 @@ def format_table(rows: list[Row], seconds: float) -> str:
             f"| {r.group} | {r.name} | {r.nv or '-'} | {r.status} | "
             f"{', '.join(r.refused) or '-'} | {_fmt(r.mass_rel)} | {first} | "
             f"{_fmt(r.err_free)} | {_fmt(r.com_err)} | {r.note.replace('|', '/') or ''} |")
-    counts = {s: sum(r.status == s for r in rows) for s in ("match", "differs", "refused", "error")}
+    counts = {s: sum(r.status == s for r in rows)
+              for s in ("match", "differs", "refused", "invalid", "error")}
     lines.append("")
     lines.append(", ".join(f"{v} {k}" for k, v in counts.items())
                  + " (for refused rows the columns are measured with the refused keys ignored)")
