@@ -4,7 +4,10 @@ pinocchio's own MJCF parser reads only the first body tree under ``<worldbody>``
 ``<option>``; this module reads the whole document the way MuJoCo's compiler does for the
 subset of MJCF that rigid-body scenes use:
 
-* ``<compiler angle eulerseq inertiafromgeom autolimits meshdir>``, ``<option timestep gravity>``
+* ``<include file>`` (relative to the including file; :mod:`diffgym.xmlsource`), several
+  ``<worldbody>``/``<actuator>``/... sections
+* ``<compiler angle eulerseq inertiafromgeom autolimits meshdir assetdir settotalmass>``,
+  ``<option timestep gravity>``, ``<flag contact constraint limit gravity passive spring damper>``
 * nested ``<default>`` classes and ``childclass``
 * every top-level body (several free bodies in one scene), ``hinge``/``slide``/``ball``/``free``
   joints with ``pos``, ``axis``, ``ref``, ``range``, ``limited``, ``armature``, ``damping``,
@@ -12,9 +15,14 @@ subset of MJCF that rigid-body scenes use:
 * ``pos``/``quat``/``euler``/``axisangle``/``xyaxes``/``zaxis`` frames, ``fromto`` geoms
 * ``<inertial>`` or inertia computed from geoms (density 1000 by default), like MuJoCo
 * geoms: plane, sphere, box, capsule, cylinder, ellipsoid and convex meshes (convex hull)
-* geom ``friction`` (first component), ``contype``/``conaffinity``, ``<contact><exclude>`` and
-  ``<contact><pair>``, and MuJoCo's no-parent-child filter
-* ``<actuator><motor>`` and the first ``<keyframe><key qpos>``
+* geom ``friction`` (first component), ``contype``/``conaffinity``, ``condim`` 1 (frictionless)
+  and 3, ``priority`` (MuJoCo's mixing), ``<contact><exclude>`` and ``<contact><pair>``, and
+  MuJoCo's no-parent-child filter
+* ``<actuator><motor>`` and ``<general>`` (fixed gain) on joints, the first ``<keyframe><key qpos>``
+
+Anything else that changes the dynamics is refused by name with file and line
+(:data:`diffgym.unsupported.RULES`; ``ignore_unsupported`` loads it without), and every numeric
+attribute, friction, mass, inertia, size and range is checked at load.
 
 Configuration vectors use pinocchio's convention: a free joint is ``[x y z qx qy qz qw]``
 (MuJoCo writes ``[x y z qw qx qy qz]``; keyframes are converted). Its velocity is MuJoCo's:

@@ -14,8 +14,8 @@ matching element (``"tag"`` or ``"parent/tag"``; MJCF attributes with the defaul
 applied); a row without ``path`` is checked by the loader where it builds the construct
 (e.g. the condim of a contact pair, known only once both geoms are).
 
-Accepted without a refusal, because diffgym's contact is exact by design (README, "Reading
-other people's models"): MuJoCo's soft-contact and soft-limit parameters ``solref``,
+Accepted without a refusal, because diffgym's contact is exact by design (README, "Models from
+elsewhere"): MuJoCo's soft-contact and soft-limit parameters ``solref``,
 ``solimp``, ``solmix``, ``margin``, ``gap``, ``solreflimit``, ``solimplimit`` (diffgym's
 contacts and limits are hard, its margin is a speculative-contact distance, not a force
 distance). Accepted because they do not change the dynamics: sensors, sites, cameras, lights,
