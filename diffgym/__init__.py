@@ -1,6 +1,7 @@
 """diffgym: Gymnasium environments on a differentiable simulator with unrelaxed frictional contact."""
 from .forward import Contact, SimulationError, Simulator, SolverWarning, StepInfo
 from .model import ModelError, SimModel
+from .unsupported import UnsupportedIgnoredWarning
 from .gradcheck import GradientReport, JacobianMismatchError, check_step_jacobians
 from .gradient_modes import Exact, LongRange, Smooth, gradient_mode
 
@@ -8,7 +9,8 @@ __version__ = "0.1.0"
 
 __all__ = ["Simulator", "StepInfo", "Contact", "SimModel", "ModelError", "SimulationError",
            "SolverWarning", "__version__", "check_step_jacobians", "GradientReport",
-           "JacobianMismatchError", "Exact", "Smooth", "LongRange", "gradient_mode"]
+           "JacobianMismatchError", "Exact", "Smooth", "LongRange", "gradient_mode",
+           "UnsupportedIgnoredWarning"]
 
 
 def _mount_envs() -> None:

@@ -14,6 +14,9 @@ def _bench(args: argparse.Namespace) -> int:
     if getattr(args, "drops", False):
         from .bench_drops import main as drops_main
         return drops_main(args)
+    if getattr(args, "zoo", False):
+        from .bench_zoo import main as zoo_main
+        return zoo_main(args)
     from .bench import main as bench_main
     return bench_main(args)
 
@@ -127,6 +130,14 @@ def main(argv: list[str] | None = None) -> int:
                         "categories per shape and rate")
     p.add_argument("--n", type=int, default=300, help="--drops: number of drops (paper: 3600)")
     p.add_argument("--seed", type=int, default=0, help="--drops: seed of the random scenes")
+    p.add_argument("--zoo", action="store_true",
+                   help="instead, the model zoo (diffgym.bench_zoo): every Gymnasium MuJoCo "
+                        "asset, dm_control suite domain and example-robot-data robot loaded, "
+                        "refused by name or simulated next to MuJoCo")
+    p.add_argument("--zoo-seconds", type=float, default=3.0, help="--zoo: simulated time per model")
+    p.add_argument("--only", default="", help="--zoo: comma-separated substrings of model names")
+    p.add_argument("--budget", type=float, default=120.0,
+                   help="--zoo: wall-clock seconds per model (the row says where a run stopped)")
     p.set_defaults(func=_bench)
     from .record import add_arguments as record_arguments
     p = record_arguments(sub.add_parser("record", help="render a rollout of an environment to a GIF or MP4"))

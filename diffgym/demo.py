@@ -42,7 +42,7 @@ def run_demo(seconds: float = 2.0) -> int:
           f"(closed form 2/(mu g) = {t_stop:.3f} s), slid {q[0]:.4f} m "
           f"(closed form {2.0 ** 2 / (2 * 0.16 * 9.81):.4f} m)")
     # 2. hopper dropped with zero torque
-    sim = Simulator.from_file(asset_path("hopper_gymnasium.xml"))
+    sim = Simulator.from_file(asset_path("hopper_gymnasium.xml"), ignore_unsupported=("option.integrator",))
     q, v = sim.q0, np.zeros(sim.nv)
     n = int(round(seconds / sim.dt))
     t0 = time.perf_counter()
@@ -55,7 +55,7 @@ def run_demo(seconds: float = 2.0) -> int:
     _line("hopper", n, wall, f"torso height {q[1]:.4f} m, deepest penetration {max(0.0, -min_d):.2e} m, "
           f"last step: {sim.last}")
     # 3. Go1 holding its standing pose with a PD controller, and one step Jacobian
-    sim = Simulator.from_file(asset_path("go1.urdf"))
+    sim = Simulator.from_file(asset_path("go1.urdf"), ignore_unsupported=("joint.frictionloss",))
     q, v = sim.q0, np.zeros(sim.nv)
     q_ref = sim.q0
     n = int(round(min(seconds, 1.0) / sim.dt))

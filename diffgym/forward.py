@@ -576,24 +576,33 @@ class Simulator:
     # -- construction ----------------------------------------------------------------------
     @classmethod
     def from_file(cls, path: str | os.PathLike, **kwargs) -> "Simulator":
-        """Load an MJCF (.xml) or URDF (.urdf) file. Keyword settings override the file."""
+        """Load an MJCF (.xml) or URDF (.urdf) file. Keyword settings override the file.
+
+        What the file asks for and diffgym does not simulate (an equality constraint, a
+        tendon, joint dry friction, RK4, ...: :data:`diffgym.unsupported.RULES`) raises a
+        ModelError naming file, line, element and attribute; ``ignore_unsupported=("tendon",
+        "joint.frictionloss", ...)`` loads it anyway without them (and warns what was left
+        out)."""
         path = os.fspath(path)
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{path}: no such model file")
         source = ("file", os.path.abspath(path), dict(kwargs))
         ext = os.path.splitext(path)[1].lower()
+        ignore = kwargs.pop("ignore_unsupported", None)
         loader_kw = {k: kwargs.pop(k) for k in list(kwargs) if k in _LOADER_KEYS}
         if ext == ".urdf":
             from .urdf import load_urdf
             dt = kwargs.get("dt")
-            sm = load_urdf(path, dt=dt if dt is not None else 0.002, **loader_kw)
+            sm = load_urdf(path, dt=dt if dt is not None else 0.002, ignore_unsupported=ignore,
+                           **loader_kw)
         elif ext in (".xml", ".mjcf"):
             if loader_kw:
                 raise TypeError(f"{path}: settings {sorted(loader_kw)} apply to URDF files only")
             from .mjcf import load_mjcf
             with open(path, encoding="utf-8") as fh:
                 text = fh.read()
-            sm = load_mjcf(text, os.path.dirname(os.path.abspath(path)), source=path)
+            sm = load_mjcf(text, os.path.dirname(os.path.abspath(path)), source=path,
+                           ignore_unsupported=ignore)
         else:
             raise ModelError(f"{path}: unknown model format {ext!r} (expected .xml MJCF or .urdf)")
         sim = cls(sm, **kwargs)
@@ -602,11 +611,15 @@ class Simulator:
 
     @classmethod
     def from_string(cls, text: str, base_dir: str = ".", **kwargs) -> "Simulator":
-        """Load an MJCF document held in a string."""
+        """Load an MJCF document held in a string (``<include>`` files relative to
+        ``base_dir``; ``ignore_unsupported`` as for :meth:`from_file`)."""
         if not isinstance(text, str):
             raise TypeError(f"from_string expects the MJCF text as str, got {type(text).__name__}")
         from .mjcf import load_mjcf
-        sim = cls(load_mjcf(text, base_dir), **kwargs)
+        ignore = kwargs.pop("ignore_unsupported", None)
+        sim = cls(load_mjcf(text, base_dir, ignore_unsupported=ignore), **kwargs)
+        if ignore is not None:
+            kwargs["ignore_unsupported"] = ignore
         sim._source = ("string", text, os.path.abspath(base_dir), dict(kwargs))
         return sim
 

@@ -4,7 +4,10 @@ pinocchio's own MJCF parser reads only the first body tree under ``<worldbody>``
 ``<option>``; this module reads the whole document the way MuJoCo's compiler does for the
 subset of MJCF that rigid-body scenes use:
 
-* ``<compiler angle eulerseq inertiafromgeom autolimits meshdir>``, ``<option timestep gravity>``
+* ``<include file>`` (relative to the including file; :mod:`diffgym.xmlsource`), several
+  ``<worldbody>``/``<actuator>``/... sections
+* ``<compiler angle eulerseq inertiafromgeom autolimits meshdir assetdir settotalmass>``,
+  ``<option timestep gravity>``, ``<flag contact constraint limit gravity passive spring damper>``
 * nested ``<default>`` classes and ``childclass``
 * every top-level body (several free bodies in one scene), ``hinge``/``slide``/``ball``/``free``
   joints with ``pos``, ``axis``, ``ref``, ``range``, ``limited``, ``armature``, ``damping``,
@@ -12,12 +15,19 @@ subset of MJCF that rigid-body scenes use:
 * ``pos``/``quat``/``euler``/``axisangle``/``xyaxes``/``zaxis`` frames, ``fromto`` geoms
 * ``<inertial>`` or inertia computed from geoms (density 1000 by default), like MuJoCo
 * geoms: plane, sphere, box, capsule, cylinder, ellipsoid and convex meshes (convex hull)
-* geom ``friction`` (first component), ``contype``/``conaffinity``, ``<contact><exclude>`` and
-  ``<contact><pair>``, and MuJoCo's no-parent-child filter
-* ``<actuator><motor>`` and the first ``<keyframe><key qpos>``
+* geom ``friction`` (first component), ``contype``/``conaffinity``, ``condim`` 1 (frictionless)
+  and 3, ``priority`` (MuJoCo's mixing), ``<contact><exclude>`` and ``<contact><pair>``, and
+  MuJoCo's no-parent-child filter
+* ``<actuator><motor>`` and ``<general>`` (fixed gain) on joints, the first ``<keyframe><key qpos>``
+
+Anything else that changes the dynamics is refused by name with file and line
+(:data:`diffgym.unsupported.RULES`; ``ignore_unsupported`` loads it without), and every numeric
+attribute, friction, mass, inertia, size and range is checked at load.
 * diffgym's coefficients of restitution, in ``<custom><numeric name="diffgym:restitution"`` (every
   geom) or ``name="diffgym:restitution:GEOM"`` (one geom) ``data="e"/>``: MuJoCo loads and
   ignores them (``parse_restitution``)
+* ``<equality>`` connect/weld/joint, joint ``frictionloss``, ball-joint ``range`` and
+  ``<tendon><fixed>`` (rows of the constraint problem: ``diffgym.equality``)
 
 Configuration vectors use pinocchio's convention: a free joint is ``[x y z qx qy qz qw]``
 (MuJoCo writes ``[x y z qw qx qy qz]``; keyframes are converted). Its velocity is MuJoCo's:
@@ -37,9 +47,22 @@ import numpy as np
 import pinocchio as pin
 
 from .model import Actuator, GeomInfo, JointLimit, ModelError, SimModel
+from .unsupported import Refusals, rules_for
+from .xmlsource import XMLSource, parse_model_xml
 
 GEOM_TYPES = ("plane", "sphere", "box", "capsule", "cylinder", "ellipsoid", "mesh")
 JOINT_TYPES = ("hinge", "slide", "ball", "free")
+# geom types diffgym has no collision shape for: refused (unsupported.RULES) when they collide,
+# dropped silently when visual only (contype = conaffinity = 0, no mass of their own)
+UNSIMULATED_GEOMS = ("hfield", "sdf")
+ACTUATOR_TAGS = ("motor", "general", "position", "velocity", "intvelocity", "damper",
+                 "cylinder", "muscle", "adhesion", "plugin")
+# attributes holding names or keywords, not numbers (skipped by the NaN/inf check)
+_TEXT_ATTRS = {"name", "class", "childclass", "type", "joint", "joint1", "joint2", "body",
+               "body1", "body2", "geom", "geom1", "geom2", "site", "site1", "site2", "mesh",
+               "material", "texture", "hfield", "file", "target", "tendon", "objname",
+               "objtype", "refsite", "cranksite", "slidersite", "jointinparent", "model",
+               "prefix", "mode", "camera", "plugin", "instance", "content_type", "key"}
 
 
 def _floats(text: str | None, n: int | None = None, what: str = "") -> np.ndarray | None:
@@ -154,10 +177,22 @@ class _Body:
 
 
 class _MJCFBuilder:
-    def __init__(self, root: ET.Element, base_dir: str, source: str):
+    def __init__(self, root: ET.Element, base_dir: str, source: str,
+                 src: XMLSource | None = None, ignore_unsupported=None):
         self.root = root
         self.base_dir = base_dir
         self.source = source
+        self.src = src or XMLSource(source)
+        self.refusals = Refusals(source, ignore_unsupported)
+        self.no_contact = False          # <flag contact="disable"> (or constraint)
+        self.no_limits = False           # <flag limit="disable"> (or constraint)
+        self.no_damping = False          # <flag damper="disable"> (or passive)
+        self.no_springs = False          # <flag spring="disable"> (or passive)
+        self.geom_el: list[ET.Element | None] = []     # the element of each geom (messages)
+        self.geom_attrs: list[dict[str, str]] = []      # its attributes, defaults applied
+        self.joint_where: dict[str, str] = {}
+        self.static_mass = 0.0           # mass of the bodies welded to the world (settotalmass)
+        self.settotalmass = -1.0
         self.compiler = _Compiler()
         self.defaults: dict[str, dict[str, dict[str, str]]] = {}
         self.default_parent: dict[str, str | None] = {}
@@ -178,15 +213,18 @@ class _MJCFBuilder:
         self.pair_mu: dict[tuple[int, int], float] = {}
 
     # -- document-level parsing -------------------------------------------------------
-    def err(self, msg: str) -> ModelError:
-        return ModelError(f"{self.source}: {msg}")
+    def err(self, msg: str, el: ET.Element | None = None) -> ModelError:
+        """A ModelError prefixed by ``file:line`` of ``el`` (or the model's source)."""
+        return ModelError(f"{self.src.where(el) if el is not None else self.source}: {msg}")
+
+    @staticmethod
+    def desc(el: ET.Element) -> str:
+        n = el.get("name")
+        return f"<{el.tag} name={n!r}>" if n is not None else f"<{el.tag}>"
 
     def parse_header(self) -> None:
         if self.root.tag != "mujoco":
             raise self.err(f"root element is <{self.root.tag}>, expected <mujoco>")
-        for el in self.root:
-            if el.tag == "include":
-                raise self.err("<include> is not supported; inline the included file")
         for comp in self.root.findall("compiler"):
             a = comp.attrib
             if "angle" in a:
@@ -197,7 +235,9 @@ class _MJCFBuilder:
             self.compiler.inertiafromgeom = a.get("inertiafromgeom", self.compiler.inertiafromgeom)
             if "autolimits" in a:
                 self.compiler.autolimits = a["autolimits"] == "true"
-            self.compiler.meshdir = a.get("meshdir", self.compiler.meshdir)
+            self.compiler.meshdir = a.get("meshdir", a.get("assetdir", self.compiler.meshdir))
+            if "settotalmass" in a:
+                self.settotalmass = float(_floats(a["settotalmass"], 1, "<compiler settotalmass>")[0])
             if a.get("coordinate", "local") != "local":
                 raise self.err("<compiler coordinate='global'> is not supported")
         for opt in self.root.findall("option"):
@@ -205,11 +245,94 @@ class _MJCFBuilder:
                 self.dt = float(_floats(opt.get("timestep"), 1, "<option timestep>")[0])
             if "gravity" in opt.attrib:
                 self.gravity = _floats(opt.get("gravity"), 3, "<option gravity>")
+            for flag in opt.findall("flag"):
+                f = flag.attrib
+                off = lambda k: f.get(k) == "disable"  # noqa: E731
+                self.no_contact |= off("contact") or off("constraint")
+                self.no_limits |= off("limit") or off("constraint")
+                self.no_damping |= off("damper") or off("passive")
+                self.no_springs |= off("spring") or off("passive")
+                if off("gravity"):
+                    self.gravity = np.zeros(3)
         for d in self.root.findall("default"):
             self._parse_default(d, "main", None)
         for asset in self.root.findall("asset"):
             for mesh in asset.findall("mesh"):
                 self._parse_mesh(mesh)
+
+    # -- what the model asks for that diffgym does not simulate; bad numbers ---------------
+    def scan(self) -> None:
+        """Check every element against :data:`diffgym.unsupported.RULES` (attributes with the
+        default classes applied) and every numeric attribute for NaN/inf, everywhere in the
+        document; geom and pair friction must be >= 0."""
+        rules = rules_for("mjcf")
+        ctx = {"autolimits": self.compiler.autolimits}
+        defaulted = {"joint", "geom", "site", *ACTUATOR_TAGS}
+
+        def matches(path: str, tag: str, parent: str) -> bool:
+            if "/" in path:
+                p, t = path.split("/")
+                return parent == p and t in ("*", tag)
+            return tag == path
+
+        def visit(el: ET.Element, parent: str, childclass: str | None, inside: bool,
+                  owner: str) -> None:
+            # (an unnamed element is described with its nearest named ancestor: the body of
+            # an <inertial>)
+            named = el.get("name") is not None
+            self._check_numbers(el, "" if named else owner)
+            owner = self.desc(el) if named else owner
+            if el.tag == "default":
+                for d in el.iter():
+                    if d is not el:
+                        self._check_numbers(d)
+                return
+            if el.tag == "body":
+                childclass = el.get("childclass", childclass)
+            if inside and el.tag in defaulted and (parent != "default"):
+                a = self.attrs(el, childclass if parent not in ("actuator", "contact") else None)
+                if el.tag == "freejoint":
+                    a["type"] = "free"
+            else:
+                a = dict(el.attrib)
+            for r in rules:
+                if r.path is None or not matches(r.path, el.tag, parent):
+                    continue
+                if r.when is not None and not r.when(a, ctx):
+                    continue
+                attr = r.attr
+                value = a.get(attr) if attr and attr in a else None
+                if attr and "/" in attr:        # several attributes: name those present
+                    present = [k for k in attr.split("/") if k in a]
+                    attr = " ".join(f"{k}={a[k]!r}" for k in present) or attr
+                detail = ""
+                if el.tag == "flag":
+                    detail = ", ".join(f"{k}={v!r}" for k, v in a.items())
+                self.refusals.hit(r.key, self.src.where(el), self.desc(el), attr, value, detail)
+            if el.tag in ("geom", "pair") and "friction" in a:
+                fr = _floats(a["friction"], None, f"{self.src.where(el)}: {self.desc(el)} friction")
+                if fr.size == 0 or np.any(fr < 0):
+                    raise self.err(f"{self.desc(el)}: friction must be >= 0, got "
+                                   f"friction={a['friction']!r}", el)
+            for child in el:
+                visit(child, el.tag, childclass,
+                      inside or el.tag in ("worldbody", "actuator", "contact"), owner)
+
+        for el in self.root:
+            visit(el, self.root.tag, None, False, "")
+
+    def _check_numbers(self, el: ET.Element, owner: str = "") -> None:
+        for k, val in el.attrib.items():
+            if k in _TEXT_ATTRS:
+                continue
+            toks = val.split()
+            try:
+                nums = [float(t) for t in toks]
+            except ValueError:
+                continue
+            if nums and not all(math.isfinite(x) for x in nums):
+                what = f"{owner} {self.desc(el)}" if owner else self.desc(el)
+                raise self.err(f"{what}: {k}={val!r} is not finite (NaN or inf)", el)
 
     def _parse_default(self, el: ET.Element, name: str, parent: str | None) -> None:
         self.default_parent[name] = parent
@@ -222,14 +345,14 @@ class _MJCFBuilder:
         for child in el.findall("default"):
             cname = child.get("class")
             if cname is None:
-                raise self.err("nested <default> without a class name")
+                raise self.err("nested <default> without a class name", child)
             self._parse_default(child, cname, name)
 
     def attrs(self, el: ET.Element, childclass: str | None) -> dict[str, str]:
         """An element's attributes with its default class chain applied."""
         cls = el.get("class") or childclass or "main"
         if cls not in self.defaults and cls != "main":
-            raise self.err(f"<{el.tag} name={el.get('name')!r}> uses unknown default class {cls!r}")
+            raise self.err(f"<{el.tag} name={el.get('name')!r}> uses unknown default class {cls!r}", el)
         chain = []
         c: str | None = cls
         while c is not None and c in self.defaults:
@@ -240,7 +363,7 @@ class _MJCFBuilder:
         tags = [tag]
         if tag == "freejoint":
             tags = []
-        if tag in ("motor", "position", "velocity", "general"):
+        if tag in ACTUATOR_TAGS:
             tags = ["general", tag]
         for c in reversed(chain):
             for t in tags:
@@ -294,8 +417,9 @@ class _MJCFBuilder:
     def geom_shape(self, a: dict[str, str], what: str):
         """Returns (kind, size, local pose, coal shape, volume, com, inertia-about-com)."""
         kind = a.get("type", "sphere")
+        el = getattr(self, "_el", None)
         if kind not in GEOM_TYPES:
-            raise self.err(f"{what}: unsupported geom type {kind!r} (supported: {', '.join(GEOM_TYPES)})")
+            raise self.err(f"{what}: unsupported geom type {kind!r} (supported: {', '.join(GEOM_TYPES)})", el)
         size = _floats(a.get("size"), None, f"{what} size")
         size = np.zeros(3) if size is None else size
         pose = self.pose(a, what)
@@ -318,7 +442,7 @@ class _MJCFBuilder:
         def need(n: int) -> np.ndarray:
             if size.size < n or not np.all(np.isfinite(size[:n]) & (size[:n] > 0)):
                 raise self.err(f"{what}: {kind} needs {n} positive size values (finite), "
-                               f"got size={a.get('size')!r}")
+                               f"got size={a.get('size')!r}", el)
             return size[:n]
 
         com = np.zeros(3)
@@ -373,35 +497,53 @@ class _MJCFBuilder:
     # -- bodies -----------------------------------------------------------------------
     def build(self) -> SimModel:
         self.parse_header()
-        world = self.root.find("worldbody")
-        if world is None:
+        self.scan()
+        worlds = self.root.findall("worldbody")      # (several: from included files)
+        if not worlds:
             raise self.err("no <worldbody>")
         self.model.gravity = pin.Motion(self.gravity, np.zeros(3))
         self.bodies["world"] = _Body("world", 0, pin.SE3.Identity(), 0, "world", None)
-        for el in world:
+        for el in (e for w in worlds for e in w):
             if el.tag == "geom":
                 self.add_geom(el, self.bodies["world"], None)
             elif el.tag == "body":
                 self.add_body(el, self.bodies["world"], None)
             elif el.tag == "frame":
-                raise self.err("<frame> is not supported; fold it into the bodies' pos/quat")
+                raise self.err("<frame> is not supported; fold it into the bodies' pos/quat", el)
+        if self.settotalmass > 0:
+            # MuJoCo's compiler scales every body's mass and inertia so the total is this value
+            total = self.static_mass + sum(self.model.inertias[j].mass
+                                           for j in range(1, self.model.njoints))
+            if total > 0:
+                s = self.settotalmass / total
+                for j in range(1, self.model.njoints):
+                    Y = self.model.inertias[j]
+                    self.model.inertias[j] = pin.Inertia(Y.mass * s, Y.lever.copy(),
+                                                         Y.inertia.copy() * s)
         nq = self.model.nq
         q0 = pin.neutral(self.model)
         for idx, val in self.q0_parts:
             q0[idx:idx + val.size] = val
         damping = np.zeros(self.model.nv)
-        for iv, d in self.damping.items():
-            damping[iv] = d
+        if not self.no_damping:
+            for iv, d in self.damping.items():
+                damping[iv] = d
         q0_ref = q0.copy()            # MuJoCo's qpos0: equality constraints are built at it
         pairs = self.collision_pairs()
+        if self.no_contact:
+            pairs = np.zeros((0, 2), dtype=np.int64)
+        limits = [] if self.no_limits else self.limits
         actuators = self.parse_actuators()
         keyframes = self.parse_keyframes(nq)
         self.parse_restitution()
         if keyframes:
             q0 = next(iter(keyframes.values())).copy()
-        sm = SimModel(self.model, self.geom_model, self.geoms, pairs, self.limits, actuators,
-                      q0, self.dt, damping, source=self.source, keyframes=keyframes)
-        sm.stiffness = self.stiffness
+        self.refusals.finish()
+        sm = SimModel(self.model, self.geom_model, self.geoms, pairs, limits, actuators,
+                      q0, self.dt, damping, source=self.source, keyframes=keyframes,
+                      joint_where=self.joint_where)
+        sm.stiffness = {} if self.no_springs else self.stiffness
+        sm.refused_ignored = list(self.refusals.ignored_keys)
         sm.constraint_spec = self.parse_constraint_spec(q0_ref)
         # an explicit <pair> has its own friction (MuJoCo's default 1), not the geoms' larger one
         for k, (a, b) in enumerate(sm.pairs):
@@ -413,7 +555,7 @@ class _MJCFBuilder:
     def add_body(self, el: ET.Element, parent: _Body, childclass: str | None) -> None:
         name = el.get("name") or f"body{len(self.bodies)}"
         if name in self.bodies:
-            raise self.err(f"duplicate body name {name!r}")
+            raise self.err(f"duplicate body name {name!r}", el)
         what = f"<body name={name!r}>"
         childclass = el.get("childclass", childclass)
         local = self.pose(dict(el.attrib), what)
@@ -426,12 +568,15 @@ class _MJCFBuilder:
             jname = a.get("name") or f"{name}_joint{self._unnamed}"
             self._unnamed += 1
             if jtype not in JOINT_TYPES:
-                raise self.err(f"<joint name={jname!r}>: unsupported type {jtype!r}")
+                raise self.err(f"<joint name={jname!r}>: unsupported type {jtype!r}", j)
+            self.joint_where[jname] = f"{self.src.where(j)}: <body name={name!r}>"
+            self.joint_where[f"{jname}_rot"] = self.joint_where[jname]
+            self._el = j
             anchor = _floats(a.get("pos", "0 0 0"), 3, f"<joint name={jname!r}> pos")
             if jtype == "free":
                 if parent.jid != 0 or len(joints) > 1:
                     raise self.err(f"<joint name={jname!r}>: a free joint must be the only joint "
-                                   "of a top-level body")
+                                   "of a top-level body", j)
                 # MuJoCo's free joint: a translation whose velocity is the WORLD-frame linear
                 # velocity of the body origin, then a ball joint (body-frame angular velocity).
                 # Same q layout [x y z qx qy qz qw] and v layout as one free flyer, but not
@@ -461,7 +606,7 @@ class _MJCFBuilder:
                 else:
                     axis = _floats(a.get("axis", "0 0 1"), 3, f"<joint name={jname!r}> axis")
                     if np.linalg.norm(axis) == 0:
-                        raise self.err(f"<joint name={jname!r}>: zero axis")
+                        raise self.err(f"<joint name={jname!r}>: zero axis", j)
                     axis = axis / np.linalg.norm(axis)
                     ref = float(a.get("ref", 0.0))
                     if jtype == "hinge":
@@ -504,19 +649,22 @@ class _MJCFBuilder:
                 geom_mass.append(m_c_I)
         if use_geoms:
             mass = sum(m for m, _, _ in geom_mass)
-            if mass > 0:
+            if jid == 0:
+                self.static_mass += mass     # a body welded to the world: not simulated
+            elif mass > 0:
                 com = sum(m * c for m, c, _ in geom_mass) / mass
                 I = np.zeros((3, 3))
                 for m, c, Ig in geom_mass:
                     d = c - com
                     I += Ig + m * (np.dot(d, d) * np.eye(3) - np.outer(d, d))
+                I = 0.5 * (I + I.T)           # (rotated geom inertias: rounding asymmetry)
                 self.model.appendBodyToJoint(jid, pin.Inertia(mass, com, I), T)
         elif inertial is not None:
             a = dict(inertial.attrib)
             mass = _float_attr(a, "mass", f"{what} <inertial>", self.err, 0.0)
             if not (np.isfinite(mass) and mass > 0):
                 raise self.err(f"{what} <inertial>: mass must be positive and finite, got "
-                               f"mass={a.get('mass')!r}")
+                               f"mass={a.get('mass')!r}", inertial)
             R = self.rotation(a, f"{what} <inertial>")
             if "diaginertia" in a:
                 I = np.diag(_floats(a["diaginertia"], 3, f"{what} diaginertia"))
@@ -526,12 +674,15 @@ class _MJCFBuilder:
                 I = np.array([[xx, xy, xz], [xy, yy, yz], [xz, yz, zz]])
                 key = "fullinertia"
             else:
-                raise self.err(f"{what} <inertial>: needs diaginertia or fullinertia")
+                raise self.err(f"{what} <inertial>: needs diaginertia or fullinertia", inertial)
             problem = inertia_problem(I)
             if problem:
-                raise self.err(f"{what} <inertial>: {key}={a[key]!r} {problem}")
+                raise self.err(f"{what} <inertial>: {key}={a[key]!r} {problem}", inertial)
             pos = _floats(a.get("pos", "0 0 0"), 3, f"{what} <inertial> pos")
-            self.model.appendBodyToJoint(jid, pin.Inertia(mass, pos, R @ I @ R.T), T)
+            if jid == 0:
+                self.static_mass += mass
+            else:
+                self.model.appendBodyToJoint(jid, pin.Inertia(mass, pos, R @ I @ R.T), T)
         for child in el.findall("body"):
             self.add_body(child, body, childclass)
 
@@ -541,20 +692,27 @@ class _MJCFBuilder:
             limited = "true" if (self.compiler.autolimits and "range" in a) else "false"
         if limited != "true":
             return
+        el = getattr(self, "_el", None)
         if "range" not in a:
-            raise self.err(f"<joint name={jname!r}>: limited joint without range")
-        lo, hi = _floats(a["range"], 2, f"<joint name={jname!r}> range")
+            raise self.err(f"<joint name={jname!r}>: limited joint without range", el)
+        lo, hi = _floats(a["range"], 2, f"{self.src.where(el)}: <joint name={jname!r}> range")
         if jtype == "hinge":
             lo, hi = self.compiler.angle(lo), self.compiler.angle(hi)
         if lo >= hi:
-            raise self.err(f"<joint name={jname!r}>: range lower {lo} >= upper {hi}")
+            raise self.err(f"<joint name={jname!r}>: range lower {lo} >= upper {hi} "
+                           f"(range={a['range']!r})", el)
         self.limits.append(JointLimit(jname, jmodel.idx_q, jmodel.idx_v, lo, +1.0))
         self.limits.append(JointLimit(jname, jmodel.idx_q, jmodel.idx_v, hi, -1.0))
 
     def add_geom(self, el: ET.Element, body: _Body, childclass: str | None):
         a = self.attrs(el, childclass)
+        if a.get("type") in UNSIMULATED_GEOMS:
+            # refused by the scan when it collides; visual-only: no dynamics (in MuJoCo an
+            # hfield has no mass either)
+            return None
         gname = a.get("name") or f"{body.name}_geom{len(self.geoms)}"
         what = f"<geom name={gname!r}>"
+        self._el = el
         kind, size, pose, shape, vol, com, I = self.geom_shape(a, what)
         placement = body.placement * pose
         go = pin.GeometryObject(gname, body.jid, body.frame_id, placement, shape)
@@ -565,20 +723,22 @@ class _MJCFBuilder:
                         int(a.get("contype", 1)), int(a.get("conaffinity", 1)), rgba,
                         bounding_radius(kind, size, shape))
         self.geoms.append(info)
+        self.geom_el.append(el)
+        self.geom_attrs.append(a)
         self.geom_body_index.append(body.name)
-        if body.jid == 0 or kind == "plane":
+        if body.name == "world" or kind == "plane":
             return None
         # (a zero mass or density is MuJoCo's massless geom, e.g. a visual; negative or
         # non-finite values are errors)
         if "mass" in a:
             mass = _float_attr(a, "mass", what, self.err)
             if not (np.isfinite(mass) and mass >= 0):
-                raise self.err(f"{what}: mass must be finite and >= 0, got mass={a['mass']!r}")
+                raise self.err(f"{what}: mass must be finite and >= 0, got mass={a['mass']!r}", el)
         else:
             density = _float_attr(a, "density", what, self.err, 1000.0)
             if not (np.isfinite(density) and density >= 0):
                 raise self.err(f"{what}: density must be finite and >= 0, got "
-                               f"density={a.get('density')!r}")
+                               f"density={a.get('density')!r}", el)
             mass = density * vol
         if mass <= 0:
             return None
@@ -631,10 +791,16 @@ class _MJCFBuilder:
                 g1, g2 = pr.get("geom1"), pr.get("geom2")
                 for g in (g1, g2):
                     if g not in names:
-                        raise self.err(f"<pair geom1={g1!r} geom2={g2!r}>: unknown geom {g!r}")
+                        raise self.err(f"<pair geom1={g1!r} geom2={g2!r}>: unknown geom {g!r}", pr)
                 explicit.append((names[g1], names[g2]))
+                pa = self.attrs(pr, None)
+                if int(pa.get("condim", 3)) == 1:
+                    self.pair_mu[(names[g1], names[g2])] = 0.0
+                elif int(pa.get("condim", 3)) != 3 and not self.no_contact:
+                    self.refusals.hit("geom.condim", self.src.where(pr),
+                                      f"<pair geom1={g1!r} geom2={g2!r}>", "condim", pa["condim"])
                 fr = _floats(pr.get("friction", "1"), None, f"<pair geom1={g1!r} geom2={g2!r}> friction")
-                self.pair_mu[(names[g1], names[g2])] = float(fr[0])
+                self.pair_mu.setdefault((names[g1], names[g2]), float(fr[0]))
         weld_parent = {b.weld: self.bodies[b.parent].weld for b in self.bodies.values()
                        if b.parent is not None and b.weld != self.bodies[b.parent].weld}
         pairs = []
@@ -657,6 +823,36 @@ class _MJCFBuilder:
                 if frozenset((gi.body, gk.body)) in excluded:
                     continue
                 pairs.append((i, k))
+        # MuJoCo's mixing: the geom of higher priority gives condim and friction, else the
+        # larger condim and friction (diffgym's contacts are condim 3: others are refused)
+        flagged: set[int] = set()
+        explicit_set = set(explicit) | {p[::-1] for p in explicit}
+        for i, k in pairs:
+            if (i, k) in explicit_set:      # a <pair> has its own condim and friction
+                continue
+            ai, ak = self.geom_attrs[i], self.geom_attrs[k]
+            pi, pk = int(ai.get("priority", 0)), int(ak.get("priority", 0))
+            ci, ck = int(ai.get("condim", 3)), int(ak.get("condim", 3))
+            if pi != pk:
+                src = i if pi > pk else k
+                self.pair_mu.setdefault((i, k), self.geoms[src].friction)
+                condim = ci if pi > pk else ck
+                culprits = [src]
+            else:
+                condim = max(ci, ck)
+                culprits = [g for g, c in ((i, ci), (k, ck)) if c == condim]
+            if condim == 1:                 # frictionless contact
+                self.pair_mu[(i, k)] = 0.0
+            elif condim != 3 and not self.no_contact:
+                for g in culprits:
+                    if g in flagged:
+                        continue
+                    flagged.add(g)
+                    el = self.geom_el[g]
+                    other = self.geoms[k if g == i else i].name
+                    self.refusals.hit("geom.condim", self.src.where(el),
+                                      f"<geom name={self.geoms[g].name!r}>", "condim",
+                                      str(condim), f"in its contacts with {other!r}, ...")
         for p in explicit:
             if p not in pairs and p[::-1] not in pairs:
                 pairs.append(p)
@@ -666,25 +862,33 @@ class _MJCFBuilder:
         acts = []
         for sec in self.root.findall("actuator"):
             for el in sec:
-                if el.tag not in ("motor", "general"):
-                    raise self.err(f"<actuator><{el.tag}> is not supported (use <motor>)")
+                if el.tag not in ACTUATOR_TAGS:
+                    raise self.err(f"<actuator><{el.tag}>: unknown actuator type", el)
+                if el.tag != "motor" and el.tag != "general":
+                    continue       # refused by the scan, or ignored: left out
                 a = self.attrs(el, None)
                 jname = a.get("joint")
                 if jname is None and "tendon" in a:
                     acts.append(self._tendon_actuator(el, a))
                     continue
                 if jname is None:
-                    raise self.err(f"<{el.tag} name={a.get('name')!r}>: only joint transmissions are supported")
+                    continue       # another transmission: refused by the scan, or ignored
                 if not self.model.existJointName(jname):
-                    raise self.err(f"<{el.tag}>: unknown joint {jname!r}")
+                    raise self.err(f"<{el.tag}>: unknown joint {jname!r}", el)
                 jm = self.model.joints[self.model.getJointId(jname)]
                 if jm.nv != 1:
-                    raise self.err(f"<{el.tag} joint={jname!r}>: actuated joint must be hinge or slide")
+                    raise self.err(f"<{el.tag} joint={jname!r}>: actuated joint must be hinge or slide", el)
                 gear = float(_floats(a.get("gear", "1"), None, "gear")[0])
+                if el.tag == "general":     # force = gain * ctrl (gaintype fixed; the rest refused)
+                    gear *= float(_floats(a.get("gainprm", "1"), None,
+                                          f"{self.src.where(el)}: gainprm")[0])
                 cr = None
                 limited = a.get("ctrllimited", "auto")
                 if "ctrlrange" in a and limited != "false":
                     lo, hi = _floats(a["ctrlrange"], 2, f"<{el.tag} joint={jname!r}> ctrlrange")
+                    if not lo <= hi:
+                        raise self.err(f"<{el.tag} joint={jname!r}>: ctrlrange lower {lo} > "
+                                       f"upper {hi}", el)
                     cr = (float(lo), float(hi))
                 acts.append(Actuator(a.get("name", jname), jname, jm.idx_v, gear, cr))
         return acts
@@ -800,15 +1004,14 @@ class _MJCFBuilder:
                         name, a["joint1"], j2n, j1.idx_q, j1.idx_v,
                         j2.idx_q if j2 else -1, j2.idx_v if j2 else -1,
                         float(q0[j1.idx_q]), float(q0[j2.idx_q]) if j2 else 0.0, poly))
-                else:
-                    raise self.err(f"<equality><{el.tag}> is not supported (connect, weld, joint)")
+                # (tendon, flex: refused by name by the document scan, or ignored by the user)
         for sec in self.root.findall("tendon"):
             for el in sec:
                 a = self.attrs(el, None)
                 name = a.get("name", f"tendon{len(spec.tendons)}")
                 what = f"<tendon><{el.tag} name={name!r}>"
                 if el.tag != "fixed":
-                    raise self.err(f"{what}: only fixed tendons are supported")
+                    continue     # spatial: refused by the document scan, or ignored by the user
                 dofs, qidx, coef = [], [], []
                 for j in el:
                     if j.tag != "joint":
@@ -893,9 +1096,12 @@ class _MJCFBuilder:
         return out
 
 
-def load_mjcf(text: str, base_dir: str = ".", source: str = "<string>") -> SimModel:
-    try:
-        root = ET.fromstring(text)
-    except ET.ParseError as exc:
-        raise ModelError(f"{source}: not valid XML: {exc}") from exc
-    return _MJCFBuilder(root, base_dir, source).build()
+def load_mjcf(text: str, base_dir: str = ".", source: str = "<string>",
+              ignore_unsupported=None) -> SimModel:
+    """Build the model of an MJCF document. ``<include>`` files are read relative to the
+    including file (``base_dir`` for the text itself). What the model asks for and diffgym does
+    not simulate (:data:`diffgym.unsupported.RULES`) raises a ModelError naming file, line,
+    element and attribute, unless named in ``ignore_unsupported`` (then it is left out, with a
+    warning)."""
+    root, src = parse_model_xml(text, source, base_dir)
+    return _MJCFBuilder(root, base_dir, source, src, ignore_unsupported).build()

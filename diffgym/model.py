@@ -70,9 +70,11 @@ class SimModel:
     damping: np.ndarray               # (nv,) joint damping, applied as -damping * v
     source: str = "<string>"
     keyframes: dict[str, np.ndarray] = field(default_factory=dict)
+    # where each joint was declared ("file:line: <body name=...>"), for load-time messages
+    joint_where: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        check_inertia(self.model, self.source)
+        check_inertia(self.model, self.source, self.joint_where)
         self.pairs = np.asarray(self.pairs, dtype=np.int64).reshape(-1, 2)
         self.geom_model.removeAllCollisionPairs()
         for a, b in self.pairs:
@@ -96,19 +98,22 @@ class SimModel:
                                  if len(self.pairs) else np.zeros(0))
 
 
-def check_inertia(model: pin.Model, source: str = "<string>") -> None:
+def check_inertia(model: pin.Model, source: str = "<string>",
+                  where: dict[str, str] | None = None) -> None:
     """ModelError naming the body and attribute when the inertia of a moving body is not
     physical: a non-finite or negative mass, a non-finite centre of mass or rotational inertia,
     or a joint that moves no mass (a singular joint-space mass matrix at the neutral
     configuration: e.g. a free body without inertia, or a zero diagonal)."""
+    where = where or {}
     for j in range(1, model.njoints):
         Y = model.inertias[j]
         body = model.names[j]
+        at = where.get(body, source)
         if not (np.isfinite(Y.mass) and Y.mass >= 0):
-            raise ModelError(f"{source}: body of joint {body!r}: mass must be finite and >= 0, "
+            raise ModelError(f"{at}: body of joint {body!r}: mass must be finite and >= 0, "
                              f"got {Y.mass!r}")
         if not (np.all(np.isfinite(Y.lever)) and np.all(np.isfinite(Y.inertia))):
-            raise ModelError(f"{source}: body of joint {body!r}: non-finite centre of mass or "
+            raise ModelError(f"{at}: body of joint {body!r}: non-finite centre of mass or "
                              "inertia")
     if model.nv == 0:
         return
@@ -126,7 +131,8 @@ def check_inertia(model: pin.Model, source: str = "<string>") -> None:
                      if model.joints[jj].idx_v <= i < model.joints[jj].idx_v + model.joints[jj].nv)
             what = "a zero diagonal (no mass or inertia moves with it)" if M[i, i] <= 1e-12 * scale \
                 else "a singular mass matrix (its motion is carried by no inertia of its own)"
-            raise ModelError(f"{source}: joint {model.names[j]!r} (velocity {i}) has {what}: "
+            raise ModelError(f"{where.get(model.names[j], source)}: joint {model.names[j]!r} "
+                             f"(velocity {i}) has {what}: "
                              f"give the body it moves a positive mass and inertia (M[{i},{i}] = "
                              f"{M[i, i]:.3g})")
         A[i + 1:, i + 1:] -= np.outer(A[i + 1:, i], A[i, i + 1:]) / piv

@@ -22,7 +22,99 @@ import numpy as np
 import pinocchio as pin
 
 from .model import Actuator, GeomInfo, JointLimit, ModelError, SimModel
-from .mjcf import bounding_radius
+from .mjcf import bounding_radius, inertia_problem
+from .unsupported import Refusals, rules_for
+from .xmlsource import XMLSource
+
+_URDF_TEXT_ATTRS = {"name", "type", "link", "joint", "filename", "parent", "child"}
+
+
+def check_urdf(path: str, ignore_unsupported=None) -> dict[str, str]:
+    """Check a URDF before pinocchio reads it: non-finite numbers, negative masses, inertias
+    that are not physical (a negative principal moment, the triangle inequality), geometry
+    sizes, joint ranges, and what diffgym does not simulate (:data:`diffgym.unsupported.RULES`:
+    joint dry friction, mimic joints). Errors name file, line, element and attribute. Returns
+    where each joint was declared (for later messages)."""
+    with open(path, encoding="utf-8") as fh:
+        text = fh.read()
+    src = XMLSource(path)
+    root = src.parse(text, path)
+    if root.tag != "robot":
+        raise ModelError(f"{path}: root element is <{root.tag}>, expected <robot>")
+    refusals = Refusals(path, ignore_unsupported)
+    rules = rules_for("urdf")
+
+    def desc(el):
+        n = el.get("name")
+        return f"<{el.tag} name={n!r}>" if n is not None else f"<{el.tag}>"
+
+    def err(el, msg):
+        return ModelError(f"{src.where(el)}: {msg}")
+
+    where: dict[str, str] = {}
+    for parent in root.iter():
+        for el in parent:
+            for k, val in el.attrib.items():
+                if k in _URDF_TEXT_ATTRS:
+                    continue
+                try:
+                    nums = [float(t) for t in val.split()]
+                except ValueError:
+                    continue
+                if nums and not all(math.isfinite(x) for x in nums):
+                    raise err(el, f"{desc(parent)} {desc(el)}: {k}={val!r} is not finite "
+                                  "(NaN or inf)")
+            if parent.tag == "joint" and parent.get("type") == "fixed":
+                continue         # (a fixed joint's <mimic> or <dynamics> has no effect)
+            for r in rules:
+                p_tag, _, tag = r.path.partition("/")
+                if parent.tag == p_tag and el.tag == tag and (r.when is None or r.when(el.attrib, {})):
+                    refusals.hit(r.key, src.where(el), f"{desc(parent)} {desc(el)}", r.attr,
+                                 el.get(r.attr) if r.attr else None)
+    for link in root.findall("link"):
+        what = desc(link)
+        inertial = link.find("inertial")
+        if inertial is not None:
+            m = inertial.find("mass")
+            mass = float(m.get("value", "0")) if m is not None else 0.0
+            if mass < 0:
+                raise err(m, f"{what} <inertial> <mass>: value must be >= 0, got {m.get('value')!r}")
+            ie = inertial.find("inertia")
+            if ie is not None and mass > 0:
+                c = {k: float(ie.get(k, "0")) for k in ("ixx", "iyy", "izz", "ixy", "ixz", "iyz")}
+                I = np.array([[c["ixx"], c["ixy"], c["ixz"]], [c["ixy"], c["iyy"], c["iyz"]],
+                              [c["ixz"], c["iyz"], c["izz"]]])
+                ev = np.linalg.eigvalsh(I)
+                scale = max(float(np.abs(ev).max()), 1e-300)
+                # a singular (zero-moment) inertia is accepted here: pinocchio lumps the links
+                # fixed to one joint, and the lumped mass matrix is checked after loading
+                if ev[0] < -1e-9 * scale:
+                    raise err(ie, f"{what} <inertial> <inertia>: not positive semi-definite "
+                                  f"(principal moments {ev.tolist()})")
+                if ev[0] > 0 and inertia_problem(I):
+                    raise err(ie, f"{what} <inertial> <inertia>: {inertia_problem(I)}")
+        for kind in ("collision", "visual"):
+            for part in link.findall(kind):
+                geo = part.find("geometry")
+                for shape in (list(geo) if geo is not None else []):
+                    for k in ("radius", "length"):
+                        if k in shape.attrib and not float(shape.get(k)) > 0:
+                            raise err(shape, f"{what} <{kind}> <{shape.tag}>: {k} must be > 0, "
+                                             f"got {shape.get(k)!r}")
+                    if shape.tag == "box":
+                        size = [float(x) for x in shape.get("size", "").split()]
+                        if len(size) != 3 or min(size) <= 0:
+                            raise err(shape, f"{what} <{kind}> <box>: size must be 3 positive "
+                                             f"numbers, got {shape.get('size')!r}")
+    for joint in root.findall("joint"):
+        where[joint.get("name", "")] = f"{src.where(joint)}: {desc(joint)}"
+        lim = joint.find("limit")
+        if lim is not None and joint.get("type") in ("revolute", "prismatic"):
+            lo, hi = float(lim.get("lower", "0")), float(lim.get("upper", "0"))
+            if lo > hi:
+                raise err(lim, f"{desc(joint)} <limit>: lower {lo} > upper {hi}")
+    refusals.finish()
+    return where
 
 _SHAPES = [(coal.Sphere, "sphere"), (coal.Box, "box"), (coal.Capsule, "capsule"),
            (coal.Cylinder, "cylinder"), (coal.Ellipsoid, "ellipsoid"), (coal.Halfspace, "plane"),
@@ -56,9 +148,12 @@ def load_urdf(path: str, *, floating_base: bool = True, ground: bool = True,
               friction: float = 1.0, self_collision: bool = False, dt: float = 0.002,
               gravity=(0.0, 0.0, -9.81), package_dirs: list[str] | None = None,
               srdf: str | None = None, mesh_collisions: bool = True,
-              restitution: float = 0.0) -> SimModel:
+              restitution: float = 0.0, ignore_unsupported=None) -> SimModel:
     if not os.path.isfile(path):
         raise ModelError(f"{path}: no such file")
+    if not (np.isfinite(friction) and friction >= 0):
+        raise ModelError(f"{path}: friction must be finite and >= 0, got {friction!r}")
+    joint_where = check_urdf(path, ignore_unsupported)
     try:
         if floating_base:
             model = pin.buildModelFromUrdf(path, pin.JointModelFreeFlyer())
@@ -143,4 +238,5 @@ def load_urdf(path: str, *, floating_base: bool = True, ground: bool = True,
         q0 = (keyframes.get("standing") if "standing" in keyframes else next(iter(keyframes.values()))).copy()
     damping = np.asarray(model.damping, float).copy()
     return SimModel(model, gmodel, geoms, np.array(pairs, dtype=np.int64).reshape(-1, 2), limits,
-                    actuators, q0, dt, damping, source=path, keyframes=keyframes)
+                    actuators, q0, dt, damping, source=path, keyframes=keyframes,
+                    joint_where=joint_where)

@@ -83,11 +83,14 @@ derivatives use the tangent perturbation ``q (+) dq`` (pinocchio.integrate; base
 """
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pinocchio as pin
 
 from diffgym.forward import Simulator
 from diffgym.resources import asset_path
+from diffgym.unsupported import UnsupportedIgnoredWarning
 
 from .base import DiffEnv
 
@@ -171,7 +174,12 @@ class DiffGo1Env(DiffEnv):
     def _make_sim(self, **options) -> Simulator:
         options.setdefault("dt", self.DT)
         options.setdefault("friction", self.FRICTION)
-        return Simulator.from_file(asset_path(self.asset), **options)
+        # the URDF gives each joint 0.2 N m of dry friction (<dynamics friction>), which diffgym
+        # does not simulate: this environment runs without it (said, not warned, at each reset)
+        options.setdefault("ignore_unsupported", ("joint.frictionloss",))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UnsupportedIgnoredWarning)
+            return Simulator.from_file(asset_path(self.asset), **options)
 
     # -- starting state -------------------------------------------------------------------------
     def _lowest_foot(self, q: np.ndarray) -> float:

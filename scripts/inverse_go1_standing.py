@@ -97,7 +97,7 @@ class Standing:
     """r(u) = v1 after one step from (q, 0) with tau = [0_6, u], and dr/du."""
 
     def __init__(self, settle: int = 300):
-        self.sim = diffgym.Simulator.from_file(asset_path("go1.urdf"))
+        self.sim = diffgym.Simulator.from_file(asset_path("go1.urdf"), ignore_unsupported=("joint.frictionloss",))
         self.q = standing_state(self.sim, settle)
         self.v = np.zeros(self.sim.nv)
         self.nu = self.sim.nv - 6

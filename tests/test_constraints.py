@@ -351,7 +351,7 @@ def test_bad_constraint_elements():
     with pytest.raises(ModelError, match="unknown joint 'k'"):
         diffgym.Simulator.from_string(base.format(
             '<equality><joint joint1="k"/></equality>'))
-    with pytest.raises(ModelError, match="only fixed tendons"):
+    with pytest.raises(ModelError, match=r"spatial tendon \[tendon\.spatial\]"):
         diffgym.Simulator.from_string(base.format('<tendon><spatial name="s"/></tendon>'))
     with pytest.raises(ModelError, match="frictionloss"):
         diffgym.Simulator.from_string(base.replace('type="hinge"', 'type="hinge" frictionloss="-1"')

@@ -96,7 +96,7 @@ def _settle(sim, q, v, steps, control):
 
 
 def scene_hopper(name="hopper.xml", steps=200):
-    sim = diffgym.Simulator.from_file(asset_path(name))
+    sim = diffgym.Simulator.from_file(asset_path(name), ignore_unsupported=("option.integrator",))
     zero = np.zeros(sim.nv)
     q, v = _settle(sim, sim.q0, zero, steps, lambda q, v: zero)
     return sim, q, v, np.array([0, 0, 0, 1.0, 2.0, -1.0])
@@ -115,7 +115,7 @@ def _pd(sim, kp=40.0, kd=1.0):
 
 
 def scene_go1():
-    sim = diffgym.Simulator.from_file(asset_path("go1.urdf"))
+    sim = diffgym.Simulator.from_file(asset_path("go1.urdf"), ignore_unsupported=("joint.frictionloss",))
     ctrl = _pd(sim)
     q, v = _settle(sim, sim.q0, np.zeros(sim.nv), 30, ctrl)
     return sim, q, v, ctrl(q, v)

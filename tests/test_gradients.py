@@ -106,7 +106,7 @@ def test_two_spheres_in_contact():
 
 
 def test_hopper_on_one_foot():
-    sim = diffgym.Simulator.from_file(asset_path("hopper_gymnasium.xml"))
+    sim = diffgym.Simulator.from_file(asset_path("hopper_gymnasium.xml"), ignore_unsupported=("option.integrator",))
     q, v = sim.q0, np.zeros(6)
     for _ in range(60):
         q, v = sim.step(q, v, np.zeros(6))
@@ -115,7 +115,7 @@ def test_hopper_on_one_foot():
 
 
 def test_go1_standing():
-    sim = diffgym.Simulator.from_file(asset_path("go1.urdf"))
+    sim = diffgym.Simulator.from_file(asset_path("go1.urdf"), ignore_unsupported=("joint.frictionloss",))
     q, v = sim.q0, np.zeros(sim.nv)
     # settle onto the feet with a PD hold of the reference pose
     kp, kd = 40.0, 1.0

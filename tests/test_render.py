@@ -321,7 +321,7 @@ def test_camera_auto_frames_the_geoms(prims):
 
 
 def test_camera_track_follows_a_body():
-    sim = diffgym.Simulator.from_file(asset_path("go1.urdf"))
+    sim = diffgym.Simulator.from_file(asset_path("go1.urdf"), ignore_unsupported=("joint.frictionloss",))
     r = Renderer(sim, width=64, height=48, track="trunk")
     q = sim.q0.copy()
     ids0 = r.render_ids(q)
@@ -343,7 +343,7 @@ def test_camera_track_follows_a_body():
 # -- shipped assets ---------------------------------------------------------------------------
 @pytest.mark.parametrize("name", ["hopper.xml", "go1.urdf", "push.xml", "billiards.xml", "cartpole.xml"])
 def test_shipped_assets_render_upright(name):
-    sim = diffgym.Simulator.from_file(asset_path(name))
+    sim = diffgym.Simulator.from_file(asset_path(name), ignore_unsupported=("joint.frictionloss",))
     r = Renderer(sim, width=64, height=48)
     q = sim.q0
     img, ids = r.render(q), r.render_ids(q)
@@ -372,7 +372,7 @@ def test_shipped_assets_render_upright(name):
 
 
 def test_urdf_gets_a_palette_per_limb():
-    sim = diffgym.Simulator.from_file(asset_path("go1.urdf"))
+    sim = diffgym.Simulator.from_file(asset_path("go1.urdf"), ignore_unsupported=("joint.frictionloss",))
     r = Renderer(sim, width=16, height=12)
     names = [g.name for g in sim.sm.geoms]
     col = {n: r._colors[i] for i, n in enumerate(names)}

@@ -313,9 +313,9 @@ def _scene_problems():
     capture("sphere resting", sim, sim.q0, np.zeros(6), 30)
     sim = diffgym.Simulator.from_string(SPHERE)
     capture("sphere skidding", sim, sim.q0, np.array([2.0, 0, 0, 0, 0, 0]), 3)
-    sim = diffgym.Simulator.from_file(asset_path("hopper_gymnasium.xml"))
+    sim = diffgym.Simulator.from_file(asset_path("hopper_gymnasium.xml"), ignore_unsupported=("option.integrator",))
     capture("hopper standing", sim, sim.q0, np.zeros(sim.nv), 150)
-    sim = diffgym.Simulator.from_file(asset_path("go1.urdf"))
+    sim = diffgym.Simulator.from_file(asset_path("go1.urdf"), ignore_unsupported=("joint.frictionloss",))
     q = sim.q0
     q[2] += 0.1
     q, v = capture("go1 landing on its feet", sim, q, np.zeros(sim.nv), 100)
