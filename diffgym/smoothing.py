@@ -1,0 +1,311 @@
+"""The smooth gradient mode (``gradient_modes.Smooth``): the contact problem relaxed at
+complementarity level ``rho``.
+
+The forward step stays the exact one. Its derivative is taken instead on the relaxed contact
+problem (the interior-point central path of the single-level / Dojo papers, ``a o b = rho e``),
+whose solution map is smooth: impacts, breaking and separated contacts within the contact margin
+(they get a small impulse ``rho / sigma_N``), friction (stick/slip) and joint limits all
+contribute derivatives that vary continuously with the state.
+
+The relaxed problem, in the scaled impulses ``l = d * lam`` (``d`` the Delassus diagonal of the
+contact's normal row, or of the limit row: the solver's own scaling, so that ``rho`` is in
+(m/s)^2 whatever the masses and time step; ``d`` is evaluated at the step's state and held
+fixed in the derivative, i.e. the relaxation level of each row is a constant of the step), with ``sigma = G lam + g``:
+
+- each contact: ``l_N sigma_N = rho`` (Signorini) and, for ``mu > 0``, the second-order-cone
+  complementarity ``(mu l_N, l_T) o (eta, sigma_T) = rho e`` (Jordan product
+  ``x o y = (x . y, x0 y1 + y0 x1)``, both in the Lorentz cone), ``eta`` an auxiliary variable
+  (at ``rho = 0``, ``eta = |sigma_T|``: the maximum-dissipation form of Coulomb's law, which
+  selects the same solutions as the De Saxce NCP the forward step solves); a frictionless contact
+  has ``l_T = 0``;
+- each joint-limit row: ``l sigma = rho``.
+
+:func:`relaxed_solve` reaches that point from the exact solution (centered starting point built
+from the exact impulses, velocities and contact modes; damped Newton steps that stay in the
+interior; a continuation in rho if they stall). ``derivatives.step_jacobian`` then linearizes
+the relaxed conditions there (``derivative_kernels.relaxed_system``: the alternative to the exact
+mode system) and chains it, through the same stages as the exact mode (ABA derivatives with the
+relaxed impulses as external forces, the motion of the contact frames, dIntegrate at the relaxed
+velocity), so the result is the Jacobian of the relaxed step map at the current state; as
+``rho -> 0`` it tends to the exact Jacobian wherever the exact mode is not degenerate.
+
+Contact normals are those of the collision geometry (no smoothing of sharp shapes' normals).
+The Newton solve is numpy (small dense systems, 2m + n_friction unknowns); the linearized
+system and the chain are the compiled kernels of the exact route.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import numpy as np
+
+from .solver import BREAKING, STICKING
+
+
+@dataclass
+class RelaxedSolution:
+    lam: np.ndarray         # (m,) impulses of the relaxed problem (unscaled, solver order)
+    sigma: np.ndarray       # (m,) constraint velocities G lam + g
+    eta: np.ndarray         # (nc,) auxiliary cone variable per contact (0 when frictionless)
+    scale: np.ndarray       # (m,) row scaling d (l = d lam)
+    iterations: int
+    residual: float         # largest relaxed-complementarity residual / rho
+    converged: bool
+
+
+def row_scale(G: np.ndarray, nc: int) -> np.ndarray:
+    """Per row: the Delassus diagonal of the contact's normal row (all three rows of a contact)
+    or of the limit row."""
+    diag = np.diag(G).copy()
+    d = diag.copy()
+    if nc:
+        d[:3 * nc] = np.repeat(diag[2:3 * nc:3], 3)
+    bad = ~(d > 1e-300)
+    if bad.any():
+        d[bad] = 1.0
+    return d
+
+
+class _Problem:
+    """Residual and Newton matrix of the relaxed problem in z = (l, s, eta)."""
+
+    def __init__(self, G, g, nc, mu, rho, scale=None):
+        self.m = m = G.shape[0]
+        self.nc = nc
+        self.mu = np.asarray(mu, dtype=float)
+        self.d = row_scale(G, nc) if scale is None else np.asarray(scale, dtype=float)
+        self.Gs = G / self.d[None, :]                 # s = Gs l + g
+        self.g = g
+        self.rho = rho
+        self.fric = np.nonzero(self.mu > 0.0)[0] if nc else np.zeros(0, dtype=np.int64)
+        self.nf = len(self.fric)
+        self.eta_of = -np.ones(nc, dtype=np.int64)
+        self.eta_of[self.fric] = np.arange(self.nf)
+        self.n = 2 * m + self.nf
+        nr = 3 * nc
+        self.N = np.arange(2, nr, 3)
+        self.L = np.arange(nr, m)
+        self.T1 = np.arange(0, nr, 3)
+        self.T2 = np.arange(1, nr, 3)
+
+    def split(self, z):
+        m = self.m
+        return z[:m], z[m:2 * m], z[2 * m:]
+
+    def residual(self, z, rho):
+        l, s, eta = self.split(z)
+        m = self.m
+        r = np.empty(self.n)
+        r[:m] = s - self.Gs @ l - self.g
+        c = r[m:]
+        N, L = self.N, self.L
+        c[N] = l[N] * s[N] - rho
+        c[L] = l[L] * s[L] - rho
+        T1, T2 = self.T1, self.T2
+        fr = self.mu > 0.0
+        # frictionless: l_T = 0
+        c[T1[~fr]] = l[T1[~fr]]
+        c[T2[~fr]] = l[T2[~fr]]
+        if self.nf:
+            i = self.fric
+            x0 = self.mu[i] * l[N[i]]
+            e = eta
+            c[T1[i]] = x0 * s[T1[i]] + e * l[T1[i]]
+            c[T2[i]] = x0 * s[T2[i]] + e * l[T2[i]]
+            r[2 * m:] = x0 * e + l[T1[i]] * s[T1[i]] + l[T2[i]] * s[T2[i]] - rho
+        return r
+
+    def jacobian(self, z):
+        l, s, eta = self.split(z)
+        m = self.m
+        Jm = np.zeros((self.n, self.n))
+        Jm[:m, :m] = -self.Gs
+        Jm[:m, m:2 * m] = np.eye(m)
+        N, L, T1, T2 = self.N, self.L, self.T1, self.T2
+        for rows in (N, L):
+            Jm[m + rows, rows] = s[rows]
+            Jm[m + rows, m + rows] = l[rows]
+        fr = self.mu > 0.0
+        for T in (T1, T2):
+            Jm[m + T[~fr], T[~fr]] = 1.0
+        if self.nf:
+            i = self.fric
+            mu = self.mu[i]
+            x0 = mu * l[N[i]]
+            ecol = 2 * m + np.arange(self.nf)
+            for T in (T1, T2):
+                rr = m + T[i]
+                Jm[rr, N[i]] = mu * s[T[i]]
+                Jm[rr, m + T[i]] = x0
+                Jm[rr, T[i]] = eta
+                Jm[rr, ecol] = l[T[i]]
+            rr = 2 * m + np.arange(self.nf)
+            Jm[rr, N[i]] = mu * eta
+            Jm[rr, ecol] = x0
+            for T in (T1, T2):
+                Jm[rr, T[i]] = s[T[i]]
+                Jm[rr, m + T[i]] = l[T[i]]
+        return Jm
+
+    def interior(self, z) -> bool:
+        l, s, eta = self.split(z)
+        N, L = self.N, self.L
+        if not (np.all(l[N] > 0.0) and np.all(s[N] > 0.0) and np.all(l[L] > 0.0)
+                and np.all(s[L] > 0.0)):
+            return False
+        if self.nf:
+            i = self.fric
+            T1, T2 = self.T1[i], self.T2[i]
+            if not (np.all(self.mu[i] * l[N[i]] > np.hypot(l[T1], l[T2]))
+                    and np.all(eta > np.hypot(s[T1], s[T2]))):
+                return False
+        return True
+
+    def start(self, lam, sigma, modes, rho):
+        """A centered interior point near the exact solution (lam, sigma, modes)."""
+        m, nc = self.m, self.nc
+        l = self.d * lam
+        s = np.asarray(sigma, dtype=float).copy()
+        l0 = np.zeros(m)
+        s0 = s.copy()
+        sr = np.sqrt(rho)
+        N, L = self.N, self.L
+        for rows, passive in ((N, np.asarray(modes) == BREAKING if nc else np.zeros(0, bool)),
+                              (L, None)):
+            a = np.maximum(l[rows], 0.0)
+            b = np.maximum(s[rows], 0.0)
+            pas = (b > a) if passive is None else passive
+            # the dominant member of each pair kept (at least sqrt(rho)), the other one rho / it
+            big = np.maximum(np.where(pas, b, a), sr)
+            small = rho / big
+            l0[rows] = np.where(pas, small, big)
+            s0[rows] = np.where(pas, big, small)
+        eta0 = np.zeros(self.nf)
+        for k, i in enumerate(self.fric.tolist()):
+            r = 3 * i
+            x0 = self.mu[i] * l0[r + 2]
+            lt = l[r:r + 2]
+            st = s[r:r + 2]
+            if nc and modes[i] == STICKING and np.hypot(*lt) < 0.999 * x0:
+                # friction inside the cone kept, the slip the centered point gives it
+                det = x0 * x0 - lt @ lt
+                l0[r:r + 2] = lt
+                s0[r:r + 2] = -rho * lt / det
+                eta0[k] = rho * x0 / det
+            else:
+                # the slip kept, the friction opposing it on the centered point
+                sn = np.hypot(*st)
+                u = st / sn if sn > 0.0 else np.zeros(2)
+                root = np.sqrt(rho * rho + 4.0 * x0 * x0 * sn * sn)
+                c = 2.0 * x0 * x0 * sn / (rho + root)
+                l0[r:r + 2] = -c * u
+                s0[r:r + 2] = st
+                eta0[k] = (rho + root) / (2.0 * x0)
+        return np.concatenate([l0, s0, eta0])
+
+    def cold_start(self):
+        m = self.m
+        l = np.zeros(m)
+        s = np.zeros(m)
+        l[self.N] = 1.0
+        s[self.N] = 1.0
+        l[self.L] = 1.0
+        s[self.L] = 1.0
+        return np.concatenate([l, s, np.ones(self.nf) * 1.0])
+
+
+def _newton(P: _Problem, z, rho, max_iter, tol):
+    """Damped Newton on the relaxed conditions at level rho from the interior point z: steps
+    shortened to stay in the interior and to decrease the residual."""
+    r = P.residual(z, rho)
+    scale_eq = 1.0 + np.max(np.abs(P.g), initial=0.0)
+    m = P.m
+
+    def err(r):
+        return max(np.max(np.abs(r[:m]), initial=0.0) / scale_eq * 1e3,
+                   np.max(np.abs(r[m:]), initial=0.0) / rho)
+
+    e = err(r)
+    it = 0
+    while it < max_iter and e > tol:
+        it += 1
+        try:
+            dz = np.linalg.solve(P.jacobian(z), -r)
+        except np.linalg.LinAlgError:
+            break
+        if not np.isfinite(dz).all():
+            break
+        alpha = 1.0
+        zn = None
+        for _ in range(60):
+            zt = z + alpha * dz
+            if P.interior(zt):
+                rt = P.residual(zt, rho)
+                et = err(rt)
+                if et < e or alpha < 1e-3:
+                    zn, rn, en = zt, rt, et
+                    break
+            alpha *= 0.5
+        if zn is None:
+            break
+        z, r, e = zn, rn, en
+    return z, e, it
+
+
+def relaxed_solve(G, g, nc, mu, rho, lam=None, sigma=None, modes=None, cold: bool = False,
+                  scale=None, tol: float = 1e-10, max_iter: int = 60) -> RelaxedSolution:
+    """The relaxed problem's solution at level ``rho``: from the exact solution (``lam``,
+    ``sigma``, ``modes``), or from a fixed interior point by a continuation in rho (``cold``:
+    the test oracle's route, which does not see the exact solution).
+
+    ``scale``: the row scaling (default ``row_scale(G, nc)``). The smooth Jacobian holds it
+    fixed at the step's state (a choice of units for rho, not part of the dynamics), so a
+    finite-difference oracle of the relaxed step map passes the unperturbed state's scale."""
+    P = _Problem(G, g, nc, mu, rho, scale)
+    its = 0
+    if not cold:
+        z, e, its = _newton(P, P.start(lam, sigma, modes, rho), rho, max_iter, tol)
+    if cold or e > tol:
+        # continuation: rho_k from a large level down to rho, each from the previous solution
+        z = P.cold_start() if cold else P.start(lam, sigma, modes, max(rho, 1.0))
+        levels = np.geomspace(max(1.0, rho), rho, 13 + max(0, int(np.log10(max(1.0, rho) / rho))))
+        for rk in levels:
+            z, e, k = _newton(P, z, rk, max_iter, tol if rk == rho else 1e-3)
+            its += k
+    l, s, eta_f = P.split(z)
+    eta = np.zeros(nc)
+    if P.nf:
+        eta[P.fric] = eta_f
+    lam_r = l / P.d
+    return RelaxedSolution(lam=lam_r, sigma=G @ lam_r + g, eta=eta, scale=P.d, iterations=its,
+                           residual=float(e), converged=bool(e <= tol * 10))
+
+
+def relaxed_view(sim, rho: float):
+    """``(cache, system)`` for the smooth Jacobian: the step's cache with the exact impulses,
+    constraint velocities and new velocity replaced by the relaxed ones, and the relaxed linear
+    system ``(A, W)`` there (``None`` without constraint rows)."""
+    from . import derivative_kernels as K
+
+    C = sim.cache
+    cons, res = C["cons"], C["res"]
+    if cons is None or not cons.m:
+        return C, None
+    G, g = C["G"], C["g"]
+    sol = relaxed_solve(G, g, cons.nc, cons.mu, rho, res.lam, res.sigma, res.modes)
+    if not sol.converged:
+        import warnings
+
+        from .forward import SolverWarning
+        warnings.warn(f"smooth gradient: the relaxed contact problem (rho = {rho:g}) did not converge "
+                      f"(residual {sol.residual:.3g} of rho after {sol.iterations} Newton steps); "
+                      "the Jacobian is that of the last iterate", SolverWarning, stacklevel=3)
+    Minv = C["Minv"]
+    Minv = np.triu(Minv) + np.triu(Minv, 1).T
+    v1 = C["v1"] + Minv @ (cons.J.T @ (sol.lam - res.lam))
+    res_r = dataclasses.replace(res, lam=sol.lam, sigma=sol.sigma)
+    A, W = K.relaxed_system(sol.lam, sol.sigma, sol.eta, sol.scale, G, cons.nc,
+                            np.ascontiguousarray(cons.mu, dtype=float))
+    view = dict(C, res=res_r, v1=v1, relaxed=sol)
+    return view, (A, W)
