@@ -230,10 +230,15 @@ def _newton(P: _Problem, z, rho, max_iter, tol):
     it = 0
     while it < max_iter and e > tol:
         it += 1
+        # the linear rows eliminated (ds = Gs dl - r_eq): an (m + n_friction) system
+        Jm = P.jacobian(z)
+        Cs = Jm[m:, m:2 * m]
+        K = np.hstack([Jm[m:, :m] + Cs @ P.Gs, Jm[m:, 2 * m:]])
         try:
-            dz = np.linalg.solve(P.jacobian(z), -r)
+            x = np.linalg.solve(K, Cs @ r[:m] - r[m:])
         except np.linalg.LinAlgError:
             break
+        dz = np.concatenate([x[:m], P.Gs @ x[:m] - r[:m], x[m:]])
         if not np.isfinite(dz).all():
             break
         alpha = 1.0

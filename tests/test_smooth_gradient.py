@@ -207,3 +207,13 @@ def test_config_validation():
     with pytest.raises(ConfigError, match="contradicts shac.gradient"):
         load_config("configs/cartpole_shac.yaml",
                     overrides=["shac.gradient=smooth", "env.kwargs={gradient: exact}"])
+
+
+def test_bench_sweep_across_the_rail_stop():
+    """``diffgym bench --smooth``'s cart-pole sweep: before the stop d x(T)/d v0 = T dt in both
+    modes (no constraint row within reach), against it the exact one is 0."""
+    from diffgym.bench_smooth import sweep
+    xs, finals, grads, steps, dt = sweep("cartpole", n=3, rhos=(1e-2,))
+    g = grads["x(T)"]
+    assert g["exact"][0] == pytest.approx(steps * dt) and g["smooth 0.01"][0] == pytest.approx(steps * dt)
+    assert abs(g["exact"][-1]) < 1e-12 and np.isfinite(g["smooth 0.01"]).all()
