@@ -30,8 +30,9 @@ velocity), so the result is the Jacobian of the relaxed step map at the current 
 ``rho -> 0`` it tends to the exact Jacobian wherever the exact mode is not degenerate.
 
 Contact normals are those of the collision geometry (no smoothing of sharp shapes' normals).
-The Newton solve is numpy (small dense systems, 2m + n_friction unknowns); the linearized
-system and the chain are the compiled kernels of the exact route.
+The Newton steps are a compiled kernel (``smoothing_kernels.relaxed_newton``: the linear rows
+eliminated, an ``m + n_friction`` system per step); the linearized system
+(``derivative_kernels.relaxed_system``) and the chain are compiled kernels as in the exact route.
 """
 from __future__ import annotations
 
@@ -40,6 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from .smoothing_kernels import relaxed_newton
 from .solver import BREAKING, STICKING
 
 
@@ -68,15 +70,16 @@ def row_scale(G: np.ndarray, nc: int) -> np.ndarray:
 
 
 class _Problem:
-    """Residual and Newton matrix of the relaxed problem in z = (l, s, eta)."""
+    """The relaxed problem's data in the scaled unknowns z = (l, s, eta) and its starting
+    points (the Newton steps: ``smoothing_kernels.relaxed_newton``)."""
 
     def __init__(self, G, g, nc, mu, rho, scale=None):
         self.m = m = G.shape[0]
         self.nc = nc
-        self.mu = np.asarray(mu, dtype=float)
+        self.mu = np.ascontiguousarray(mu, dtype=float)
         self.d = row_scale(G, nc) if scale is None else np.asarray(scale, dtype=float)
-        self.Gs = G / self.d[None, :]                 # s = Gs l + g
-        self.g = g
+        self.Gs = np.ascontiguousarray(G / self.d[None, :])     # s = Gs l + g
+        self.g = np.ascontiguousarray(g, dtype=float)
         self.rho = rho
         self.fric = np.nonzero(self.mu > 0.0)[0] if nc else np.zeros(0, dtype=np.int64)
         self.nf = len(self.fric)
@@ -92,75 +95,6 @@ class _Problem:
     def split(self, z):
         m = self.m
         return z[:m], z[m:2 * m], z[2 * m:]
-
-    def residual(self, z, rho):
-        l, s, eta = self.split(z)
-        m = self.m
-        r = np.empty(self.n)
-        r[:m] = s - self.Gs @ l - self.g
-        c = r[m:]
-        N, L = self.N, self.L
-        c[N] = l[N] * s[N] - rho
-        c[L] = l[L] * s[L] - rho
-        T1, T2 = self.T1, self.T2
-        fr = self.mu > 0.0
-        # frictionless: l_T = 0
-        c[T1[~fr]] = l[T1[~fr]]
-        c[T2[~fr]] = l[T2[~fr]]
-        if self.nf:
-            i = self.fric
-            x0 = self.mu[i] * l[N[i]]
-            e = eta
-            c[T1[i]] = x0 * s[T1[i]] + e * l[T1[i]]
-            c[T2[i]] = x0 * s[T2[i]] + e * l[T2[i]]
-            r[2 * m:] = x0 * e + l[T1[i]] * s[T1[i]] + l[T2[i]] * s[T2[i]] - rho
-        return r
-
-    def jacobian(self, z):
-        l, s, eta = self.split(z)
-        m = self.m
-        Jm = np.zeros((self.n, self.n))
-        Jm[:m, :m] = -self.Gs
-        Jm[:m, m:2 * m] = np.eye(m)
-        N, L, T1, T2 = self.N, self.L, self.T1, self.T2
-        for rows in (N, L):
-            Jm[m + rows, rows] = s[rows]
-            Jm[m + rows, m + rows] = l[rows]
-        fr = self.mu > 0.0
-        for T in (T1, T2):
-            Jm[m + T[~fr], T[~fr]] = 1.0
-        if self.nf:
-            i = self.fric
-            mu = self.mu[i]
-            x0 = mu * l[N[i]]
-            ecol = 2 * m + np.arange(self.nf)
-            for T in (T1, T2):
-                rr = m + T[i]
-                Jm[rr, N[i]] = mu * s[T[i]]
-                Jm[rr, m + T[i]] = x0
-                Jm[rr, T[i]] = eta
-                Jm[rr, ecol] = l[T[i]]
-            rr = 2 * m + np.arange(self.nf)
-            Jm[rr, N[i]] = mu * eta
-            Jm[rr, ecol] = x0
-            for T in (T1, T2):
-                Jm[rr, T[i]] = s[T[i]]
-                Jm[rr, m + T[i]] = l[T[i]]
-        return Jm
-
-    def interior(self, z) -> bool:
-        l, s, eta = self.split(z)
-        N, L = self.N, self.L
-        if not (np.all(l[N] > 0.0) and np.all(s[N] > 0.0) and np.all(l[L] > 0.0)
-                and np.all(s[L] > 0.0)):
-            return False
-        if self.nf:
-            i = self.fric
-            T1, T2 = self.T1[i], self.T2[i]
-            if not (np.all(self.mu[i] * l[N[i]] > np.hypot(l[T1], l[T2]))
-                    and np.all(eta > np.hypot(s[T1], s[T2]))):
-                return False
-        return True
 
     def start(self, lam, sigma, modes, rho):
         """A centered interior point near the exact solution (lam, sigma, modes)."""
@@ -216,46 +150,11 @@ class _Problem:
 
 
 def _newton(P: _Problem, z, rho, max_iter, tol):
-    """Damped Newton on the relaxed conditions at level rho from the interior point z: steps
-    shortened to stay in the interior and to decrease the residual."""
-    r = P.residual(z, rho)
-    scale_eq = 1.0 + np.max(np.abs(P.g), initial=0.0)
-    m = P.m
-
-    def err(r):
-        return max(np.max(np.abs(r[:m]), initial=0.0) / scale_eq * 1e3,
-                   np.max(np.abs(r[m:]), initial=0.0) / rho)
-
-    e = err(r)
-    it = 0
-    while it < max_iter and e > tol:
-        it += 1
-        # the linear rows eliminated (ds = Gs dl - r_eq): an (m + n_friction) system
-        Jm = P.jacobian(z)
-        Cs = Jm[m:, m:2 * m]
-        K = np.hstack([Jm[m:, :m] + Cs @ P.Gs, Jm[m:, 2 * m:]])
-        try:
-            x = np.linalg.solve(K, Cs @ r[:m] - r[m:])
-        except np.linalg.LinAlgError:
-            break
-        dz = np.concatenate([x[:m], P.Gs @ x[:m] - r[:m], x[m:]])
-        if not np.isfinite(dz).all():
-            break
-        alpha = 1.0
-        zn = None
-        for _ in range(60):
-            zt = z + alpha * dz
-            if P.interior(zt):
-                rt = P.residual(zt, rho)
-                et = err(rt)
-                if et < e or alpha < 1e-3:
-                    zn, rn, en = zt, rt, et
-                    break
-            alpha *= 0.5
-        if zn is None:
-            break
-        z, r, e = zn, rn, en
-    return z, e, it
+    """Damped Newton on the relaxed conditions at level rho from the interior point z
+    (``smoothing_kernels.relaxed_newton``)."""
+    z, e, it = relaxed_newton(P.Gs, P.g, P.nc, P.mu, P.eta_of, P.nf, float(rho), z, float(tol),
+                              int(max_iter))
+    return z, float(e), int(it)
 
 
 def relaxed_solve(G, g, nc, mu, rho, lam=None, sigma=None, modes=None, cold: bool = False,
