@@ -217,3 +217,9 @@ def test_bench_sweep_across_the_rail_stop():
     g = grads["x(T)"]
     assert g["exact"][0] == pytest.approx(steps * dt) and g["smooth 0.01"][0] == pytest.approx(steps * dt)
     assert abs(g["exact"][-1]) < 1e-12 and np.isfinite(g["smooth 0.01"]).all()
+
+
+def test_gradient_audit_refuses_a_smooth_target():
+    env = gym.make("DiffCartPole-v0", gradient="smooth")
+    with pytest.raises(ValueError, match="(?s)audits the exact gradient mode.*Smooth"):
+        diffgym.check_step_jacobians(env, steps=2)
