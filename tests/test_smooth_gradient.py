@@ -223,3 +223,21 @@ def test_gradient_audit_refuses_a_smooth_target():
     env = gym.make("DiffCartPole-v0", gradient="smooth")
     with pytest.raises(ValueError, match="(?s)audits the exact gradient mode.*Smooth"):
         diffgym.check_step_jacobians(env, steps=2)
+
+
+def test_sweep_grid_over_gradient_modes(tmp_path):
+    import shutil
+
+    from diffgym.train.config import ConfigError
+    from diffgym.train.sweep import expand
+    shutil.copy("configs/cartpole_shac.yaml", tmp_path / "cartpole_shac.yaml")
+    spec = tmp_path / "s.yaml"
+    spec.write_text("name: g\ntrials:\n  - {base: cartpole_shac.yaml}\nseeds: [0]\n"
+                    "grid: {shac.gradient: [exact, smooth, {mode: smooth, rho: 1.0e-4}]}\n")
+    _, trials = expand(str(spec), str(tmp_path / "out"))
+    assert [t.config["shac"]["gradient"] for t in trials] == ["exact", "smooth",
+                                                             {"mode": "smooth", "rho": 1e-4}]
+    spec.write_text("name: g\ntrials:\n  - {base: cartpole_shac.yaml}\nseeds: [0]\n"
+                    "grid: {shac.gradient: [exact, smoth]}\n")
+    with pytest.raises(ConfigError, match="shac.gradient"):
+        expand(str(spec), str(tmp_path / "out2"))
