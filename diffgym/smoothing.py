@@ -41,7 +41,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .smoothing_kernels import relaxed_newton
+from .smoothing_kernels import relaxed_newton, relaxed_start
 from .solver import BREAKING, STICKING
 
 
@@ -76,67 +76,28 @@ class _Problem:
     def __init__(self, G, g, nc, mu, rho, scale=None):
         self.m = m = G.shape[0]
         self.nc = nc
-        self.mu = np.ascontiguousarray(mu, dtype=float)
+        self.mu = np.ascontiguousarray(mu, dtype=float) if nc else np.zeros(0)
         self.d = row_scale(G, nc) if scale is None else np.asarray(scale, dtype=float)
-        self.Gs = np.ascontiguousarray(G / self.d[None, :])     # s = Gs l + g
+        self.Gs = np.ascontiguousarray(G / self.d)     # s = Gs l + g (columns scaled)
         self.g = np.ascontiguousarray(g, dtype=float)
         self.rho = rho
-        self.fric = np.nonzero(self.mu > 0.0)[0] if nc else np.zeros(0, dtype=np.int64)
+        fr = self.mu > 0.0
+        self.fric = np.flatnonzero(fr)
         self.nf = len(self.fric)
-        self.eta_of = -np.ones(nc, dtype=np.int64)
-        self.eta_of[self.fric] = np.arange(self.nf)
-        self.n = 2 * m + self.nf
-        nr = 3 * nc
-        self.N = np.arange(2, nr, 3)
-        self.L = np.arange(nr, m)
-        self.T1 = np.arange(0, nr, 3)
-        self.T2 = np.arange(1, nr, 3)
+        self.eta_of = np.where(fr, np.cumsum(fr) - 1, -1).astype(np.int64)
+        self.N = slice(2, 3 * nc, 3)
+        self.L = slice(3 * nc, m)
 
     def split(self, z):
         m = self.m
         return z[:m], z[m:2 * m], z[2 * m:]
 
     def start(self, lam, sigma, modes, rho):
-        """A centered interior point near the exact solution (lam, sigma, modes)."""
-        m, nc = self.m, self.nc
-        l = self.d * lam
-        s = np.asarray(sigma, dtype=float).copy()
-        l0 = np.zeros(m)
-        s0 = s.copy()
-        sr = np.sqrt(rho)
-        N, L = self.N, self.L
-        for rows, passive in ((N, np.asarray(modes) == BREAKING if nc else np.zeros(0, bool)),
-                              (L, None)):
-            a = np.maximum(l[rows], 0.0)
-            b = np.maximum(s[rows], 0.0)
-            pas = (b > a) if passive is None else passive
-            # the dominant member of each pair kept (at least sqrt(rho)), the other one rho / it
-            big = np.maximum(np.where(pas, b, a), sr)
-            small = rho / big
-            l0[rows] = np.where(pas, small, big)
-            s0[rows] = np.where(pas, big, small)
-        eta0 = np.zeros(self.nf)
-        for k, i in enumerate(self.fric.tolist()):
-            r = 3 * i
-            x0 = self.mu[i] * l0[r + 2]
-            lt = l[r:r + 2]
-            st = s[r:r + 2]
-            if nc and modes[i] == STICKING and np.hypot(*lt) < 0.999 * x0:
-                # friction inside the cone kept, the slip the centered point gives it
-                det = x0 * x0 - lt @ lt
-                l0[r:r + 2] = lt
-                s0[r:r + 2] = -rho * lt / det
-                eta0[k] = rho * x0 / det
-            else:
-                # the slip kept, the friction opposing it on the centered point
-                sn = np.hypot(*st)
-                u = st / sn if sn > 0.0 else np.zeros(2)
-                root = np.sqrt(rho * rho + 4.0 * x0 * x0 * sn * sn)
-                c = 2.0 * x0 * x0 * sn / (rho + root)
-                l0[r:r + 2] = -c * u
-                s0[r:r + 2] = st
-                eta0[k] = (rho + root) / (2.0 * x0)
-        return np.concatenate([l0, s0, eta0])
+        """A centred interior point near the exact solution (``smoothing_kernels.relaxed_start``)."""
+        modes = np.asarray(modes)
+        return relaxed_start(self.d * lam, np.ascontiguousarray(sigma, dtype=float),
+                             modes == BREAKING, modes == STICKING, self.nc, self.mu,
+                             self.eta_of, self.nf, float(rho))
 
     def cold_start(self):
         m = self.m

@@ -197,3 +197,50 @@ def relaxed_newton(Gs, g, nc, mu, eta_of, nf, rho, z, tol, max_iter):
             r[a] = rt[a]
         e = et
     return z, e, it
+
+
+@njit
+def relaxed_start(l, s, breaking, sticking, nc, mu, eta_of, nf, rho):
+    """A centred interior point near the exact solution (scaled impulses ``l``, velocities
+    ``s``, per contact ``breaking`` / ``sticking``): of each scalar pair (normal row, limit row)
+    the dominant member is kept (at least sqrt(rho)) and the other is rho over it (a contact's
+    normal pair is passive when breaking, a limit's when its velocity dominates); a sticking
+    contact keeps its friction inside the cone and takes the slip of the centred cone pair; any
+    other keeps its slip and takes the opposing friction of the centred pair."""
+    m = l.shape[0]
+    z = np.zeros(2 * m + nf)
+    sr = np.sqrt(rho)
+    for a in range(m):
+        z[m + a] = s[a]
+    for a in range(m):
+        if a < 3 * nc and a % 3 != 2:
+            continue
+        la = max(l[a], 0.0)
+        sa = max(s[a], 0.0)
+        passive = breaking[a // 3] if a < 3 * nc else sa > la
+        big = max(sa if passive else la, sr)
+        small = rho / big
+        z[a] = small if passive else big
+        z[m + a] = big if passive else small
+    for i in range(nc):
+        k = eta_of[i]
+        if k < 0:
+            continue
+        r = 3 * i
+        x0 = mu[i] * z[r + 2]
+        l0, l1 = l[r], l[r + 1]
+        s0, s1 = s[r], s[r + 1]
+        if sticking[i] and np.sqrt(l0 * l0 + l1 * l1) < 0.999 * x0:
+            det = x0 * x0 - (l0 * l0 + l1 * l1)
+            z[r], z[r + 1] = l0, l1
+            z[m + r], z[m + r + 1] = -rho * l0 / det, -rho * l1 / det
+            z[2 * m + k] = rho * x0 / det
+        else:
+            sn = np.sqrt(s0 * s0 + s1 * s1)
+            u0 = s0 / sn if sn > 0.0 else 0.0
+            u1 = s1 / sn if sn > 0.0 else 0.0
+            root = np.sqrt(rho * rho + 4.0 * x0 * x0 * sn * sn)
+            c = 2.0 * x0 * x0 * sn / (rho + root)
+            z[r], z[r + 1] = -c * u0, -c * u1
+            z[2 * m + k] = (rho + root) / (2.0 * x0)
+    return z
