@@ -20,6 +20,9 @@ So both engines time the same stretch of the same trajectory regime (step ``warm
   compensation (pinocchio's ``g(q)``; in MuJoCo ``gravcomp = 1`` on every body and the PD as
   actuators); it swings in free space (no contacts).
 
+``--smooth`` instead measures the smooth gradient mode against the exact one
+(``diffgym.bench_smooth``).
+
 **Step Jacobians** (``--jacobian``, on by default; ``--no-jacobian`` skips it): a second table
 for ``cartpole``, ``hopper``, ``go1`` and ``ur5``. After ``--jac-warmup`` steps (200: the
 hopper has landed) the same ``--jac-states`` consecutive steps are timed without and with
@@ -689,6 +692,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--jacobian-csv", default=None, help="write the Jacobian table to this CSV")
     from .bench_scaling import add_arguments as scaling_arguments
     scaling_arguments(parser)
+    parser.add_argument("--smooth", action="store_true",
+                        help="instead: the smooth gradient mode against the exact one (gradients "
+                             "swept across the hopper's foot strike and the cart-pole's rail stop; "
+                             "cost of a smooth step Jacobian on hopper, go1, billiards)")
     parser.add_argument("--bridge", action="store_true",
                         help="instead: the torch bridge's overhead on a 100-step hopper rollout gradient "
                              "(N = 1, 64; --repeats rounds)")
@@ -836,6 +843,9 @@ def main(args) -> int:
         raise SystemExit(f"unknown model(s) {unknown}; choose from {list(MODELS)}")
     if getattr(args, "bridge", False):
         return run_bridge(args)
+    if getattr(args, "smooth", False):
+        from .bench_smooth import main as smooth_main
+        return smooth_main(args)
     steps = int(getattr(args, "steps", 2000))
     warmup = int(getattr(args, "warmup", 20) or 0)
     repeats = max(1, int(getattr(args, "repeats", 3) or 1))

@@ -447,6 +447,65 @@ def mode_system(lam, sigma, modes, limit_active, G, nc, mu):
 
 
 @njit
+def relaxed_system(lam, sigma, eta, scale, G, nc, mu):
+    """The smooth gradient's linear system ``A dlam = -W D`` (``diffgym.smoothing``): the
+    relaxed complementarity conditions at a point of the central path, linearized, with
+    ``d sigma = G dlam + D``. In the scaled impulses ``l = scale * lam`` (velocity units), per
+    contact: ``l_N s_N = rho`` and, with friction, the second-order-cone pair
+    ``(mu l_N, l_T) o (eta, s_T) = rho e`` whose auxiliary ``eta`` is eliminated here (through
+    the first row of the cone product, ``mu l_N > 0`` in the interior); a frictionless contact
+    keeps ``d l_T = 0``; a joint limit row ``l s = rho``. ``A = F_l diag(scale) + F_s G``,
+    ``W = F_s``; each row is divided by its largest entry of A (an equivalent system)."""
+    m = G.shape[0]
+    Fl = np.zeros((m, m))
+    Fs = np.zeros((m, m))
+    for i in range(nc):
+        r = 3 * i
+        d = scale[r + 2]
+        lN = d * lam[r + 2]
+        Fl[r + 2, r + 2] = sigma[r + 2]
+        Fs[r + 2, r + 2] = lN
+        if mu[i] == 0.0:
+            Fl[r, r] = 1.0
+            Fl[r + 1, r + 1] = 1.0
+            continue
+        x0 = mu[i] * lN
+        a = 1.0 / x0
+        et = eta[i]
+        for p in range(2):
+            lp = d * lam[r + p]
+            Fl[r + p, r + 2] = mu[i] * (sigma[r + p] - a * et * lp)
+            for k in range(2):
+                Fl[r + p, r + k] = (et if p == k else 0.0) - a * lp * sigma[r + k]
+                Fs[r + p, r + k] = (x0 if p == k else 0.0) - a * lp * (d * lam[r + k])
+    for k in range(3 * nc, m):
+        Fl[k, k] = sigma[k]
+        Fs[k, k] = scale[k] * lam[k]
+    A = np.empty((m, m))
+    for i in range(m):
+        for j in range(m):
+            A[i, j] = Fl[i, j] * scale[j]
+    # F_s is block diagonal (3 x 3 per contact, 1 x 1 per limit row)
+    for i in range(m):
+        lo = i - (i % 3) if i < 3 * nc else i
+        hi = lo + 3 if i < 3 * nc else i + 1
+        for c in range(lo, hi):
+            f = Fs[i, c]
+            if f != 0.0:
+                for j in range(m):
+                    A[i, j] += f * G[c, j]
+    for i in range(m):
+        big = 0.0
+        for j in range(m):
+            big = max(big, abs(A[i, j]))
+        if big > 0.0:
+            for j in range(m):
+                A[i, j] /= big
+                Fs[i, j] /= big
+    return A, Fs
+
+
+@njit
 def _all_finite(x):
     for i in range(x.shape[0]):
         for k in range(x.shape[1]):
@@ -688,6 +747,19 @@ def dynamics_terms(ddq_dq, ddq_dv, Minv_u, kstiff, has_stiff, damping, damped, d
     Vv, Vt)`` and the caller finishes with the reference's LAPACK solve (numpy). ``bias_v`` (m,):
     rows whose offset b depends on the pre-step v as ``bias_v[i] J[i] v`` (Newton's impact law;
     empty: none)."""
+    if Jc.shape[0] and _all_finite(G):
+        A, W = mode_system(lam, sigma, modes, limit_active, G, nc, mu)
+    else:
+        A = W = np.zeros((Jc.shape[0], Jc.shape[0]))
+    return dynamics_terms_system(ddq_dq, ddq_dv, Minv_u, kstiff, has_stiff, damping, damped, dt,
+                                 Jc, G, corr, Dq, A, W, dI_dq, dI_dv, bias_v)
+
+
+@njit
+def dynamics_terms_system(ddq_dq, ddq_dv, Minv_u, kstiff, has_stiff, damping, damped, dt,
+                          Jc, G, corr, Dq, A, W, dI_dq, dI_dv, bias_v):
+    """``dynamics_terms`` with the linear system ``A dlam = -W D`` given: the exact mode system
+    (``mode_system``) or the relaxed one of the smooth gradient (``relaxed_system``)."""
     nv = ddq_dq.shape[0]
     m = Jc.shape[0]
     if not (_all_finite(ddq_dq) and _all_finite(ddq_dv) and _all_finite(Minv_u)
@@ -727,7 +799,6 @@ def dynamics_terms(ddq_dq, ddq_dv, Minv_u, kstiff, has_stiff, damping, damped, d
                 if bias_v.shape[0]:
                     D[i, nv + c] += bias_v[i] * Jc[i, c]
                 D[i, 2 * nv + c] = dt * JM[i, c]
-        A, W = mode_system(lam, sigma, modes, limit_active, G, nc, mu)
         WD = _mm(W, D)
         if not (_all_finite(A) and _all_finite(WD)):
             z = np.zeros((0, 0))

@@ -737,23 +737,35 @@ def step_jacobian(sim, compiled: bool | None = None) -> StepJacobian:
     falls back to the reference where it does not apply (mimic joints, non-finite data).
     Gives the derivative of ``sim.gradient`` (diffgym.gradient_modes)."""
     mode = getattr(sim, "gradient", None)
-    if mode is not None and mode.name != "exact":
-        raise NotImplementedError(f"gradient mode {mode.name!r} is not implemented yet")
+    C, system = sim.cache, None
+    if mode is not None and mode.name == "smooth":
+        if sim.__dict__.get("_extra") is not None:
+            raise NotImplementedError(
+                "gradient mode 'smooth' does not cover the rows of diffgym.equality (equality "
+                "constraints, joint frictionloss, ball-joint and tendon limits) yet; use 'exact'")
+        # the relaxed problem's solution replaces the exact one in every stage, and its
+        # linearized conditions replace the mode system (diffgym.smoothing)
+        from .smoothing import relaxed_view
+        C, system = relaxed_view(sim, mode.rho)
+    elif mode is not None and mode.name != "exact":
+        raise NotImplementedError(f"gradient mode {mode.name!r} is not implemented yet "
+                                  "(implemented: 'exact', 'smooth')")
     out = None
     if sim.__dict__.get("_extra") is not None:
         compiled = False           # the rows of diffgym.equality: the numpy route only
     if COMPILED if compiled is None else compiled:
-        out = _step_jacobian_compiled(sim)
+        out = _step_jacobian_compiled(sim, C, system)
     if out is None:
-        out = _step_jacobian_reference(sim)
+        out = _step_jacobian_reference(sim, C, system)
     C = sim.cache
     out.diagnostics = JacobianDiagnostics(sim, C["cons"], C["res"], C["G"])
     return out
 
 
-def _step_jacobian_reference(sim) -> StepJacobian:
-    """The numpy reference of ``step_jacobian``."""
-    C = sim.cache
+def _step_jacobian_reference(sim, C=None, system=None) -> StepJacobian:
+    """The numpy reference of ``step_jacobian`` (``C``: the step's cache, or the smooth mode's
+    relaxed view of it; ``system``: ``(A, W)`` replacing the mode system)."""
+    C = sim.cache if C is None else C
     model = sim.model
     nv, dt = sim.nv, sim.dt
     q, v, v1, q1 = C["q"], C["v"], C["v1"], C["q1"]
@@ -881,7 +893,7 @@ def _step_jacobian_reference(sim) -> StepJacobian:
         if rest is not None:                 # d b / d v of the impact-law rows: e J_N
             JVv[2:3 * nc:3] += rest[:, None] * J[2:3 * nc:3]
         D = np.hstack([J @ Vq + Dq_extra, JVv, J @ Vt])
-        A, W = _mode_system(res, G, nc, cons.mu)
+        A, W = _mode_system(res, G, nc, cons.mu) if system is None else system
         dlam = _solve_min_norm(A, -(W @ D))
         MJt_dlam = (Minv @ J.T) @ dlam
         dv_dq = Vq + MJt_dlam[:, :nv]
@@ -1024,11 +1036,11 @@ def _compiled_state(sim) -> _CompiledState:
     return st
 
 
-def _step_jacobian_compiled(sim) -> StepJacobian | None:
+def _step_jacobian_compiled(sim, C=None, system=None) -> StepJacobian | None:
     st = _compiled_state(sim)
     if not st.ok:
         return None
-    C = sim.cache
+    C = sim.cache if C is None else C
     model, data, dt = st.model, st.data, sim.dt
     q, v, v1 = C["q"], C["v"], C["v1"]
     cons, res = C["cons"], C["res"]
@@ -1080,9 +1092,14 @@ def _step_jacobian_compiled(sim) -> StepJacobian | None:
     else:
         dI_dq = pin.dIntegrate(model, q, v1dt, _ARG0)
         dI_dv = pin.dIntegrate(model, q, v1dt, _ARG1)
-    status, dq_dq, dq_dv, dq_dtau, dv_dq, dv_dv, dv_dtau = K.dynamics_terms(
-        ddq_dq, ddq_dv, Minv, st.kstiff, st.has_stiff, sim.sm.damping, st.damped, dt,
-        Jc, G, corr, Dq, lam, sigma, modes, act, mu, nc, dI_dq, dI_dv, bias_v)
+    if system is None:
+        status, dq_dq, dq_dv, dq_dtau, dv_dq, dv_dv, dv_dtau = K.dynamics_terms(
+            ddq_dq, ddq_dv, Minv, st.kstiff, st.has_stiff, sim.sm.damping, st.damped, dt,
+            Jc, G, corr, Dq, lam, sigma, modes, act, mu, nc, dI_dq, dI_dv, bias_v)
+    else:
+        status, dq_dq, dq_dv, dq_dtau, dv_dq, dv_dv, dv_dtau = K.dynamics_terms_system(
+            ddq_dq, ddq_dv, Minv, st.kstiff, st.has_stiff, sim.sm.damping, st.damped, dt,
+            Jc, G, corr, Dq, system[0], system[1], dI_dq, dI_dv, bias_v)
     if status == 1:                        # non-finite data
         return None
     if status == 2:                        # rank in doubt: the reference's solve, then finish

@@ -44,6 +44,8 @@ class TorchVecEnv:
                             f"{type(venv).__name__}")
         self.venv = venv
         self.dtype = dtype
+        # the gradient mode of the step Jacobians backward() applies (make_vec(..., gradient=...))
+        self.gradient = venv.gradient
         self.num_envs, self.obs_dim, self.act_dim = venv.num_envs, venv.obs_dim, venv.n_a
         self.state_size = venv.state_size
         self.n_x = venv.n_x

@@ -473,6 +473,9 @@ class DiffVectorEnv(gym.vector.VectorEnv):
         self.n_x, self.n_a, self.state_size, self.obs_dim = e0.n_x, e0.n_a, e0.state_size, e0.obs_dim
         # True when the tangent map is [I; 0] (no quaternion in q): the torch bridge skips it
         self.identity_tangent = not e0._quat_rows
+        # the gradient mode every copy's step Jacobians use (env_kwargs "gradient", passed to
+        # gym.make in this process and in the workers)
+        self.gradient = e0.gradient
         self._layout = _layout(self.num_envs, self.n_a, self.obs_dim, self.state_size, self.n_x)
         self._seed = seed
         self._needs_reset = True
@@ -692,7 +695,9 @@ def make_vec(env_id: str, num_envs: int = 1, seed: int | None = None, num_worker
 
     ``num_workers``: processes stepping the copies in parallel, this one included (None:
     :func:`default_num_workers`; 1: all copies in this process); ``start_method``: the
-    multiprocessing start method of the worker processes."""
+    multiprocessing start method of the worker processes. Other keywords go to ``gym.make``,
+    e.g. ``gradient="smooth"`` (or ``{"mode": "smooth", "rho": 1e-3}``): the gradient mode of
+    every copy (``diffgym.gradient_modes``; the vector env's ``gradient`` attribute)."""
     import diffgym.envs  # noqa: F401  (registers the ids)
     if env_id not in gym.registry:
         raise gym.error.NameNotFound(f"unknown environment id {env_id!r}")

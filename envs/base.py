@@ -21,6 +21,7 @@ import numpy as np
 import pinocchio as pin
 
 from diffgym.forward import SimulationError, Simulator
+from diffgym.gradient_modes import gradient_mode
 from diffgym.resources import asset_path
 
 
@@ -80,7 +81,7 @@ class DiffEnv(gym.Env):
 
     def __init__(self, render_mode: str | None = None, episode_steps: int | None = None,
                  frame_skip: int | None = None, width: int = 320, height: int = 240,
-                 sim_options: dict | None = None):
+                 sim_options: dict | None = None, gradient=None):
         if render_mode is not None and render_mode not in self.metadata["render_modes"]:
             raise ValueError(f"render_mode must be one of {self.metadata['render_modes']} or None, "
                              f"got {render_mode!r}")
@@ -102,7 +103,13 @@ class DiffEnv(gym.Env):
                     "render_mode='rgb_array' (frames as arrays) or `diffgym record ID OUT.gif`") from None
         self.render_mode = render_mode
         self._window = None
-        self.sim = self._make_sim(**(sim_options or {}))
+        options = dict(sim_options or {})
+        if gradient is not None:
+            if "gradient" in options:
+                raise ValueError("gradient given both as an argument and in sim_options; give it once")
+            # checked before the model loads: a bad mode names itself, not the asset
+            options["gradient"] = gradient_mode(gradient)
+        self.sim = self._make_sim(**options)
         self.nq, self.nv = self.sim.nq, self.sim.nv
         self.n_a = self._action_dim()
         self.n_x = 2 * self.nv + self.n_diff
@@ -117,6 +124,12 @@ class DiffEnv(gym.Env):
         self._elapsed = 0
         self._quat_rows = self._find_quaternions()
         self._B = self._actuator_matrix()
+
+    @property
+    def gradient(self):
+        """The gradient mode of the step Jacobians (``gym.make(id, gradient="smooth")``, a mapping
+        such as ``{"mode": "smooth", "rho": 1e-3}`` or a ``diffgym.gradient_modes`` instance)."""
+        return self.sim.gradient
 
     # -- construction hooks -------------------------------------------------------------------
     def _make_sim(self, **options) -> Simulator:

@@ -71,6 +71,9 @@ class SHACConfig:
     actor_log_std_init: float = -1.0
     reward_scale: float = 1.0
     bound_coef: float = 0.0
+    # the step Jacobians the actor's gradient flows through (diffgym.gradient_modes): "exact",
+    # "smooth" or "long_range", or a mapping such as {mode: smooth, rho: 1.0e-3}
+    gradient: str | dict = "exact"
 
 
 @dataclass
@@ -122,6 +125,19 @@ def _validate(cfg: "TrainConfig") -> None:
     for key in _UNIT:
         if not 0.0 <= _get(cfg, key) <= 1.0:
             raise ConfigError(f"{key}: must be in [0, 1], got {_get(cfg, key)!r}")
+    from diffgym.gradient_modes import gradient_mode
+    try:
+        mode = gradient_mode(cfg.shac.gradient)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"shac.gradient: {exc}") from None
+    if "gradient" in cfg.env.kwargs:
+        try:
+            other = gradient_mode(cfg.env.kwargs["gradient"])
+        except (ValueError, TypeError) as exc:
+            raise ConfigError(f"env.kwargs.gradient: {exc}") from None
+        if other != mode and cfg.algo == "shac":
+            raise ConfigError(f"env.kwargs.gradient ({other}) contradicts shac.gradient ({mode}); "
+                              "set shac.gradient only")
     if not cfg.shac.reward_scale > 0:
         raise ConfigError(f"shac.reward_scale: must be > 0, got {cfg.shac.reward_scale!r}")
     if cfg.env.episode_steps is not None and cfg.env.episode_steps < 1:

@@ -273,6 +273,7 @@ def train_shac(cfg: "TrainConfig", run: "Run") -> dict:
     env_kwargs = dict(cfg.env.kwargs or {})
     if cfg.env.episode_steps is not None:
         env_kwargs["episode_steps"] = cfg.env.episode_steps
+    env_kwargs["gradient"] = cfg.shac.gradient          # (config validation: no contradiction)
     venv = diffgym.make_vec(cfg.env.id, num_envs=cfg.env.num_envs, seed=cfg.seed,
                             num_workers=cfg.env.num_workers, **env_kwargs)
     tenv = TorchVecEnv(venv, dtype=torch.float32)
