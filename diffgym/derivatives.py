@@ -680,6 +680,20 @@ def _joint_torques(sim, cons, res) -> np.ndarray:
     return out
 
 
+def _with_long_range(sim, ddq_dq: np.ndarray, Minv: np.ndarray) -> np.ndarray:
+    """``ddq_dq`` plus ``M^-1 d(tau_lr)/dq`` in the long_range mode: the potential's force is
+    part of the applied forces (``tau_total``) at which the ABA derivatives were taken at fixed
+    tau; its own dependence on q is added here (like a joint spring's)."""
+    mode = getattr(sim, "gradient", None)
+    if mode is None or mode.name != "long_range":
+        return ddq_dq
+    K = sim.long_range.force_derivative()
+    if not K.any():
+        return ddq_dq
+    Minv = np.triu(Minv) + np.triu(Minv, 1).T          # (only the upper triangle may be filled)
+    return ddq_dq + Minv @ K
+
+
 def step_jacobian(sim, compiled: bool | None = None) -> StepJacobian:
     """Jacobian of the step that ``sim`` just took (uses ``sim.cache``).
 
@@ -688,7 +702,7 @@ def step_jacobian(sim, compiled: bool | None = None) -> StepJacobian:
     falls back to the reference where it does not apply (mimic joints, non-finite data).
     Gives the derivative of ``sim.gradient`` (diffgym.gradient_modes)."""
     mode = getattr(sim, "gradient", None)
-    if mode is not None and mode.name != "exact":
+    if mode is not None and mode.name not in ("exact", "long_range"):
         raise NotImplementedError(f"gradient mode {mode.name!r} is not implemented yet")
     out = None
     if COMPILED if compiled is None else compiled:
@@ -744,6 +758,7 @@ def _step_jacobian_reference(sim) -> StepJacobian:
     ddq_dq, ddq_dv, Minv = pin.computeABADerivatives(model, data, q, v,
                                                      _joint_torques(sim, cons, res), fext)
     Minv = np.where(upper, Minv, Minv.T)               # pinocchio fills the upper triangle
+    ddq_dq = _with_long_range(sim, ddq_dq, Minv)
     Vq = dt * (ddq_dq + Minv @ dpassive_dq) if dpassive_dq is not None else dt * ddq_dq
     Vv = eye + dt * (ddq_dv - Minv * damping[None, :]) if damped else eye + dt * ddq_dv
     Vt = dt * Minv
@@ -975,6 +990,7 @@ def _step_jacobian_compiled(sim) -> StepJacobian | None:
             st.no_act, st.no_f
     ddq_dq, ddq_dv, Minv = pin.computeABADerivatives(model, data, q, v,
                                                      _joint_torques(sim, cons, res), st.fext_vec)
+    ddq_dq = _with_long_range(sim, ddq_dq, Minv)
     v1dt = v1 * dt
     if st.eye is not None:                 # vector-space joints: integrate is q + dq
         dI_dq = dI_dv = st.eye

@@ -798,6 +798,9 @@ class Simulator:
             tau_total = tau + self.passive_forces(q, v)
         else:
             tau_total = tau - self.sm.damping * v       # (= tau + (-damping * v), exactly)
+        if self.gradient.name == "long_range":
+            # the long-range barrier's generalized force enters the step (diffgym.long_range)
+            tau_total = tau_total + self._long_range_force(Jw)
         a_free = pin.aba(model, data, q, v, tau_total)
         v_free = v + dt * a_free
 
@@ -889,6 +892,16 @@ class Simulator:
             self.last.__dict__["jacobian_diagnostics"] = jac.diagnostics
             return q1, v1, jac
         return q1, v1
+
+    def _long_range_force(self, Jw: np.ndarray) -> np.ndarray:
+        """The generalized force of the long-range potential at the current kinematics (the
+        potential is built on first use; ``self.long_range`` holds it and its last value)."""
+        lr = self.__dict__.get("long_range")
+        if lr is None or lr.model is not self.model:
+            from .long_range import LongRangePotential
+            lr = self.long_range = LongRangePotential(self, self.gradient)
+        lr.value, force = lr.evaluate(self.data, self.geom_data, Jw)
+        return force
 
     @staticmethod
     def _solve(solver, G, g, cons: Constraints, lam0, modes0, v, later_stages: bool = False):
