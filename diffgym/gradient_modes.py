@@ -57,7 +57,7 @@ class LongRange:
     two bounding spheres at distance r is ``scale (1 + r^-1/2)^2``.
     ``margin``: the paper's epsilon: a node pair blends from its children's sum to its single
     centred term as its distance grows from ``d1 = R_I + R_J`` to ``(1 + margin) d1``."""
-    scale: float = 1e-6
+    scale: float = 1e-8
     margin: float = 0.5
     name = "long_range"
 

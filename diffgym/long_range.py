@@ -330,7 +330,8 @@ class LongRangePotential:
         # (1) the turning of the direction: a_m D^T (I - e e^T) D / r (zero for a plane height)
         w = np.where(plane, 0.0, a / dist)
         Pm = np.eye(3)[None] - E[:, :, None] * E[:, None, :]
-        H = np.einsum("m,mki,mkl,mlj->ij", w, D, Pm, D)
+        Df = D.reshape(3 * M, nv)
+        H = Df.T @ np.matmul(w[:, None, None] * Pm, D).reshape(3 * M, nv)
         # (2) second derivatives of P in the distances
         B = np.zeros((M, M))
         for (i, j), x in L["hess"].items():
@@ -349,7 +350,7 @@ class LongRangePotential:
             S = self.support[js][:, None, :]
             Jc = np.where(S, Jw[None, :3], 0.0) - np.cross(cs[:, :, None], A, axis=1)
             gx = np.cross(g[:, :, None], Jc, axis=1)                  # [g]x J_c
-            H -= np.einsum("mki,mkj->ij", A, gx)
+            H -= A.reshape(3 * M, nv).T @ gx.reshape(3 * M, nv)
             np.add.at(W, js, np.concatenate([g, np.cross(cs, g)], axis=1))
         Vl, Va = Jw[:3], Jw[3:]                                       # columns S_k = (v_k, w_k)
         for j in np.nonzero(np.abs(W).sum(axis=1))[0].tolist():
@@ -368,3 +369,25 @@ class LongRangePotential:
             K = np.where(self.anc_dof[np.ix_(cols, cols)], K, 0.0)     # [i, k]
             H[np.ix_(cols, cols)] += K.T                                # H[k, i]
         return -H
+
+
+def potential(sim, q, derivative: bool = False):
+    """The long-range potential of ``sim``'s scene at configuration ``q``: ``(P, force)`` or,
+    with ``derivative``, ``(P, force, dforce_dq)`` (force = ``-dP/dq``, (nv,); its derivative
+    (nv, nv) in pinocchio's tangent space). Uses ``sim.gradient``'s parameters when it is a
+    LongRange mode, the defaults otherwise; does not disturb the simulator's step state."""
+    mode = sim.gradient if isinstance(sim.gradient, LongRange) else LongRange()
+    lr = sim.__dict__.get("_lr_probe")
+    if lr is None or lr.model is not sim.model or (lr.scale, lr.margin) != (mode.scale, mode.margin):
+        lr = sim._lr_probe = LongRangePotential(sim, mode)
+    model = sim.model
+    data = model.createData()
+    gdata = pin.GeometryData(sim.geom_model)
+    q = np.asarray(q, dtype=float)
+    pin.forwardKinematics(model, data, q)
+    pin.updateGeometryPlacements(model, data, sim.geom_model, gdata)
+    pin.computeJointJacobians(model, data, q)
+    P, f = lr.evaluate(data, gdata, np.array(data.J).reshape(6, model.nv))
+    if derivative:
+        return P, f, lr.force_derivative()
+    return P, f
