@@ -67,13 +67,14 @@ def centred(r, scale: float):
     return p, dp, ddp
 
 
-def _leaves(kind: str, size: np.ndarray, mesh_points=None):
-    """Leaf spheres (centres (n, 3) in the geom frame, radii (n,)) covering a shape."""
+def _leaves(kind: str, size: np.ndarray, mesh_points=None, max_per_axis: int = _MAX_PER_AXIS):
+    """Leaf spheres (centres (n, 3) in the geom frame, radii (n,)) covering a shape, at most
+    ``max_per_axis`` along an axis (a box's cells are near-cubes of its smallest half size)."""
     if kind == "sphere":
         return np.zeros((1, 3)), np.array([float(size[0])])
     if kind in ("capsule", "cylinder"):
         r, h = float(size[0]), float(size[1])
-        n = int(min(max(1, math.ceil(h / max(r, 1e-9))), _MAX_PER_AXIS))
+        n = int(min(max(1, math.ceil(h / max(r, 1e-9))), max_per_axis))
         z = -h + (2.0 * np.arange(n) + 1.0) * h / n
         c = np.zeros((n, 3))
         c[:, 2] = z
@@ -81,7 +82,7 @@ def _leaves(kind: str, size: np.ndarray, mesh_points=None):
         return c, np.full(n, rad)
     if kind == "box":
         a = np.asarray(size[:3], dtype=float)
-        n = np.minimum(np.maximum(1, np.ceil(a / max(a.min(), 1e-9)).astype(int)), _MAX_PER_AXIS)
+        n = np.minimum(np.maximum(1, np.ceil(a / max(a.min(), 1e-9)).astype(int)), max_per_axis)
         cell = a / n                                  # half sizes of a cell
         axes = [-a[k] + (2.0 * np.arange(n[k]) + 1.0) * cell[k] for k in range(3)]
         c = np.stack(np.meshgrid(*axes, indexing="ij"), -1).reshape(-1, 3)
@@ -139,7 +140,9 @@ class LongRangePotential:
     """The potential of a simulator's scene: ``evaluate`` gives P and the generalized force at
     the simulator's current kinematics; ``force_derivative`` the derivative of that force."""
 
-    def __init__(self, sim, mode: LongRange):
+    def __init__(self, sim, mode: LongRange, leaves=None):
+        """``leaves``: optional ``{geom index: (centres, radii)}`` replacing the default leaf
+        spheres of those geoms (finer resolutions, for benchmarks)."""
         self.scale = float(mode.scale)
         self.margin = float(mode.margin)
         sm = sim.sm
@@ -161,6 +164,8 @@ class LongRangePotential:
                                          "is attached to a moving body; only static planes "
                                          "(half-spaces of the world) are supported")
                     continue
+                if g not in self.trees and leaves is not None and g in leaves:
+                    self.trees[g] = Tree(*leaves[g])
                 if g not in self.trees:
                     pts = None
                     if self.kinds[g] == "mesh":
@@ -333,10 +338,11 @@ class LongRangePotential:
         Df = D.reshape(3 * M, nv)
         H = Df.T @ np.matmul(w[:, None, None] * Pm, D).reshape(3 * M, nv)
         # (2) second derivatives of P in the distances
-        B = np.zeros((M, M))
-        for (i, j), x in L["hess"].items():
-            B[i, j] += x
-        H += U.T @ B @ U
+        hs = L["hess"]
+        bi = np.fromiter((k[0] for k in hs), dtype=np.int64, count=len(hs))
+        bj = np.fromiter((k[1] for k in hs), dtype=np.int64, count=len(hs))
+        bx = np.fromiter(hs.values(), dtype=float, count=len(hs))
+        H += (U[bi] * bx[:, None]).T @ U[bj]              # U^T B U, B sparse
         # (3) the motion of the Jacobians under fixed world forces g at the centres:
         #     d(J_c^T g)/dq = Jang^T (-[g]x) J_c + (dJ_joint^T/dq) W,  W = (g, c x g)
         Jw = L["Jw"]
