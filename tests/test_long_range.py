@@ -199,3 +199,16 @@ def test_exact_mode_untouched():
     assert "long_range" not in sim.__dict__
     lr = LongRangePotential(_sim(), LongRange())
     assert len(lr.pairs) == 6          # every candidate pair with a moving geom
+
+
+def test_pickled_simulator_keeps_the_mode_and_steps_alike():
+    import pickle
+    sim = _sim(scale=0.1)
+    q, v = sim.q0.copy(), np.zeros(sim.nv)
+    for _ in range(5):
+        q, v = sim.step(q, v, np.zeros(sim.nv))
+    copy = pickle.loads(pickle.dumps(sim))
+    assert copy.gradient == sim.gradient
+    a = sim.step(q, v, np.zeros(sim.nv))
+    b = copy.step(q, v, np.zeros(sim.nv))
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
