@@ -364,6 +364,9 @@ def _plot(out, task, start, curves, xlabel):
 
 
 def main(args: argparse.Namespace) -> int:
+    if args.summarize:
+        print(summarize(args.summarize))
+        return 0
     from .gradient_modes import gradient_mode
     methods = []
     for m in args.modes.split(","):
@@ -421,6 +424,42 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def summarize(paths) -> str:
+    """A markdown table of one or more ``results.csv`` files (per task, start and method:
+    runs, successes, mean first and final loss, runs whose loss decreased, wall clock)."""
+    rows = []
+    for path in paths:
+        with open(path, newline="") as f:
+            rows.extend(csv.DictReader(f))
+    hist = {}
+    for path in paths:
+        hp = os.path.join(os.path.dirname(path), "history.csv")
+        if os.path.exists(hp):
+            with open(hp, newline="") as f:
+                for r in csv.DictReader(f):
+                    k = (r["task"], r["start"], r["method"], r["seed"])
+                    hist.setdefault(k, float(r["loss"]))
+    out = ["| task | start | method | runs | success | mean first loss | mean final loss | "
+           "loss decreased | mean wall per run (s) | rollouts per run |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
+    keys = []
+    for r in rows:
+        k = (r["task"], r["start"], r["method"])
+        if k not in keys:
+            keys.append(k)
+    for k in keys:
+        sel = [r for r in rows if (r["task"], r["start"], r["method"]) == k]
+        first = [hist.get(k + (r["seed"],), float("nan")) for r in sel]
+        final = [float(r["final_loss"]) for r in sel]
+        dec = sum(b < a for a, b in zip(first, final))
+        out.append(f"| {k[0]} | {k[1]} | {k[2]} | {len(sel)} | "
+                   f"{sum(int(r['success']) for r in sel)}/{len(sel)} | {np.mean(first):.6g} | "
+                   f"{np.mean(final):.6g} | {dec}/{len(sel)} | "
+                   f"{np.mean([float(r['wall_s']) for r in sel]):.0f} | "
+                   f"{np.mean([int(r['rollouts']) for r in sel]):.0f} |")
+    return "\n".join(out)
+
+
 def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--tasks", default="billiards,push", help="comma list of billiards, push")
     p.add_argument("--starts", default="trivial,sampling", help="comma list of trivial, sampling")
@@ -436,4 +475,6 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--push-window", type=int, default=48)
     p.add_argument("--push-iters", type=int, default=50, help="push: rollouts per window")
     p.add_argument("--out", default="runs/trajopt")
+    p.add_argument("--summarize", nargs="+", metavar="RESULTS_CSV",
+                   help="instead, print one table of these results.csv files")
     return p
