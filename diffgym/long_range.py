@@ -46,6 +46,13 @@ from .gradient_modes import LongRange
 _MAX_PER_AXIS = 16
 
 
+def _cross_rows(c: np.ndarray, A: np.ndarray) -> np.ndarray:
+    """``c_m x A_m[:, n]`` for every m and column n: c (M, 3), A (M, 3, nv) -> (M, 3, nv)."""
+    c0, c1, c2 = c[:, 0, None], c[:, 1, None], c[:, 2, None]
+    a0, a1, a2 = A[:, 0], A[:, 1], A[:, 2]
+    return np.stack([c1 * a2 - c2 * a1, c2 * a0 - c0 * a2, c0 * a1 - c1 * a0], axis=1)
+
+
 def _phi(s: float):
     """The quintic smoothstep and its first two derivatives at s (clamped to [0, 1])."""
     if s <= 0.0:
@@ -313,7 +320,7 @@ class LongRangePotential:
             S = self.support[js][:, None, :]                        # (M, 1, nv)
             L = np.where(S, Jl[None], 0.0)
             A = np.where(S, Ja[None], 0.0)
-            return L - np.cross(cs[:, :, None], A, axis=1), A
+            return L - _cross_rows(cs, A), A
 
         JA, AA = point_jac(ja, ca)
         JB, AB = point_jac(jb, cb)
@@ -354,8 +361,8 @@ class LongRangePotential:
                 g = np.where(plane[:, None], 0.0, g)
             # J_c of this side
             S = self.support[js][:, None, :]
-            Jc = np.where(S, Jw[None, :3], 0.0) - np.cross(cs[:, :, None], A, axis=1)
-            gx = np.cross(g[:, :, None], Jc, axis=1)                  # [g]x J_c
+            Jc = np.where(S, Jw[None, :3], 0.0) - _cross_rows(cs, A)
+            gx = _cross_rows(g, Jc)                                   # [g]x J_c
             H -= A.reshape(3 * M, nv).T @ gx.reshape(3 * M, nv)
             np.add.at(W, js, np.concatenate([g, np.cross(cs, g)], axis=1))
         Vl, Va = Jw[:3], Jw[3:]                                       # columns S_k = (v_k, w_k)
