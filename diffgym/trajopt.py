@@ -351,11 +351,14 @@ def _plot(out, task, start, curves, xlabel):
     colors = {}
     for (method, seed), h in sorted(curves.items()):
         c = colors.setdefault(method, f"C{len(colors)}")
-        ax.plot(np.minimum.accumulate(h) if task == "billiards" else h, color=c, lw=1,
+        y = np.minimum.accumulate(h) / h[0] if task == "billiards" and h[0] > 0 else h
+        ax.plot(y, color=c, lw=1,
                 label=method if seed == min(s for (m, s) in curves if m == method) else None)
-    ax.set_yscale("symlog", linthresh=1e-4)
+    if task != "billiards":
+        ax.set_yscale("symlog", linthresh=1e-4)
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("loss (best so far)" if task == "billiards" else "loss after the frame")
+    ax.set_ylabel("best loss so far / first loss, per run" if task == "billiards"
+                  else "loss after the frame")
     ax.set_title(f"{task}, {start} start")
     ax.legend()
     fig.tight_layout()
