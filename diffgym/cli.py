@@ -116,6 +116,15 @@ def _compile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _trajopt(args: argparse.Namespace) -> int:
+    from .trajopt import main as trajopt_main
+    try:
+        return trajopt_main(args)
+    except ValueError as exc:
+        print(f"diffgym trajopt: {exc}", file=sys.stderr)
+        return 2
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="diffgym", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -165,6 +174,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--restart", action="store_true",
                    help="run every trial from scratch (default: keep finished trials, resume interrupted ones)")
     p.set_defaults(func=_sweep)
+    p = sub.add_parser("trajopt", help="the trajectory-optimization benchmark (Billiards, Push) per "
+                       "gradient mode against CMA-ES")
+    from .trajopt import add_arguments as trajopt_arguments
+    trajopt_arguments(p)
+    p.set_defaults(func=_trajopt)
     args = parser.parse_args(argv)
     if args.command == "sweep" and args.sweep is None:
         if args.ray and args.ray.endswith((".yaml", ".yml")):     # `sweep --ray SWEEP.yaml`

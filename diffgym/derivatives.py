@@ -729,6 +729,20 @@ def _joint_torques(sim, cons, res) -> np.ndarray:
     return out
 
 
+def _with_long_range(sim, ddq_dq: np.ndarray, Minv: np.ndarray) -> np.ndarray:
+    """``ddq_dq`` plus ``M^-1 d(tau_lr)/dq`` in the long_range mode: the potential's force is
+    part of the applied forces (``tau_total``) at which the ABA derivatives were taken at fixed
+    tau; its own dependence on q is added here (like a joint spring's)."""
+    mode = getattr(sim, "gradient", None)
+    if mode is None or mode.name != "long_range":
+        return ddq_dq
+    K = sim.long_range.force_derivative()
+    if not K.any():
+        return ddq_dq
+    Minv = np.triu(Minv) + np.triu(Minv, 1).T          # (only the upper triangle may be filled)
+    return ddq_dq + Minv @ K
+
+
 def step_jacobian(sim, compiled: bool | None = None) -> StepJacobian:
     """Jacobian of the step that ``sim`` just took (uses ``sim.cache``).
 
@@ -747,9 +761,8 @@ def step_jacobian(sim, compiled: bool | None = None) -> StepJacobian:
         # linearized conditions replace the mode system (diffgym.smoothing)
         from .smoothing import relaxed_view
         C, system = relaxed_view(sim, mode.rho)
-    elif mode is not None and mode.name != "exact":
-        raise NotImplementedError(f"gradient mode {mode.name!r} is not implemented yet "
-                                  "(implemented: 'exact', 'smooth')")
+    elif mode is not None and mode.name not in ("exact", "long_range"):
+        raise NotImplementedError(f"gradient mode {mode.name!r} is not implemented")
     out = None
     if sim.__dict__.get("_extra") is not None:
         compiled = False           # the rows of diffgym.equality: the numpy route only
@@ -818,6 +831,7 @@ def _step_jacobian_reference(sim, C=None, system=None) -> StepJacobian:
     ddq_dq, ddq_dv, Minv = pin.computeABADerivatives(model, data, q, v,
                                                      _joint_torques(sim, cons, res), fext)
     Minv = np.where(upper, Minv, Minv.T)               # pinocchio fills the upper triangle
+    ddq_dq = _with_long_range(sim, ddq_dq, Minv)
     Vq = dt * (ddq_dq + Minv @ dpassive_dq) if dpassive_dq is not None else dt * ddq_dq
     Vv = eye + dt * (ddq_dv - Minv * damping[None, :]) if damped else eye + dt * ddq_dv
     if tendon_dv is not None:
@@ -1086,6 +1100,7 @@ def _step_jacobian_compiled(sim, C=None, system=None) -> StepJacobian | None:
         bias_v = st.no_f
     ddq_dq, ddq_dv, Minv = pin.computeABADerivatives(model, data, q, v,
                                                      _joint_torques(sim, cons, res), st.fext_vec)
+    ddq_dq = _with_long_range(sim, ddq_dq, Minv)
     v1dt = v1 * dt
     if st.eye is not None:                 # vector-space joints: integrate is q + dq
         dI_dq = dI_dv = st.eye

@@ -859,6 +859,9 @@ class Simulator:
             tau_total = tau + self.passive_forces(q, v)
         else:
             tau_total = tau - self.sm.damping * v       # (= tau + (-damping * v), exactly)
+        if self.gradient.name == "long_range":
+            # the long-range barrier's generalized force enters the step (diffgym.long_range)
+            tau_total = tau_total + self._long_range_force(Jw)
         a_free = pin.aba(model, data, q, v, tau_total)
         v_free = v + dt * a_free
 
@@ -1014,6 +1017,16 @@ class Simulator:
         d["constraint_modes"] = [("equality" if k == 0 else "sticking" if (k == 1 and x == 0)
                                   else names[x]) for k, x in zip(xrows.kind.tolist(),
                                                                  xrows.xmode.tolist())]
+
+    def _long_range_force(self, Jw: np.ndarray) -> np.ndarray:
+        """The generalized force of the long-range potential at the current kinematics (the
+        potential is built on first use; ``self.long_range`` holds it and its last value)."""
+        lr = self.__dict__.get("long_range")
+        if lr is None or lr.model is not self.model:
+            from .long_range import LongRangePotential
+            lr = self.long_range = LongRangePotential(self, self.gradient)
+        lr.value, force = lr.evaluate(self.data, self.geom_data, Jw)
+        return force
 
     @staticmethod
     def _solve(solver, G, g, cons: Constraints, lam0, modes0, v, later_stages: bool = False):

@@ -50,14 +50,20 @@ class Smooth:
 
 @dataclass(frozen=True)
 class LongRange:
-    """A barrier potential with global support between bodies that may touch.
+    """A barrier potential with global support between bodies that may touch
+    (``diffgym.long_range``); its force enters the forward step.
 
-    ``scale``: the potential's strength (the long-range paper's mu)."""
-    scale: float = 1e-3
+    ``scale``: the potential's strength (J; the long-range paper's mu): the centred term between
+    two bounding spheres at distance r is ``scale (1 + r^-1/2)^2``.
+    ``margin``: the paper's epsilon: a node pair blends from its children's sum to its single
+    centred term as its distance grows from ``d1 = R_I + R_J`` to ``(1 + margin) d1``."""
+    scale: float = 1e-8
+    margin: float = 0.5
     name = "long_range"
 
     def __post_init__(self):
         object.__setattr__(self, "scale", _positive("long_range", "scale", self.scale))
+        object.__setattr__(self, "margin", _positive("long_range", "margin", self.margin))
 
 
 GradientMode = Union[Exact, Smooth, LongRange]

@@ -1,0 +1,248 @@
+"""The long_range gradient mode (diffgym.long_range): its potential, force and force derivative
+against central differences, the step Jacobians along random rollouts against central
+differences, repulsion, smoothness across the hierarchy's blend zones, and a force negligible at
+contact in the shipped billiards and push scenes."""
+import numpy as np
+import pinocchio as pin
+import pytest
+
+import diffgym
+from diffgym import Simulator
+from diffgym.gradient_modes import LongRange, gradient_mode
+from diffgym.long_range import LongRangePotential, Tree, _leaves, centred, potential
+
+# a sphere and a box on free joints, a capsule on a hinge-slide chain, a floor: leaf-leaf,
+# plane-node and multi-level node pairs, free-flyer and chain kinematics
+XML = """<mujoco model="lr"><option timestep="0.01"/>
+<worldbody><geom name="floor" type="plane" size="2 2 0.1"/>
+<body name="a" pos="0 0 0.3"><freejoint/><geom name="a" type="sphere" size="0.05" mass="0.2"/></body>
+<body name="b" pos="0.3 0.05 0.4"><freejoint/><geom name="b" type="box" size="0.1 0.04 0.03" mass="0.3"/></body>
+<body name="c" pos="-0.2 0.1 0.5"><joint type="hinge" axis="0 1 0"/><joint type="slide" axis="1 0 0"/>
+  <geom name="c" type="capsule" fromto="0 0 0 0.2 0 0.1" size="0.03" mass="0.2"/></body>
+</worldbody></mujoco>"""
+
+
+def _sim(scale=1e-1, **kw):
+    return Simulator.from_string(XML, gradient={"mode": "long_range", "scale": scale, **kw})
+
+
+def _fd(sim, q, h=1e-6):
+    nv = sim.nv
+    K = np.zeros((nv, nv))
+    f = np.zeros(nv)
+    for i in range(nv):
+        dq = np.zeros(nv)
+        dq[i] = h
+        Pp, fp = potential(sim, pin.integrate(sim.model, q, dq))
+        Pm, fm = potential(sim, pin.integrate(sim.model, q, -dq))
+        K[:, i] = (fp - fm) / (2 * h)
+        f[i] = -(Pp - Pm) / (2 * h)
+    return f, K
+
+
+def test_mode_parameters():
+    m = gradient_mode({"mode": "long_range", "scale": 1e-7, "margin": 0.25})
+    assert isinstance(m, LongRange) and m.scale == 1e-7 and m.margin == 0.25
+    with pytest.raises(ValueError, match="margin"):
+        gradient_mode({"mode": "long_range", "margin": -1.0})
+    with pytest.raises(ValueError, match="unknown key"):
+        gradient_mode({"mode": "long_range", "radius": 1.0})
+
+
+def test_trees_bound_their_shapes():
+    rng = np.random.default_rng(0)
+    for kind, size in (("box", [0.3, 0.05, 0.02]), ("capsule", [0.02, 0.2]),
+                       ("cylinder", [0.05, 0.1]), ("sphere", [0.1])):
+        c, r = _leaves(kind, np.array(size))
+        t = Tree(c, r)
+        # every surface sample lies in some leaf sphere; every leaf centre inside the shape
+        if kind == "box":
+            p = rng.uniform(-1, 1, (2000, 3)) * size
+        elif kind == "sphere":
+            p = rng.normal(size=(2000, 3))
+            p *= size[0] / np.linalg.norm(p, axis=1, keepdims=True)
+        else:
+            p = np.c_[rng.uniform(-1, 1, (2000, 2)) * size[0] / np.sqrt(2),
+                      rng.uniform(-size[1], size[1], 2000)]
+        d = np.linalg.norm(p[:, None] - c[None], axis=2) - r[None]
+        assert d.min(axis=1).max() <= 1e-12, kind
+        # each node's sphere encloses its children's (layered hierarchy)
+        for n, (a, b) in enumerate(t.kids):
+            for k in (a, b):
+                if k >= 0:
+                    gap = np.linalg.norm(t.centres[k] - t.centres[n]) + t.radii[k] - t.radii[n]
+                    assert gap <= 1e-12
+
+
+def test_force_and_its_derivative_match_central_differences():
+    sim = _sim(scale=1.0)
+    rng = np.random.default_rng(1)
+    checked_blend = 0
+    for trial in range(12):
+        q = pin.integrate(sim.model, sim.q0, rng.uniform(-0.15, 0.15, sim.nv))
+        q[7:9] = q[0:2] + rng.uniform(-0.25, 0.25, 2)           # box near the sphere
+        q[9] = rng.uniform(0.12, 0.3)
+        P, f, K = potential(sim, q, derivative=True)
+        f_fd, K_fd = _fd(sim, q)
+        assert np.abs(f - f_fd).max() <= 1e-6 * np.abs(f).max()
+        assert np.abs(K - K_fd).max() <= 1e-5 * np.abs(K).max()
+        lr = sim._lr_probe
+        checked_blend += int(any(i != j for i, j in lr.last["hess"]))
+    assert checked_blend > 0          # some states had node pairs inside a blend zone
+
+
+def test_step_jacobians_match_central_differences_along_random_rollouts():
+    for seed in (0, 1):
+        sim = _sim(scale=1e-1)
+        rep = diffgym.check_step_jacobians(sim, steps=40, max_states=5, seed=seed)
+        assert rep.ok, str(rep)
+    # the reference and compiled routes agree
+    sim = _sim(scale=1e-1)
+    q, v = sim.q0.copy(), np.zeros(sim.nv)
+    for _ in range(25):
+        q, v = sim.step(q, v, np.zeros(sim.nv))
+    from diffgym.derivatives import step_jacobian
+    a, b = step_jacobian(sim, compiled=True), step_jacobian(sim, compiled=False)
+    for name in ("dq_dq", "dv_dq", "dv_dv", "dv_dtau"):
+        x, y = getattr(a, name), getattr(b, name)
+        assert np.abs(x - y).max() <= 1e-9 * max(np.abs(y).max(), 1.0), name
+
+
+def test_force_is_repulsive_and_decays():
+    sim = _sim(scale=1.0)
+    rng = np.random.default_rng(2)
+    for _ in range(20):
+        q = sim.q0.copy()
+        q[0:3] = [0.0, 0.0, 2.0]                                 # sphere and box, high up
+        ang = rng.uniform(0, 2 * np.pi)
+        quat = pin.Quaternion(pin.exp3(rng.normal(size=3))).coeffs()
+        q[10:14] = quat
+        r0 = rng.uniform(0.16, 0.6)
+        forces = []
+        for r in (r0, 1.5 * r0):
+            q[7:10] = [r * np.cos(ang), r * np.sin(ang), 2.0]
+            P, f = potential(sim, q)
+            forces.append(f)
+            e = np.array([np.cos(ang), np.sin(ang), 0.0])
+            # (an MJCF free joint is a translation joint, world axes, and a spherical one) the
+            # box pushed away from the sphere, the sphere away from the box
+            assert f[6:9] @ e > 0.0
+            assert f[0:3] @ e < 0.0
+        # farther, weaker
+        assert np.linalg.norm(forces[1][6:9]) < np.linalg.norm(forces[0][6:9])
+
+
+def test_potential_is_smooth_across_blend_zones():
+    # two boxes approach along x through the blend zones of several node levels: P, its slope
+    # and curvature along the path (analytic) are continuous. Where each varies fastest
+    # between neighbouring samples, refining that interval 300-fold must shrink the largest
+    # step between neighbours at least 50-fold (a jump would stay).
+    sim = _sim(scale=1.0)
+    q = sim.q0.copy()
+    q[0:3] = [0.0, 0.0, 2.0]
+
+    def path(xs):
+        out = []
+        for x in xs:
+            q[7:10] = [x, 0.0, 2.0]
+            p, f, K = potential(sim, q, derivative=True)
+            out.append((p, -f[6], -K[6, 6]))
+        return np.array(out)
+
+    xs = np.linspace(0.16, 0.8, 200)
+    coarse = path(xs)
+    assert np.all(coarse[:, 1] < 0)                             # repulsive along the path
+    for k in range(3):
+        i = int(np.argmax(np.abs(np.diff(coarse[:, k]))))
+        step = abs(coarse[i + 1, k] - coarse[i, k])
+        fine = path(np.linspace(xs[i], xs[i + 1], 301))
+        assert np.abs(np.diff(fine[:, k])).max() <= 2e-2 * step, k
+
+
+def test_centred_term():
+    r = np.linspace(0.01, 5, 200)
+    p, dp, ddp = centred(r, 2.0)
+    assert np.all(p > 0) and np.all(dp < 0) and np.all(ddp > 0)
+    h = 1e-7
+    assert np.allclose(dp, (centred(r + h, 2.0)[0] - centred(r - h, 2.0)[0]) / (2 * h), rtol=1e-6)
+
+
+@pytest.mark.parametrize("env_id", ["DiffBilliards-v0", "DiffPush-v0"])
+def test_force_negligible_at_contact_in_the_shipped_scenes(env_id):
+    import gymnasium as gym
+    env = gym.make(env_id, sim_options={"gradient": "long_range"}).unwrapped
+    env.reset(seed=0)
+    sim = env.sim
+    q = env.get_state()[:env.nq]
+    P, f = potential(sim, q)
+    weight = np.abs(pin.computeGeneralizedGravity(sim.model, sim.model.createData(), q))
+    # at the default scale the barrier's generalized force on bodies at rest in contact (balls
+    # in the rack, on the table; the box on its 5 mm feet) is below 1e-3 of gravity's
+    # (measured: 8.6e-6 billiards, 2.6e-4 push)
+    assert np.abs(f).max() < 1e-3 * weight.max()
+    assert np.abs(f).max() > 0.0
+    # the forward step differs from the exact one by the potential's force only
+    exact = gym.make(env_id).unwrapped
+    exact.reset(seed=0)
+    a = np.zeros(env.action_space.shape)
+    for _ in range(10):
+        env.step(a)
+        exact.step(a)
+    d = np.abs(env.get_state() - exact.get_state())[:env.nq]
+    assert d.max() < 1e-4
+
+
+def test_exact_mode_untouched():
+    sim = Simulator.from_string(XML)
+    q, v = sim.q0.copy(), np.zeros(sim.nv)
+    sim.step(q, v, np.zeros(sim.nv))
+    assert "long_range" not in sim.__dict__
+    lr = LongRangePotential(_sim(), LongRange())
+    assert len(lr.pairs) == 6          # every candidate pair with a moving geom
+
+
+def test_pickled_simulator_keeps_the_mode_and_steps_alike():
+    import pickle
+    sim = _sim(scale=0.1)
+    q, v = sim.q0.copy(), np.zeros(sim.nv)
+    for _ in range(5):
+        q, v = sim.step(q, v, np.zeros(sim.nv))
+    copy = pickle.loads(pickle.dumps(sim))
+    assert copy.gradient == sim.gradient
+    a = sim.step(q, v, np.zeros(sim.nv))
+    b = copy.step(q, v, np.zeros(sim.nv))
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+
+
+def test_trajopt_trivial_start_gradient_vanishes_only_in_exact_mode():
+    from diffgym.trajopt import Billiards
+    grads = {}
+    for mode in ("exact", "long_range"):
+        task = Billiards(mode, seed=0, steps=4)
+        loss, g, ok = task.rollout(task.trivial, True)
+        grads[mode] = g
+        assert loss > 0 and not ok
+    assert not np.any(grads["exact"])             # the cue ball at rest touches no target ball
+    assert np.all(np.isfinite(grads["long_range"])) and np.abs(grads["long_range"]).max() > 1e-12
+    # the long-range gradient is the rollout's: central differences of the loss agree
+    task = Billiards("long_range", seed=0, steps=4)
+    p = task.trivial
+    for i in (0, 2):
+        dp = np.zeros(4)
+        dp[i] = 1e-4
+        fd = (task.rollout(p + dp, False)[0] - task.rollout(p - dp, False)[0]) / 2e-4
+        assert abs(fd - grads["long_range"][i]) <= 1e-3 * abs(grads["long_range"][i]) + 1e-14
+
+
+def test_trajopt_command_writes_its_tables(tmp_path):
+    from diffgym.cli import main
+    out = tmp_path / "tj"
+    rc = main(["trajopt", "--tasks", "billiards,push", "--starts", "trivial", "--modes",
+               "exact,long_range,cmaes", "--seeds", "1", "--iters", "3", "--billiards-steps", "2",
+               "--push-frames", "1", "--push-window", "2", "--push-iters", "2", "--out", str(out)])
+    assert rc == 0
+    import csv
+    rows = list(csv.DictReader(open(out / "results.csv")))
+    assert {(r["task"], r["method"]) for r in rows} == {
+        (t, m) for t in ("billiards", "push") for m in ("exact", "long_range", "cmaes")}
+    assert (out / "billiards_trivial.png").exists() and (out / "push_trivial.png").exists()
