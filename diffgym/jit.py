@@ -72,35 +72,119 @@ if ENABLED and CACHE_MODE == "memory":
           file=sys.stderr)
 
 
+def _code_names(code) -> set:
+    """Every global or attribute name a function's bytecode (nested code objects included)
+    mentions."""
+    names = set(code.co_names)
+    for c in code.co_consts:
+        if hasattr(c, "co_names"):
+            names |= _code_names(c)
+    return names
+
+
+_FROZEN = (bool, int, float, complex, str, bytes, type(None))
+
+
+def _fingerprint(x):
+    """A value numba freezes into machine code when a kernel reads it as a global, as
+    something comparable and picklable; None for what numba does not freeze that way."""
+    import numpy as np
+    if isinstance(x, _FROZEN) or isinstance(x, np.generic):
+        return (type(x).__name__, repr(x))
+    if isinstance(x, np.ndarray):
+        import hashlib
+        return ("ndarray", str(x.dtype), x.shape, hashlib.sha256(
+            np.ascontiguousarray(x).tobytes()).hexdigest())
+    if isinstance(x, tuple):
+        parts = tuple(_fingerprint(y) for y in x)
+        return ("tuple", parts) if all(p is not None for p in parts) else None
+    return None
+
+
+def kernel_dependencies(py_func) -> tuple[list[str], list]:
+    """(source files, frozen globals) a kernel's machine code depends on: its own file, the
+    files of every kernel it calls (transitively; by a global name, a module attribute or a
+    closure variable), and the values of the constant globals each of them reads (numba
+    copies those into the code when it compiles it)."""
+    files, consts = [], []
+    seen, todo = set(), [py_func]
+    while todo:
+        f = todo.pop()
+        if id(f) in seen:
+            continue
+        seen.add(id(f))
+        path = os.path.abspath(f.__code__.co_filename)
+        if path not in files:
+            files.append(path)
+        names = _code_names(f.__code__)
+        values = []
+        for name in sorted(names):
+            if name in f.__globals__:
+                values.append((name, f.__globals__[name]))
+        for cell, name in zip(f.__closure__ or (), f.__code__.co_freevars):
+            try:
+                values.append((name, cell.cell_contents))
+            except ValueError:                 # (an empty cell)
+                pass
+        expanded = []
+        for name, x in values:
+            expanded.append((name, x))
+            if isinstance(x, type(os)):          # a module: the attributes the code names
+                for attr in sorted(names):
+                    if attr in getattr(x, "__dict__", {}):
+                        expanded.append((f"{name}.{attr}", x.__dict__[attr]))
+        for name, x in expanded:
+            if isinstance(x, numba.core.dispatcher.Dispatcher):
+                todo.append(x.py_func)
+            elif isinstance(x, tuple) and any(isinstance(y, numba.core.dispatcher.Dispatcher)
+                                               for y in x):
+                todo.extend(y.py_func for y in x
+                            if isinstance(y, numba.core.dispatcher.Dispatcher))
+            else:
+                fp = _fingerprint(x)
+                if fp is not None:
+                    consts.append((f.__module__, f.__qualname__, name, fp))
+    return files, consts
+
+
 if ENABLED and CACHE_MODE != "memory":
     from numba.core import caching as _caching
 
-    # numba keys a cached kernel on its own file only; a kernel that calls kernels of another
-    # file (the fused step calls the solver's) would load stale machine code after that file
-    # changed. The stamp here covers every diffgym file that defines kernels.
-    _KERNEL_FILES = sorted(
-        os.path.join(_PKG_DIR, f) for f in os.listdir(_PKG_DIR)
-        if f.endswith(".py") and f != "jit.py" and "njit" in open(os.path.join(_PKG_DIR, f), encoding="utf-8").read())
+    # numba keys a cached kernel on its own source file only; a kernel that calls kernels of
+    # another file (the fused step calls the solver's) would load stale machine code after
+    # that file changed, and so would one reading a constant imported from another module.
+    # The stamp here covers the source of every kernel the kernel calls (transitively) and the
+    # values of the globals they read; it is computed on the kernel's first use (when every
+    # module it calls into has been imported).
 
-    def _kernels_stamp():
+    def _dependency_stamp(py_func):
+        files, consts = kernel_dependencies(py_func)
         out = []
-        for path in _KERNEL_FILES:
+        for path in files:
             st = os.stat(path)
-            out.append(_caching._hash_source_file(path, st.st_mtime, st.st_size))
-        return tuple(out)
+            out.append((os.path.basename(path), _caching._hash_source_file(path, st.st_mtime,
+                                                                           st.st_size)))
+        return ("diffgym-deps-1", tuple(out), tuple(consts))
 
-    class _AllKernelsStamp:
-        def get_source_stamp(self):
-            return (super().get_source_stamp(), _kernels_stamp())
+    class _LazyStampIndex(_caching.IndexDataCacheFile):
+        """numba's index file, with the source stamp computed when first needed."""
 
-    class _UserProvidedLocator(_AllKernelsStamp, _caching.UserProvidedCacheLocator):
-        pass
+        def __init__(self, cache_path, filename_base, stamp_fn):
+            super().__init__(cache_path, filename_base, None)
+            self._stamp_fn = stamp_fn
+            self._stamp = None
 
-    class _InTreeLocator(_AllKernelsStamp, _caching.InTreeCacheLocator):
-        pass
+        @property
+        def _source_stamp(self):
+            if self._stamp is None:
+                self._stamp = self._stamp_fn()
+            return self._stamp
 
-    class _UserCacheLocator(_AllKernelsStamp, _caching._SourceFileBackedLocatorMixin,
-                            _caching._CacheLocator):
+        @_source_stamp.setter
+        def _source_stamp(self, value):        # (numba's __init__ sets it: computed lazily)
+            pass
+
+    class _UserCacheLocator(_caching._SourceFileBackedLocatorMixin, _caching._CacheLocator):
         """Caches a kernel under :func:`user_cache_dir` (after numba's own two locators)."""
 
         def __init__(self, py_func, py_file):
@@ -112,10 +196,28 @@ if ENABLED and CACHE_MODE != "memory":
             return self._cache_path
 
     class _CacheImpl(_caching.CompileResultCacheImpl):
-        _locator_classes = [_UserProvidedLocator, _InTreeLocator, _UserCacheLocator]
+        _locator_classes = [_caching.UserProvidedCacheLocator, _caching.InTreeCacheLocator,
+                            _UserCacheLocator]
 
     class _FunctionCache(_caching.FunctionCache):
         _impl_class = _CacheImpl
+
+        def __init__(self, py_func):
+            super().__init__(py_func)
+            self._cache_file = _LazyStampIndex(self._cache_path, self._impl.filename_base,
+                                               lambda: _dependency_stamp(py_func))
+
+
+# what each kernel module computes (the progress lines name the group being compiled)
+_GROUPS = {"collision_kernels": "collision", "constraint": "constraint assembly",
+           "forward": "contact step", "solver_kernels": "contact solver",
+           "derivative_kernels": "step derivatives"}
+
+
+def _group(event) -> str:
+    f = event.data["dispatcher"].py_func
+    mod = f.__module__.rsplit(".", 1)[-1]
+    return f"{_GROUPS.get(mod, mod)} ({f.__name__})"
 
 
 class _CompileAnnouncer(_event.Listener):
@@ -124,10 +226,13 @@ class _CompileAnnouncer(_event.Listener):
     numba fires ``numba:compile`` only for real compilations (a kernel loaded from the disk
     cache fires nothing). A burst of compilations (the kernels one step needs) is announced by
     one line when it starts and one line, with its duration, once no compilation has followed
-    for a moment; on a terminal the first line is kept up to date with the kernel being built.
+    for a moment; in between, each kernel group (a kernel called from Python, with the kernels
+    it calls) that took a second or more gets a line with its time and the time so far, and on
+    a terminal a status line names the group being built.
     """
 
     QUIET_GAP = 1.0   # s without a compilation that ends a burst
+    REPORT_GROUP = 1.0   # a kernel group (a kernel called from Python) taking this long: a line
 
     def __init__(self):
         self.depth = 0
@@ -156,11 +261,12 @@ class _CompileAnnouncer(_event.Listener):
                 print(f"diffgym: compiling the simulation kernels (first use only; {where}; "
                       "a minute or more)...", file=sys.stderr, flush=True)
             self.depth += 1
-            if self.tty and self.depth == 1:
-                name = event.data["dispatcher"].py_func.__name__
-                print(f"\r\x1b[K  [{self.count + 1}] {name} "
-                      f"({time.perf_counter() - self.burst_start:.0f} s)", end="", file=sys.stderr,
-                      flush=True)
+            if self.depth == 1:
+                self.group_start = time.perf_counter()
+                if self.tty:
+                    print(f"\r\x1b[K  [{self.count + 1}] {_group(event)} "
+                          f"({time.perf_counter() - self.burst_start:.0f} s)", end="",
+                          file=sys.stderr, flush=True)
 
     def on_end(self, event):
         if not self._ours(event):
@@ -170,8 +276,13 @@ class _CompileAnnouncer(_event.Listener):
             if self.depth == 0:
                 self.count += 1
                 self.last_end = time.perf_counter()
+                took = self.last_end - self.group_start
                 if self.tty:                       # (the program's own output starts clean)
                     print("\r\x1b[K", end="", file=sys.stderr, flush=True)
+                if took >= self.REPORT_GROUP:
+                    print(f"diffgym:   {_group(event)}: {took:.0f} s "
+                          f"({self.last_end - self.burst_start:.0f} s so far)", file=sys.stderr,
+                          flush=True)
                 self.timer = threading.Timer(self.QUIET_GAP, self._finish)
                 self.timer.daemon = True
                 self.timer.start()
@@ -193,6 +304,22 @@ if ENABLED and os.environ.get("DIFFGYM_QUIET_COMPILE", "0") in ("", "0"):
     atexit.register(_ANNOUNCER._finish)
 
 
+if ENABLED:
+    from numba.core import types as _types
+    from numba.core.registry import CPUDispatcher as _CPUDispatcher
+
+    class Kernel(_CPUDispatcher):
+        """numba's CPU dispatcher, except that a kernel called from another kernel is compiled
+        for the plain types of its arguments, never for literal values: numba would otherwise
+        compile ``f(x, 0)`` (a ``Literal[int](0)``) and ``f(x, i)`` (an ``int64``) as two
+        machine-code copies of ``f``, each costing the whole compilation again."""
+
+        def get_call_template(self, args, kws):
+            args = tuple(_types.unliteral(a) for a in args)
+            kws = {k: _types.unliteral(a) for k, a in kws.items()}
+            return super().get_call_template(args, kws)
+
+
 def njit(fn=None, **kw):
     """``numba.njit(nogil=True)`` with diffgym's disk cache (or the function itself with
     DIFFGYM_JIT=0)."""
@@ -200,6 +327,7 @@ def njit(fn=None, **kw):
         if not ENABLED:
             return f
         disp = numba.njit(nogil=True, **kw)(f)
+        disp.__class__ = Kernel
         if CACHE_MODE != "memory":
             disp._cache = _FunctionCache(disp.py_func)
         return disp

@@ -1,0 +1,109 @@
+"""The kernel cache (diffgym/jit.py): stale machine code is never loaded, an unrelated file's
+change does not throw a kernel's cache away, and a kernel called with a literal and with a
+variable is compiled once."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from diffgym import jit
+
+pytestmark = pytest.mark.skipif(not jit.ENABLED, reason="DIFFGYM_JIT=0: no compiled kernels")
+
+CALLER = """
+from diffgym.jit import njit
+from toypkg.callee import helper, SCALE
+
+@njit
+def entry(x):
+    return helper(x, 0) + helper(x, 1) * SCALE
+"""
+CALLEE = """
+from diffgym.jit import njit
+SCALE = {scale}
+
+@njit
+def helper(x, k):
+    return x * {factor} + k
+"""
+OTHER = """
+from diffgym.jit import njit
+
+@njit
+def lonely(x):
+    return x + {n}
+"""
+RUN = """
+import sys
+from numba.core import event
+compiled = []
+class L(event.Listener):
+    def on_start(self, ev):
+        compiled.append(ev.data["dispatcher"].py_func.__name__)
+    def on_end(self, ev):
+        pass
+event.register("numba:compile", L())
+from toypkg.caller import entry
+from toypkg.callee import helper
+from toypkg.other import lonely
+print(entry(2.0), lonely(1.0), len(helper.signatures), "c:" + ",".join(sorted(compiled)))
+"""
+
+
+def _write(root, factor, scale, n):
+    pkg = root / "toypkg"
+    pkg.mkdir(exist_ok=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "caller.py").write_text(CALLER)
+    (pkg / "callee.py").write_text(CALLEE.format(factor=factor, scale=scale))
+    (pkg / "other.py").write_text(OTHER.format(n=n))
+
+
+def _run(root, cache):
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(cache), PYTHONPATH=str(root),
+               DIFFGYM_QUIET_COMPILE="1")
+    out = subprocess.run([sys.executable, "-c", RUN], env=env, cwd=root, capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr
+    v, w, nsig, compiled = out.stdout.split()
+    return float(v), float(w), int(nsig), set(compiled[2:].split(",")) - {""}
+
+
+def test_cache_follows_the_kernels_a_kernel_calls(tmp_path):
+    root, cache = tmp_path / "src", tmp_path / "cache"
+    root.mkdir()
+    _write(root, factor=3.0, scale=10.0, n=1.0)
+    v, w, nsig, compiled = _run(root, cache)
+    assert (v, w) == (2 * 3 + 0 + (2 * 3 + 1) * 10, 2.0)
+    assert nsig == 1, "helper(x, 0) and helper(x, 1) compiled as two specializations"
+    assert {"entry", "helper", "lonely"} <= compiled
+    assert _run(root, cache)[3] == set()                  # warm: everything loaded
+    # the called kernel's file changes: the caller must not load its old machine code
+    _write(root, factor=5.0, scale=10.0, n=1.0)
+    v, w, _, compiled = _run(root, cache)
+    assert v == 2 * 5 + 0 + (2 * 5 + 1) * 10
+    assert "entry" in compiled and "lonely" not in compiled   # (other.py is unrelated)
+    # a constant the caller imports from the other file changes (numba freezes it into the code)
+    _write(root, factor=5.0, scale=100.0, n=1.0)
+    v, _, _, compiled = _run(root, cache)
+    assert v == 2 * 5 + 0 + (2 * 5 + 1) * 100
+    # an unrelated file changes: the caller and its callee stay cached
+    _write(root, factor=5.0, scale=100.0, n=7.0)
+    v, w, _, compiled = _run(root, cache)
+    assert (v, w) == (2 * 5 + 0 + (2 * 5 + 1) * 100, 8.0)
+    assert compiled == {"lonely"}
+
+
+def test_dependencies_of_the_fused_step():
+    from diffgym import collision_kernels, forward
+    files = {os.path.basename(p) for p in jit.kernel_dependencies(
+        forward._constrained_velocity.py_func)[0]}
+    assert {"forward.py", "constraint.py", "solver_kernels.py"} <= files
+    assert "collision_kernels.py" not in files
+    files = {os.path.basename(p) for p in jit.kernel_dependencies(
+        collision_kernels.detect_closed_form.py_func)[0]}
+    assert files == {"collision_kernels.py"}
