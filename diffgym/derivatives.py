@@ -51,7 +51,7 @@ import numpy as np
 import pinocchio as pin
 
 from . import derivative_kernels as K
-from .collision_derivatives import POLYTOPE_KINDS, capsule_pair, polytope_pair
+from .collision_derivatives import POLYTOPE_KINDS, capsule_pair, polytope_pair, polytope_pairs  # noqa: F401
 from .collision_driver import tighten_requests
 from .constraint import baumgarte_gain
 from .plane_contacts import ellipsoid_directions
@@ -505,7 +505,13 @@ def geometry_derivatives(sim, kin: _Kin, cons) -> tuple[np.ndarray, np.ndarray, 
             dp[k] = 0.5 * (dc1 + dc2) + 0.5 * (r1 - r2) * dn[k]
         else:
             plane.append(k)
-    for route, groups in ((polytope_pair, polytope), (capsule_pair, capsules)):
+    if polytope:
+        # every polytope pair of the step in one compiled call (collision_derivatives)
+        try:
+            fallback += polytope_pairs(sim, kin, c, list(polytope.values()), dp, dn, dd)
+        except (np.linalg.LinAlgError, FloatingPointError, ValueError, ZeroDivisionError):
+            fallback += [k for _, _, rows in polytope.values() for k in rows]   # (degenerate)
+    for route, groups in ((capsule_pair, capsules),):
         for j1, j2, rows in groups.values():
             try:
                 with np.errstate(divide="raise", invalid="raise", over="raise"):
