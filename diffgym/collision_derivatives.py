@@ -88,33 +88,21 @@ def snap_box_box(RA, tA, hA, RB, tB, hB, n, d, tol=1e-7):
     return M[i], float(f[i]), 0.5 * float(topA[i] + botB[i])
 
 
-def patch_feature(P: np.ndarray, L: float):
-    """The support feature spanned by the points P (k, 3) of a support set: (origin, basis
-    (r, 3)) of a vertex (r = 0), an edge line (r = 1) or a face plane (r = 2)."""
-    r, U = _affine(P, 1e-7 * L)
-    return P[0], U[:2]
-
-
-def feature_solver(origin: np.ndarray, U: np.ndarray, n: np.ndarray):
-    """For a support feature (origin, basis U): the rows (r + 1, 3) of the least-squares
-    inverse of [U^T, -n], whose last row gives the offset s along n from a patch point p to the
-    feature point y = p + s n (exact for a face, a crossing edge, or a vertex above p), and
-    whose rows solve the same system for derivatives."""
-    M = np.column_stack([*U, -n]) if len(U) else -n[:, None]
-    return np.linalg.inv(M.T @ M) @ M.T
-
-
 def patch_distances(XA: np.ndarray, YB: np.ndarray, n: np.ndarray, P: np.ndarray, L: float):
     """Per-point distances and contact points of a patch: for each patch point p (rows of P,
     on the plane midway between the support planes), the offsets sA, sB along n to the
-    support features of A (points XA) and B (points YB); the distance is sB - sA and the
-    contact point their midpoint p + n (sA + sB) / 2. A face on a face tilted by less than the
-    patch tolerance gets the penetration of each corner, not the deepest one for all, so the
-    distances of a box lying flat are smooth in its pose."""
-    (oa, Ua), (ob, Ub) = patch_feature(XA, L), patch_feature(YB, L)
-    sa = (P - oa) @ feature_solver(oa, Ua, n)[-1]
-    sb = (P - ob) @ feature_solver(ob, Ub, n)[-1]
-    return sb - sa, P + np.outer(0.5 * (sa + sb), n)
+    support features of A (points XA) and B (points YB): a vertex, an edge line or a face
+    plane, spanned by the points; y = p + s n on the feature, s by least squares. The distance
+    is sB - sA and the contact point their midpoint p + n (sA + sB) / 2. A face on a face
+    tilted by less than the patch tolerance gets the penetration of each corner, not the
+    deepest one for all, so the distances of a box lying flat are smooth in its pose."""
+    ok, dist, pts = _k_patch_distances(np.ascontiguousarray(XA, dtype=float),
+                                       np.ascontiguousarray(YB, dtype=float),
+                                       np.ascontiguousarray(n, dtype=float),
+                                       np.ascontiguousarray(P, dtype=float).reshape(-1, 3), float(L))
+    if not ok:
+        raise np.linalg.LinAlgError("patch_distances: singular support feature")
+    return dist, pts
 
 
 def box_corners(R: np.ndarray, t: np.ndarray, h: np.ndarray) -> np.ndarray:
@@ -174,21 +162,14 @@ def snap_pair(XA, radA, FA, EA, XB, radB, FB, EB, n, d, tol=1e-7):
     Near contact coal's GJK/EPA normal is the direction of a witness difference of length |d|,
     so its error grows like 1e-16 / |d| (1e-4 rad at 1e-12 m, where resting contacts settle);
     the separating axis is a face normal or an edge cross product, exact to rounding."""
-    cr = np.cross(EA[:, None, :], EB[None, :, :]).reshape(-1, 3)
-    nc = np.sqrt(np.einsum("ij,ij->i", cr, cr))
-    keep = nc > 1e-6
-    M = np.concatenate([FA, FB, cr[keep] / nc[keep, None]])
-    M = M * np.where(M @ n >= 0.0, 1.0, -1.0)[:, None]        # oriented along coal's normal
-    topA = (M @ XA.T).max(axis=1) + radA
-    botB = (M @ XB.T).min(axis=1) - radB
-    f = botB - topA
-    i = int(np.argmax(f))
-    # coal's distance can be off by ~1e-6 of the size near contact (its normal by as much):
-    # accept the axis where they agree to that
-    size = float(max(np.ptp(XA, axis=0).max(), np.ptp(XB, axis=0).max())) + radA + radB
-    if abs(f[i] - d) > max(tol * (1.0 + abs(d)), 1e-5 * size) or float(M[i] @ n) < 1.0 - 1e-6:
-        return None
-    return M[i], float(f[i]), 0.5 * float(topA[i] + botB[i])
+    ok, m, f, c = _k_snap_pair(np.ascontiguousarray(XA, dtype=float), float(radA),
+                               np.ascontiguousarray(FA, dtype=float).reshape(-1, 3),
+                               np.ascontiguousarray(EA, dtype=float).reshape(-1, 3),
+                               np.ascontiguousarray(XB, dtype=float), float(radB),
+                               np.ascontiguousarray(FB, dtype=float).reshape(-1, 3),
+                               np.ascontiguousarray(EB, dtype=float).reshape(-1, 3),
+                               np.ascontiguousarray(n, dtype=float), float(d), float(tol))
+    return (m, f, c) if ok else None
 
 
 def _patch_tol(sim, pair: int) -> float:
@@ -196,17 +177,6 @@ def _patch_tol(sim, pair: int) -> float:
         return float(sim.geom_data.contactPatchRequests[pair].getPatchTolerance())
     except Exception:       # noqa: BLE001 - an older binding: coal's default
         return PATCH_TOL
-
-
-def _affine(P: np.ndarray, tol: float):
-    """Affine rank (0, 1, 2 or 3) of the points P (k, 3) and an orthonormal basis (r, 3) of
-    their directions."""
-    if len(P) < 2:
-        return 0, np.zeros((0, 3))
-    D = P[1:] - P[0]
-    _, s, Vt = np.linalg.svd(D, full_matrices=False)
-    r = int(np.sum(s > tol))
-    return r, Vt[:r]
 
 
 class _Body:
@@ -818,6 +788,69 @@ def polytope_pairs_kernel(verts, vrange, place, normal, scal, joints, Jall, oall
                     finite = False
         if not finite:
             status[r0:r1] = 6
+
+
+@njit
+def _k_patch_distances(XA, YB, n, P, L):
+    """patch_distances: (ok, distances (m,), points (m, 3)); ok False where a support
+    feature's least-squares system is singular."""
+    oa, ra, oka = _k_feature_row(XA, n, L)
+    ob, rb, okb = _k_feature_row(YB, n, L)
+    m = P.shape[0]
+    dist = np.empty(m)
+    pts = np.empty((m, 3))
+    for i in range(m):
+        sa = ra @ (P[i] - oa)
+        sb = rb @ (P[i] - ob)
+        dist[i] = sb - sa
+        pts[i] = P[i] + 0.5 * (sa + sb) * n
+    return oka and okb, dist, pts
+
+
+@njit
+def _k_snap_pair(XA, radA, FA, EA, XB, radB, FB, EB, n, d, tol):
+    """snap_pair: (ok, axis, distance, mid-plane height)."""
+    na, nb = FA.shape[0], FB.shape[0]
+    M = np.empty((na + nb + EA.shape[0] * EB.shape[0], 3))
+    m = 0
+    for i in range(na):
+        M[m] = FA[i]
+        m += 1
+    for i in range(nb):
+        M[m] = FB[i]
+        m += 1
+    for i in range(EA.shape[0]):
+        for j in range(EB.shape[0]):
+            cr = _k_cross(EA[i], EB[j])
+            nc = np.sqrt(cr @ cr)
+            if nc > 1e-6:
+                M[m] = cr / nc
+                m += 1
+    best, fbest, cbest = -1, -np.inf, 0.0
+    for i in range(m):
+        if M[i] @ n < 0.0:                           # oriented along coal's normal
+            M[i] = -M[i]
+        top = -np.inf
+        for a in range(XA.shape[0]):
+            top = max(top, M[i] @ XA[a])
+        bot = np.inf
+        for b in range(XB.shape[0]):
+            bot = min(bot, M[i] @ XB[b])
+        top += radA
+        bot -= radB
+        if best < 0 or bot - top > fbest:
+            best, fbest, cbest = i, bot - top, 0.5 * (top + bot)
+    # coal's distance can be off by ~1e-6 of the size near contact (its normal by as much):
+    # accept the axis where they agree to that
+    size = 0.0
+    for V in (XA, XB):
+        for ax in range(3):
+            size = max(size, V[:, ax].max() - V[:, ax].min())
+    size += radA + radB
+    axis = M[max(best, 0)].copy()
+    ok = best >= 0 and not (abs(fbest - d) > max(tol * (1.0 + abs(d)), 1e-5 * size)
+                            or axis @ n < 1.0 - 1e-6)
+    return ok, axis, fbest, cbest
 
 
 def polytope_pairs(sim, kin, c, groups, dp, dn, dd) -> list:
