@@ -39,7 +39,14 @@ identified at the current pose:
   parameters by their orthogonality conditions, clamped ones at the body-fixed ends.
 
 Everything is a 3 x nv (or nv) array of derivatives with respect to the tangent of q, chained
-with the body Jacobians (``derivatives._Kin``). Where a configuration is degenerate in a way
+with the body Jacobians (``derivatives._Kin``).
+
+The polytope analysis is compiled (numba, ``jit.njit``; the ``_k_*`` kernels, plain Python with
+``DIFFGYM_JIT=0``): ``polytope_pairs`` gathers every polytope pair of a step (local vertices,
+placements, coal's normal and distance, the joint Jacobians) into arrays and makes one call of
+``polytope_pairs_kernel``, which writes dp, dn, dd of the rows in place and a status per row
+(``_REASONS``). The narrow phase's separating-axis snap (``snap_pair``) and per-point patch
+distances (``patch_distances``) share its feature solve. Where a configuration is degenerate in a way
 these features do not cover (parallel edges or axes, a rank the tolerances cannot decide, a
 point that matches no candidate) the functions return the rows they could not do and the caller
 uses the finite-difference fallback for them, which it counts and reports.

@@ -27,10 +27,12 @@ a static plane against every shape (``_plane_contacts``: sphere and capsule roll
 centre or segment point, box and mesh witness points are body-fixed vertices, a tilted
 cylinder's witness is the lowest point of its cap rim, an ellipsoid's its support point), for
 sphere-sphere, for sphere-box (``_sphere_box``: face, edge, corner and centre-inside regions;
-either body static or moving), for every pair of boxes and convex meshes and for capsule-capsule
-(``collision_derivatives``: feature by feature, patches included). Every other pair (capsule
-with a box or mesh, cylinders and ellipsoids off the plane, anything on a moving plane, ...)
-falls back to a central difference of the collision output alone (``_collision_fd``, step
+either body static or moving), for sphere-capsule (``_sphere_capsule``: the centre against the
+axis segment), for every pair of boxes and convex meshes, a capsule with either, and
+capsule-capsule (``collision_derivatives``: feature by feature, patches included; the polytope
+pairs of a step in one compiled call, ``polytope_pairs``). Every other pair (cylinders and
+ellipsoids off the plane, a sphere with a cylinder, an ellipsoid or a mesh, anything on a moving
+plane, ...) falls back to a central difference of the collision output alone (``_collision_fd``, step
 ``collision_fd_eps``), never of the dynamics, counted in ``fallback_counts`` with a warning
 once per pair of kinds; ``closed_form_pair`` says which. ``tests/test_gradients.py`` and
 ``tests/test_collision_derivatives.py`` check both routes against central differences of the
