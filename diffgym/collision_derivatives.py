@@ -39,7 +39,14 @@ identified at the current pose:
   parameters by their orthogonality conditions, clamped ones at the body-fixed ends.
 
 Everything is a 3 x nv (or nv) array of derivatives with respect to the tangent of q, chained
-with the body Jacobians (``derivatives._Kin``). Where a configuration is degenerate in a way
+with the body Jacobians (``derivatives._Kin``).
+
+The polytope analysis is compiled (numba, ``jit.njit``; the ``_k_*`` kernels, plain Python with
+``DIFFGYM_JIT=0``): ``polytope_pairs`` gathers every polytope pair of a step (local vertices,
+placements, coal's normal and distance, the joint Jacobians) into arrays and makes one call of
+``polytope_pairs_kernel``, which writes dp, dn, dd of the rows in place and a status per row
+(``_REASONS``). The narrow phase's separating-axis snap (``snap_pair``) and per-point patch
+distances (``patch_distances``) share its feature solve. Where a configuration is degenerate in a way
 these features do not cover (parallel edges or axes, a rank the tolerances cannot decide, a
 point that matches no candidate) the functions return the rows they could not do and the caller
 uses the finite-difference fallback for them, which it counts and reports.
@@ -48,6 +55,8 @@ from __future__ import annotations
 
 import coal
 import numpy as np
+
+from .jit import njit
 
 # exact support sets: vertices within this fraction of the pair's size of the support plane
 SUPPORT_TOL = 1e-8
@@ -86,33 +95,21 @@ def snap_box_box(RA, tA, hA, RB, tB, hB, n, d, tol=1e-7):
     return M[i], float(f[i]), 0.5 * float(topA[i] + botB[i])
 
 
-def patch_feature(P: np.ndarray, L: float):
-    """The support feature spanned by the points P (k, 3) of a support set: (origin, basis
-    (r, 3)) of a vertex (r = 0), an edge line (r = 1) or a face plane (r = 2)."""
-    r, U = _affine(P, 1e-7 * L)
-    return P[0], U[:2]
-
-
-def feature_solver(origin: np.ndarray, U: np.ndarray, n: np.ndarray):
-    """For a support feature (origin, basis U): the rows (r + 1, 3) of the least-squares
-    inverse of [U^T, -n], whose last row gives the offset s along n from a patch point p to the
-    feature point y = p + s n (exact for a face, a crossing edge, or a vertex above p), and
-    whose rows solve the same system for derivatives."""
-    M = np.column_stack([*U, -n]) if len(U) else -n[:, None]
-    return np.linalg.inv(M.T @ M) @ M.T
-
-
 def patch_distances(XA: np.ndarray, YB: np.ndarray, n: np.ndarray, P: np.ndarray, L: float):
     """Per-point distances and contact points of a patch: for each patch point p (rows of P,
     on the plane midway between the support planes), the offsets sA, sB along n to the
-    support features of A (points XA) and B (points YB); the distance is sB - sA and the
-    contact point their midpoint p + n (sA + sB) / 2. A face on a face tilted by less than the
-    patch tolerance gets the penetration of each corner, not the deepest one for all, so the
-    distances of a box lying flat are smooth in its pose."""
-    (oa, Ua), (ob, Ub) = patch_feature(XA, L), patch_feature(YB, L)
-    sa = (P - oa) @ feature_solver(oa, Ua, n)[-1]
-    sb = (P - ob) @ feature_solver(ob, Ub, n)[-1]
-    return sb - sa, P + np.outer(0.5 * (sa + sb), n)
+    support features of A (points XA) and B (points YB): a vertex, an edge line or a face
+    plane, spanned by the points; y = p + s n on the feature, s by least squares. The distance
+    is sB - sA and the contact point their midpoint p + n (sA + sB) / 2. A face on a face
+    tilted by less than the patch tolerance gets the penetration of each corner, not the
+    deepest one for all, so the distances of a box lying flat are smooth in its pose."""
+    ok, dist, pts = _k_patch_distances(np.ascontiguousarray(XA, dtype=float),
+                                       np.ascontiguousarray(YB, dtype=float),
+                                       np.ascontiguousarray(n, dtype=float),
+                                       np.ascontiguousarray(P, dtype=float).reshape(-1, 3), float(L))
+    if not ok:
+        raise np.linalg.LinAlgError("patch_distances: singular support feature")
+    return dist, pts
 
 
 def box_corners(R: np.ndarray, t: np.ndarray, h: np.ndarray) -> np.ndarray:
@@ -172,21 +169,14 @@ def snap_pair(XA, radA, FA, EA, XB, radB, FB, EB, n, d, tol=1e-7):
     Near contact coal's GJK/EPA normal is the direction of a witness difference of length |d|,
     so its error grows like 1e-16 / |d| (1e-4 rad at 1e-12 m, where resting contacts settle);
     the separating axis is a face normal or an edge cross product, exact to rounding."""
-    cr = np.cross(EA[:, None, :], EB[None, :, :]).reshape(-1, 3)
-    nc = np.sqrt(np.einsum("ij,ij->i", cr, cr))
-    keep = nc > 1e-6
-    M = np.concatenate([FA, FB, cr[keep] / nc[keep, None]])
-    M = M * np.where(M @ n >= 0.0, 1.0, -1.0)[:, None]        # oriented along coal's normal
-    topA = (M @ XA.T).max(axis=1) + radA
-    botB = (M @ XB.T).min(axis=1) - radB
-    f = botB - topA
-    i = int(np.argmax(f))
-    # coal's distance can be off by ~1e-6 of the size near contact (its normal by as much):
-    # accept the axis where they agree to that
-    size = float(max(np.ptp(XA, axis=0).max(), np.ptp(XB, axis=0).max())) + radA + radB
-    if abs(f[i] - d) > max(tol * (1.0 + abs(d)), 1e-5 * size) or float(M[i] @ n) < 1.0 - 1e-6:
-        return None
-    return M[i], float(f[i]), 0.5 * float(topA[i] + botB[i])
+    ok, m, f, c = _k_snap_pair(np.ascontiguousarray(XA, dtype=float), float(radA),
+                               np.ascontiguousarray(FA, dtype=float).reshape(-1, 3),
+                               np.ascontiguousarray(EA, dtype=float).reshape(-1, 3),
+                               np.ascontiguousarray(XB, dtype=float), float(radB),
+                               np.ascontiguousarray(FB, dtype=float).reshape(-1, 3),
+                               np.ascontiguousarray(EB, dtype=float).reshape(-1, 3),
+                               np.ascontiguousarray(n, dtype=float), float(d), float(tol))
+    return (m, f, c) if ok else None
 
 
 def _patch_tol(sim, pair: int) -> float:
@@ -194,128 +184,6 @@ def _patch_tol(sim, pair: int) -> float:
         return float(sim.geom_data.contactPatchRequests[pair].getPatchTolerance())
     except Exception:       # noqa: BLE001 - an older binding: coal's default
         return PATCH_TOL
-
-
-def _affine(P: np.ndarray, tol: float):
-    """Affine rank (0, 1, 2 or 3) of the points P (k, 3) and an orthonormal basis (r, 3) of
-    their directions."""
-    if len(P) < 2:
-        return 0, np.zeros((0, 3))
-    D = P[1:] - P[0]
-    _, s, Vt = np.linalg.svd(D, full_matrices=False)
-    r = int(np.sum(s > tol))
-    return r, Vt[:r]
-
-
-def _hull2(P2: np.ndarray) -> np.ndarray:
-    """Indices of the 2-D convex hull of P2 (k, 2), counter-clockwise (monotone chain); two
-    indices for collinear points."""
-    k = len(P2)
-    if k <= 2:
-        return np.arange(k)
-    order = sorted(range(k), key=lambda i: (P2[i, 0], P2[i, 1]))
-
-    def cross(o, a, b):
-        return (P2[a, 0] - P2[o, 0]) * (P2[b, 1] - P2[o, 1]) - (P2[a, 1] - P2[o, 1]) * (P2[b, 0] - P2[o, 0])
-
-    lower: list = []
-    for i in order:
-        while len(lower) >= 2 and cross(lower[-2], lower[-1], i) <= 0:
-            lower.pop()
-        lower.append(i)
-    upper: list = []
-    for i in reversed(order):
-        while len(upper) >= 2 and cross(upper[-2], upper[-1], i) <= 0:
-            upper.pop()
-        upper.append(i)
-    hull = lower[:-1] + upper[:-1]
-    return np.array(hull if len(hull) >= 2 else [order[0], order[-1]])
-
-
-def _area(P: np.ndarray, n: np.ndarray) -> float:
-    """A measure of the size of the planar support set P (k, 3): the product of the two
-    singular values of the centred points (proportional to the area of a rectangle's
-    corners), to rank two faces in contact against each other."""
-    if len(P) < 3:
-        return 0.0
-    sv = np.linalg.svd(P - P.mean(axis=0), compute_uv=False)
-    return float(sv[0] * sv[1])
-
-
-def _line_points(a0, uA, b0, uB):
-    """Closest points of the lines a0 + s uA and b0 + t uB (not parallel)."""
-    w0 = a0 - b0
-    a, b, c = uA @ uA, uA @ uB, uB @ uB
-    d, e = uA @ w0, uB @ w0
-    den = a * c - b * b
-    s = (b * e - c * d) / den
-    t = (a * e - b * d) / den
-    return a0 + s * uA, b0 + t * uB
-
-
-def _edge_across_face(PA: np.ndarray, PB: np.ndarray, rA: int, rB: int, n: np.ndarray, L: float):
-    """An edge (support set of affine rank 1: a box edge, a capsule's axis) lying on a face
-    (rank 2) of the other body: (point, direction) of a line of A and of a line of B when the
-    separating axis near this pose is the cross product of the edge with face edges, else None.
-
-    The separating distance is the largest height of the edge over the face (relative to the
-    face plane) over the part of the edge that lies over the face. Where both ends of the edge
-    lie over the face, that is an end of the edge and the axis is the face normal (it turns
-    with the face). Where the edge runs out over the face's boundary at both ends (a rod
-    longer than the box face it is flush against), it is a crossing of the edge with a face
-    edge, so the axis is the cross product of the two edge directions (it turns with both
-    bodies); when the two crossed face edges are parallel (a rectangular face) this holds for
-    every perturbation, otherwise (or with one end over the face) the axis has a kink there and
-    the face normal, one of its one-sided values, is kept."""
-    if {rA, rB} != {1, 2}:
-        return None
-    E, F = (PA, PB) if rA == 1 else (PB, PA)
-    e1 = _cross3(n, (1.0, 0.0, 0.0) if abs(n[0]) < 0.9 else (0.0, 1.0, 0.0))
-    e1 /= np.linalg.norm(e1)
-    e2 = _cross3(n, e1)
-    P2 = np.stack([F @ e1, F @ e2], axis=1)
-    hull = _hull2(P2)
-    if len(hull) < 3:
-        return None
-    h = P2[hull]
-    # the edge's end points (its extreme points along its direction)
-    u = E[-1] - E[0]
-    t = (E - E[0]) @ u
-    a0, a1 = E[int(np.argmin(t))], E[int(np.argmax(t))]
-    s0, s1 = np.array([a0 @ e1, a0 @ e2]), np.array([a1 @ e1, a1 @ e2])
-    eps = 1e-7 * L
-
-    def side(i, s):
-        """Distance of s from the line of face edge i, positive inside (the hull runs
-        counter-clockwise)."""
-        p, d = h[i], h[(i + 1) % len(h)] - h[i]
-        return float(d[0] * (s - p)[1] - d[1] * (s - p)[0]) / float(np.hypot(*d))
-
-    k = range(len(h))
-    if min(side(i, s0) for i in k) >= -eps or min(side(i, s1) for i in k) >= -eps:
-        return None                       # an end of the edge over the face: the face normal
-    crossed = []
-    for i in k:
-        o0, o1 = side(i, s0), side(i, s1)
-        if (o0 < -eps and o1 > eps) or (o0 > eps and o1 < -eps):
-            x = s0 + o0 / (o0 - o1) * (s1 - s0)
-            p, d = h[i], h[(i + 1) % len(h)] - h[i]
-            tt = float((x - p) @ d) / float(d @ d)
-            if -1e-9 <= tt <= 1.0 + 1e-9:
-                crossed.append((i, o0, o1))
-    if len(crossed) < 2:
-        return None
-    idx = [hull[i] for i, _, _ in crossed]
-    jdx = [hull[(i + 1) % len(hull)] for i, _, _ in crossed]
-    dirs = [F[j] - F[i] for i, j in zip(idx, jdx)]
-    for dv in dirs[1:]:
-        if not segments_parallel(dirs[0], dv):
-            return None
-    ue, uf = (a1 - a0) / np.linalg.norm(a1 - a0), dirs[0] / np.linalg.norm(dirs[0])
-    if segments_parallel(ue, uf):
-        return None
-    f0 = F[idx[0]]
-    return (a0, ue, f0, uf) if rA == 1 else (f0, uf, a0, ue)
 
 
 class _Body:
@@ -334,218 +202,728 @@ class _Body:
         return -_skew(u) @ self.Jw
 
 
-def polytope_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list:
-    """Closed-form dp, dn, dd for the contact rows (all of one pair of polytope geoms, in
-    ``c = cons.contacts``); returns the rows it could not do (for the fallback)."""
-    k0 = rows[0]
-    g1, g2 = int(c.geom1[k0]), int(c.geom2[k0])
-    VA, VB = local_vertices(sim, g1), local_vertices(sim, g2)
-    if VA is None or VB is None:
-        return _undone(rows, 'not polytopes')
-    MA, MB = sim.geom_data.oMg[g1], sim.geom_data.oMg[g2]
-    X = VA @ MA.rotation.T + MA.translation
-    Y = VB @ MB.rotation.T + MB.translation
-    n = np.asarray(c.normal[k0], float)
-    d = float(c.dist[k0])
-    radA, radB = _radius(sim, g1), _radius(sim, g2)
-    A, B = _Body(kin, j1), _Body(kin, j2)
-    L = max(float(np.ptp(X, axis=0).max()), float(np.ptp(Y, axis=0).max()), 1e-9)
+# -- compiled kernel of polytope_pair ------------------------------------------------------------
+# status codes of the rows the kernel could not do (the caller's finite-difference fallback)
+_REASONS = {1: "features undecided", 2: "single point: features undecided",
+            3: "single point: no match", 4: "parallel segments", 5: "patch point: no match",
+            6: "degenerate (singular or not finite)"}
+
+
+@njit
+def _k_cross(a, b):
+    out = np.empty(3)
+    out[0] = a[1] * b[2] - a[2] * b[1]
+    out[1] = a[2] * b[0] - a[0] * b[2]
+    out[2] = a[0] * b[1] - a[1] * b[0]
+    return out
+
+
+@njit
+def _k_crossD(x, D):
+    """x x D column by column (skew(x) @ D) for D (3, nv)."""
+    nv = D.shape[1]
+    out = np.empty((3, nv))
+    for k in range(nv):
+        out[0, k] = x[1] * D[2, k] - x[2] * D[1, k]
+        out[1, k] = x[2] * D[0, k] - x[0] * D[2, k]
+        out[2, k] = x[0] * D[1, k] - x[1] * D[0, k]
+    return out
+
+
+@njit
+def _k_vD(v, D):
+    """v^T D (nv,) for D (3, nv)."""
+    return v[0] * D[0] + v[1] * D[1] + v[2] * D[2]
+
+
+@njit
+def _k_outer(u, r):
+    out = np.empty((3, r.shape[0]))
+    for i in range(3):
+        out[i] = u[i] * r
+    return out
+
+
+@njit
+def _k_pj(J, o, p):
+    """Jacobian (3, nv) of the world point p fixed on the body of joint Jacobian J (6, nv,
+    LOCAL_WORLD_ALIGNED) and origin o: J_lin - (p - o) x J_ang."""
+    r = p - o
+    return J[:3] - _k_crossD(r, J[3:])
+
+
+@njit
+def _k_turn(J, u):
+    """d u (3, nv) of a body-fixed direction u: w x u."""
+    return -_k_crossD(u, J[3:])
+
+
+@njit
+def _k_affine(P, tol):
+    """Affine rank (0..3) of the points P (k, 3) and an orthonormal basis (r, 3) of their
+    directions (the singular vectors of P[1:] - P[0] above tol)."""
+    k = P.shape[0]
+    if k < 2:
+        return 0, np.zeros((0, 3))
+    D = np.ascontiguousarray(P[1:] - P[0])
+    _, s, Vt = np.linalg.svd(D, full_matrices=False)
+    r = 0
+    for i in range(s.shape[0]):
+        if s[i] > tol:
+            r += 1
+    return r, np.ascontiguousarray(Vt[:r])
+
+
+@njit
+def _k_area(P):
+    """Product of the two largest singular values of the centred points P (k, 3): ranks two
+    faces in contact against each other (proportional to a rectangle's area)."""
+    if P.shape[0] < 3:
+        return 0.0
+    Q = np.ascontiguousarray(P - P.sum(axis=0) / P.shape[0])
+    _, s, _ = np.linalg.svd(Q, full_matrices=False)
+    return s[0] * s[1]
+
+
+@njit
+def _k_hull2(P2):
+    """Indices of the 2-D convex hull of P2 (k, 2), counter-clockwise (monotone chain, points
+    sorted by x then y, stable); two indices for collinear points."""
+    k = P2.shape[0]
+    if k <= 2:
+        return np.arange(k)
+    order = np.arange(k)
+    for i in range(1, k):                          # stable insertion sort by (x, y)
+        j = i
+        while j > 0:
+            a, b = order[j - 1], order[j]
+            if P2[a, 0] > P2[b, 0] or (P2[a, 0] == P2[b, 0] and P2[a, 1] > P2[b, 1]):
+                order[j - 1], order[j] = b, a
+                j -= 1
+            else:
+                break
+    out = np.empty(2 * k + 2, dtype=np.int64)
+    m = 0
+    for sweep in range(2):
+        start = m
+        for ii in range(k):
+            i = order[ii] if sweep == 0 else order[k - 1 - ii]
+            while m - start >= 2:
+                o, a = out[m - 2], out[m - 1]
+                cr = (P2[a, 0] - P2[o, 0]) * (P2[i, 1] - P2[o, 1]) \
+                    - (P2[a, 1] - P2[o, 1]) * (P2[i, 0] - P2[o, 0])
+                if cr <= 0.0:
+                    m -= 1
+                else:
+                    break
+            out[m] = i
+            m += 1
+        m -= 1                                     # (the last point starts the other chain)
+    if m >= 2:
+        return out[:m].copy()
+    res = np.empty(2, dtype=np.int64)
+    res[0], res[1] = order[0], order[k - 1]
+    return res
+
+
+@njit
+def _k_parallel(uA, uB):
+    c = _k_cross(uA, uB)
+    return np.sqrt(c @ c) <= 1e-6 * np.sqrt(uA @ uA) * np.sqrt(uB @ uB)
+
+
+@njit
+def _k_plane_axes(n):
+    h = np.zeros(3)
+    if abs(n[0]) < 0.9:
+        h[0] = 1.0
+    else:
+        h[1] = 1.0
+    e1 = _k_cross(n, h)
+    e1 /= np.sqrt(e1 @ e1)
+    return e1, _k_cross(n, e1)
+
+
+@njit
+def _k_side(h, m, i, s):
+    """Distance of the plane point s from the line of hull edge i, positive inside."""
+    j = (i + 1) % m
+    d0, d1 = h[j, 0] - h[i, 0], h[j, 1] - h[i, 1]
+    return (d0 * (s[1] - h[i, 1]) - d1 * (s[0] - h[i, 0])) / np.sqrt(d0 * d0 + d1 * d1)
+
+
+@njit
+def _k_edge_across_face(PA, PB, rA, rB, n, L, out):
+    """An edge (support set of affine rank 1: a box edge, a capsule's axis) lying on a face
+    (rank 2) of the other body: fills out (4, 3) with (point, direction) of a line of A and of
+    a line of B and returns True when the separating axis near this pose is the cross product
+    of the edge with face edges, else False.
+
+    The separating distance is the largest height of the edge over the face (relative to the
+    face plane) over the part of the edge that lies over the face. Where both ends of the edge
+    lie over the face, that is an end of the edge and the axis is the face normal (it turns
+    with the face). Where the edge runs out over the face's boundary at both ends (a rod
+    longer than the box face it is flush against), it is a crossing of the edge with a face
+    edge, so the axis is the cross product of the two edge directions (it turns with both
+    bodies); when the two crossed face edges are parallel (a rectangular face) this holds for
+    every perturbation, otherwise (or with one end over the face) the axis has a kink there and
+    the face normal, one of its one-sided values, is kept."""
+    if not ((rA == 1 and rB == 2) or (rA == 2 and rB == 1)):
+        return False
+    E, F = (PA, PB) if rA == 1 else (PB, PA)
+    e1, e2 = _k_plane_axes(n)
+    P2 = np.empty((F.shape[0], 2))
+    for i in range(F.shape[0]):
+        P2[i, 0], P2[i, 1] = F[i] @ e1, F[i] @ e2
+    hull = _k_hull2(P2)
+    m = hull.shape[0]
+    if m < 3:
+        return False
+    h = np.empty((m, 2))
+    for i in range(m):
+        h[i] = P2[hull[i]]
+    # the edge's end points (its extreme points along its direction)
+    u = E[E.shape[0] - 1] - E[0]
+    i0 = i1 = 0
+    t0 = t1 = 0.0
+    for i in range(E.shape[0]):
+        t = (E[i] - E[0]) @ u
+        if i == 0 or t < t0:
+            i0, t0 = i, t
+        if i == 0 or t > t1:
+            i1, t1 = i, t
+    a0, a1 = E[i0], E[i1]
+    s0 = np.array([a0 @ e1, a0 @ e2])
+    s1 = np.array([a1 @ e1, a1 @ e2])
+    eps = 1e-7 * L
+    min0 = min1 = np.inf
+    for i in range(m):
+        min0 = min(min0, _k_side(h, m, i, s0))
+        min1 = min(min1, _k_side(h, m, i, s1))
+    if min0 >= -eps or min1 >= -eps:
+        return False                      # an end of the edge over the face: the face normal
+    first = -1
+    ncross = 0
+    dir0 = np.zeros(3)
+    for i in range(m):
+        o0, o1 = _k_side(h, m, i, s0), _k_side(h, m, i, s1)
+        if (o0 < -eps and o1 > eps) or (o0 > eps and o1 < -eps):
+            x = s0 + o0 / (o0 - o1) * (s1 - s0)
+            j = (i + 1) % m
+            d = h[j] - h[i]
+            tt = ((x - h[i]) @ d) / (d @ d)
+            if -1e-9 <= tt <= 1.0 + 1e-9:
+                dv = F[hull[j]] - F[hull[i]]
+                if ncross == 0:
+                    first = i
+                    dir0 = dv
+                elif not _k_parallel(dir0, dv):
+                    return False
+                ncross += 1
+    if ncross < 2:
+        return False
+    ue = (a1 - a0) / np.sqrt((a1 - a0) @ (a1 - a0))
+    uf = dir0 / np.sqrt(dir0 @ dir0)
+    if _k_parallel(ue, uf):
+        return False
+    f0 = F[hull[first]]
+    if rA == 1:
+        out[0], out[1], out[2], out[3] = a0, ue, f0, uf
+    else:
+        out[0], out[1], out[2], out[3] = f0, uf, a0, ue
+    return True
+
+
+@njit
+def _k_line_points(a0, uA, b0, uB):
+    """Closest points of the lines a0 + s uA and b0 + t uB (not parallel)."""
+    w0 = a0 - b0
+    a, b, c = uA @ uA, uA @ uB, uB @ uB
+    d, e = uA @ w0, uB @ w0
+    den = a * c - b * b
+    s = (b * e - c * d) / den
+    t = (a * e - b * d) / den
+    return a0 + s * uA, b0 + t * uB
+
+
+@njit
+def _k_edges_normal(uA, uB, n, JA, JB):
+    """dn (3, nv) of the normal along uA x uB (two edges turning with their bodies)."""
+    cr = _k_cross(uA, uB)
+    ncr = np.sqrt(cr @ cr)
+    s = 1.0 if cr @ n >= 0.0 else -1.0
+    dcr = -_k_crossD(uB, _k_turn(JA, uA)) + _k_crossD(uA, _k_turn(JB, uB))
+    return s * (dcr - _k_outer(n, _k_vD(n, dcr))) / ncr
+
+
+@njit
+def _k_feature_row(P, n, L):
+    """The support feature spanned by the points P (k, 3) (a vertex, an edge line, a face
+    plane: origin P[0], orthonormal basis U (r <= 2)) and the last row of the least-squares
+    inverse of M = [U^T, -n]: the offset s along n from a patch point p to the feature point
+    p + s n is row . (p - origin). ok False where M^T M is singular."""
+    r, U = _k_affine(P, 1e-7 * L)
+    r = min(r, 2)
+    q = r + 1
+    M = np.empty((3, q))
+    for i in range(r):
+        M[:, i] = U[i]
+    M[:, r] = -n
+    G = M.T @ M
+    # last row of inv(G) (G symmetric): solve G z = e_last, Gauss with partial pivoting
+    z = np.zeros(q)
+    z[q - 1] = 1.0
+    ok = True
+    for col in range(q):
+        piv = col
+        for i in range(col + 1, q):
+            if abs(G[i, col]) > abs(G[piv, col]):
+                piv = i
+        if G[piv, col] == 0.0:
+            ok = False
+            break
+        if piv != col:
+            for j in range(q):
+                G[col, j], G[piv, j] = G[piv, j], G[col, j]
+            z[col], z[piv] = z[piv], z[col]
+        for i in range(col + 1, q):
+            f = G[i, col] / G[col, col]
+            for j in range(col, q):
+                G[i, j] -= f * G[col, j]
+            z[i] -= f * z[col]
+    if ok:
+        for col in range(q - 1, -1, -1):
+            acc = z[col]
+            for j in range(col + 1, q):
+                acc -= G[col, j] * z[j]
+            z[col] = acc / G[col, col]
+    return P[0].copy(), M @ z, ok
+
+
+@njit
+def _k_rows_of(X, h, top, tol, above):
+    """Indices of the rows of X whose height h is within tol of the support plane top (A:
+    above=True, the largest h) or bottom (B)."""
+    k = 0
+    idx = np.empty(X.shape[0], dtype=np.int64)
+    for i in range(X.shape[0]):
+        if (top - h[i] < tol) if above else (h[i] - top < tol):
+            idx[k] = i
+            k += 1
+    return idx[:k].copy()
+
+
+@njit
+def _k_polytope_pair(X, Y, n, d, radA, radB, per_point, ptol, JA, oA, JB, oB, rows, pos,
+                     dp, dn, dd, status):
+    """polytope_pair for one pair: world vertices X (kA, 3) of A and Y (kB, 3) of B (a
+    capsule: its axis ends, with its radius), coal's normal n and distance d, the joint
+    Jacobians J (6, nv) and origins o of the two bodies; writes dp, dn, dd of the contact rows
+    and status[i] = 0 for rows[i] done, else the code of the reason (``_REASONS``)."""
+    nv = JA.shape[1]
+    nr = rows.shape[0]
+    L = 1e-9
+    for V in (X, Y):
+        for ax in range(3):
+            L = max(L, V[:, ax].max() - V[:, ax].min())
     hA, hB = X @ n, Y @ n
-    hAmax, hBmin = float(hA.max()), float(hB.min())
-    HA, HB = hAmax + radA, hBmin - radB                       # the support planes
-    # a patch whose rows carry per-point distances (collision_driver): the pair's separating
-    # distance is the separating-axis value along n
-    per_point = len(rows) > 1 and int(c.pair[k0]) in getattr(sim.collision, "per_point_pairs", ())
-    if per_point:
+    hAmax, hBmin = hA.max(), hB.min()
+    HA, HB = hAmax + radA, hBmin - radB                 # the support planes
+    if per_point:                 # the pair's separating distance: the separating-axis value
         d = HB - HA
-    dc = d + radA + radB                                      # between the cores (axes)
+    dc = d + radA + radB                                # between the cores (axes)
     tol = SUPPORT_TOL * L
-    SA, SB = np.flatnonzero(hAmax - hA < tol), np.flatnonzero(hB - hBmin < tol)
-    rA, UA = _affine(X[SA], 1e-7 * L)
-    rB, UB = _affine(Y[SB], 1e-7 * L)
-    xs, ys = X[SA[0]], Y[SB[0]]
-    dxs, dys = A.point(xs), B.point(ys)
-    nn = np.outer(n, n)
-    # an edge (or a capsule's axis) across a face, out over the face's boundary at both ends:
-    # the separating axis is the cross product of the edge with the face edges it crosses
-    across = _edge_across_face(X[SA], Y[SB], rA, rB, n, L)
-    # -- the normal ---------------------------------------------------------------------------
+    SA, SB = _k_rows_of(X, hA, hAmax, tol, True), _k_rows_of(Y, hB, hBmin, tol, False)
+    XS, YS = X[SA], Y[SB]
+    rA, UA = _k_affine(XS, 1e-7 * L)
+    rB, UB = _k_affine(YS, 1e-7 * L)
+    xs, ys = XS[0].copy(), YS[0].copy()
+    two_edges = rA == 1 and rB == 1
+    if two_edges:
+        cu = _k_cross(UA[0], UB[0])
+        two_edges = np.sqrt(cu @ cu) > 1e-6
+    lines = np.empty((4, 3))
+    across = _k_edge_across_face(XS, YS, rA, rB, n, L, lines)
+    # -- the normal -------------------------------------------------------------------------
     # witness points xw on A, yw on B (yw - xw = d n), for dd = n . (dyw - dxw)
-    if across is not None:
-        x0, uA, y0, uB = across                                 # a line of A, a line of B
-        xw, yw = _line_points(x0, uA, y0, uB)
-        cr = _cross3(uA, uB)
-        ncr = np.linalg.norm(cr)
-        s = 1.0 if cr @ n >= 0.0 else -1.0
-        dcr = -_skew(uB) @ A.turn(uA) + _skew(uA) @ B.turn(uB)
-        Dn = s * (np.eye(3) - nn) @ dcr / ncr
-    elif rA == 2 and (rB < 2 or _area(X[SA], n) >= _area(Y[SB], n)):
-        Dn = A.turn(n)                                          # a face of A
-        yw = Y[SB].mean(axis=0)
+    if across:
+        xw, yw = _k_line_points(lines[0], lines[1], lines[2], lines[3])
+        Dn = _k_edges_normal(lines[1], lines[3], n, JA, JB)
+    elif rA == 2 and (rB < 2 or _k_area(XS) >= _k_area(YS)):
+        Dn = _k_turn(JA, n)                                 # a face of A
+        yw = YS.sum(axis=0) / YS.shape[0]
         xw = yw - dc * n
     elif rB == 2:
-        Dn = B.turn(n)                                          # a face of B
-        xw = X[SA].mean(axis=0)
+        Dn = _k_turn(JB, n)                                 # a face of B
+        xw = XS.sum(axis=0) / XS.shape[0]
         yw = xw + dc * n
-    elif rA == 1 and rB == 1 and np.linalg.norm(_cross3(UA[0], UB[0])) > 1e-6:
-        uA, uB = UA[0], UB[0]                                   # two edges
-        xw, yw = _line_points(xs, uA, ys, uB)
-        cr = _cross3(uA, uB)
-        ncr = np.linalg.norm(cr)
-        s = 1.0 if cr @ n >= 0.0 else -1.0
-        dcr = -_skew(uB) @ A.turn(uA) + _skew(uA) @ B.turn(uB)
-        Dn = s * (np.eye(3) - nn) @ dcr / ncr
-    elif dc > tol and rA + rB <= 1:                              # separated: vertex-edge/vertex
+    elif two_edges:
+        xw, yw = _k_line_points(xs, UA[0], ys, UB[0])
+        Dn = _k_edges_normal(UA[0], UB[0], n, JA, JB)
+    elif dc > tol and rA + rB <= 1:                         # separated: vertex-edge/vertex
+        u = np.zeros(3)
+        du = np.zeros((3, nv))
         if rA == 0:
             xw = xs
             if rB == 1:
-                u = UB[0]
-                yw = ys + u * float(u @ (xw - ys))              # foot of the vertex on the edge
-                du = B.turn(u)
+                u = UB[0].copy()
+                yw = ys + u * (u @ (xw - ys))               # foot of the vertex on the edge
+                du = _k_turn(JB, u)
             else:
                 yw = ys
         else:
             yw = ys
-            u = UA[0]
-            xw = xs + u * float(u @ (yw - xs))
-            du = A.turn(u)
-        dz = B.point(yw) - A.point(xw)
-        if rA + rB == 0:
-            Dn = (np.eye(3) - nn) @ dz / dc
-        else:
-            Dn = -np.outer(u, n @ du) + (np.eye(3) - np.outer(u, u) - nn) @ dz / dc
+            u = UA[0].copy()
+            xw = xs + u * (u @ (yw - xs))
+            du = _k_turn(JA, u)
+        dz = _k_pj(JB, oB, yw) - _k_pj(JA, oA, xw)
+        Dn = (dz - _k_outer(n, _k_vD(n, dz))) / dc
+        if rA + rB == 1:
+            Dn += -_k_outer(u, _k_vD(n, du)) - _k_outer(u, _k_vD(u, dz)) / dc
     else:
-        return _undone(rows, 'features undecided')
-    dxw, dyw = A.point(xw), B.point(yw)
-    Dd = n @ (dyw - dxw)
-    # -- the points ---------------------------------------------------------------------------
-    if len(rows) == 1:                                          # the witness midpoint
+        status[:] = 1
+        return
+    dxw, dyw = _k_pj(JA, oA, xw), _k_pj(JB, oB, yw)
+    Dd = _k_vD(n, dyw - dxw)
+    # -- the points -------------------------------------------------------------------------
+    if nr == 1:                                             # the witness midpoint
         k = rows[0]
         # core witness points (on the axes of capsules) and their derivatives
         if rA == 0:
-            xc, dxc = xs, dxs
-            yc, dyc = xs + dc * n, dxs + np.outer(n, Dd) + dc * Dn
+            xc, dxc = xs, _k_pj(JA, oA, xs)
+            yc, dyc = xs + dc * n, dxc + _k_outer(n, Dd) + dc * Dn
         elif rB == 0:
-            yc, dyc = ys, dys
-            xc, dxc = ys - dc * n, dys - np.outer(n, Dd) - dc * Dn
-        elif rA == 1 and rB == 1 and np.linalg.norm(_cross3(UA[0], UB[0])) > 1e-6:
+            yc, dyc = ys, _k_pj(JB, oB, ys)
+            xc, dxc = ys - dc * n, dyc - _k_outer(n, Dd) - dc * Dn
+        elif two_edges:
             uA, uB = UA[0], UB[0]
-            a, b, cc = uA @ uA, uA @ uB, uB @ uB
-            dxr, dyr = A.point(xw), B.point(yw)
+            aa, bb, cc = uA @ uA, uA @ uB, uB @ uB
             r = yw - xw
-            duA, duB = A.turn(uA), B.turn(uB)
-            M = np.array([[-a, b], [-b, cc]])
-            rhs = -np.vstack([uA @ (dyr - dxr) + r @ duA, uB @ (dyr - dxr) + r @ duB])
-            st = np.linalg.solve(M, rhs)
-            xc, dxc = xw, dxr + np.outer(uA, st[0])
-            yc, dyc = yw, dyr + np.outer(uB, st[1])
+            duA, duB = _k_turn(JA, uA), _k_turn(JB, uB)
+            # [[-a, b], [-b, cc]] [ds, dt] = -[uA . (dyw - dxw) + r . duA, uB . (...) + r . duB]
+            r1 = -(_k_vD(uA, dyw - dxw) + _k_vD(r, duA))
+            r2 = -(_k_vD(uB, dyw - dxw) + _k_vD(r, duB))
+            det = -aa * cc + bb * bb
+            if det == 0.0:
+                status[:] = 6
+                return
+            ds = (cc * r1 - bb * r2) / det
+            dt = (-aa * r2 + bb * r1) / det
+            xc, dxc = xw, dxw + _k_outer(uA, ds)
+            yc, dyc = yw, dyw + _k_outer(uB, dt)
         else:
-            return _undone(rows, 'single point: features undecided')
-        m = 0.5 * (xc + yc) + 0.5 * (radA - radB) * n
-        Dm = 0.5 * (dxc + dyc) + 0.5 * (radA - radB) * Dn
-        if np.linalg.norm(m - c.pos[k]) > 100.0 * MATCH_TOL * L:      # (GJK's witness on curved shapes)
-            return _undone(rows, 'single point: no match')
-        dp[k], dn[k], dd[k] = Dm, Dn, Dd
-        return []
+            status[:] = 2
+            return
+        mpt = 0.5 * (xc + yc) + 0.5 * (radA - radB) * n
+        off = mpt - pos[k]
+        if np.sqrt(off @ off) > 100.0 * MATCH_TOL * L:      # (GJK's witness on curved shapes)
+            status[:] = 3
+            return
+        dp[k] = 0.5 * (dxc + dyc) + 0.5 * (radA - radB) * Dn
+        dn[k] = Dn
+        dd[k] = Dd
+        status[0] = 0
+        return
     # a patch: candidates from the support sets taken with coal's patch tolerance
-    ptol = _patch_tol(sim, int(c.pair[k0]))
-    PA, PB = np.flatnonzero(hAmax - hA < ptol), np.flatnonzero(hB - hBmin < ptol)
+    PA, PB = _k_rows_of(X, hA, hAmax, ptol, True), _k_rows_of(Y, hB, hBmin, ptol, False)
     c0 = 0.5 * (HA + HB)
-    Dc = 0.5 * (n @ (dxw + dyw) + (xw + yw) @ Dn)
-    T = np.eye(3) - nn
-    e1 = _cross3(n, (1.0, 0.0, 0.0) if abs(n[0]) < 0.9 else (0.0, 1.0, 0.0))
-    e1 /= np.linalg.norm(e1)
-    e2 = _cross3(n, e1)
-    XA, YB = X[PA], Y[PB]
-    A2 = np.stack([XA @ e1, XA @ e2], axis=1)
-    B2 = np.stack([YB @ e1, YB @ e2], axis=1)
-    hullA, hullB = PA[_hull2(A2)], PB[_hull2(B2)]
-    if len(hullA) == 2 and len(hullB) == 2:
-        return _undone(rows, 'parallel segments')  # segment against segment (coal's parallel-edge case)
-
-    def proj(P):
-        return P - np.outer(P @ n - c0, n) if P.ndim == 2 else P - (P @ n - c0) * n
-
+    Dc = 0.5 * (_k_vD(n, dxw + dyw) + _k_vD(xw + yw, Dn))
+    e1, e2 = _k_plane_axes(n)
+    A2 = np.empty((PA.shape[0], 2))
+    for i in range(PA.shape[0]):
+        A2[i, 0], A2[i, 1] = X[PA[i]] @ e1, X[PA[i]] @ e2
+    B2 = np.empty((PB.shape[0], 2))
+    for i in range(PB.shape[0]):
+        B2[i, 0], B2[i, 1] = Y[PB[i]] @ e1, Y[PB[i]] @ e2
+    hullA, hullB = PA[_k_hull2(A2)], PB[_k_hull2(B2)]
+    mA, mB = hullA.shape[0], hullB.shape[0]
+    if mA == 2 and mB == 2:
+        status[:] = 4                 # segment against segment (coal's parallel-edge case)
+        return
     # a capsule's support points (coal): its axis ends moved by rad (a . n) a along the axis
     # (the rest of coal's offset, rad (dir - (a . dir) a), is along n: the projection drops it)
-    shift = []
-    for V, rad, sgn, body in ((X, radA, -1.0, A), (Y, radB, 1.0, B)):
-        if rad:
-            a = (V[1] - V[0]) / np.linalg.norm(V[1] - V[0])
-            an, da = float(a @ n), body.turn(a)
-            shift.append((sgn * rad * an * a,
-                          sgn * rad * (np.outer(a, n @ da + a @ Dn) + an * da)))
-        else:
-            shift.append((np.zeros(3), 0.0))
-    (wA, dwA), (wB, dwB) = shift
-    cands = [proj(X[i] + wA) for i in hullA] + [proj(Y[i] + wB) for i in hullB]
-    kinds = [("A", int(i)) for i in hullA] + [("B", int(i)) for i in hullB]
-    eA = [(hullA[i], hullA[(i + 1) % len(hullA)]) for i in range(len(hullA) if len(hullA) > 2 else 1)]
-    eB = [(hullB[i], hullB[(i + 1) % len(hullB)]) for i in range(len(hullB) if len(hullB) > 2 else 1)]
-    # every edge of A's hull against every edge of B's, projected (vectorized)
-    ia, ja = np.array([e[0] for e in eA]), np.array([e[1] for e in eA])
-    ib, jb = np.array([e[0] for e in eB]), np.array([e[1] for e in eB])
-    E = np.stack([e1, e2], axis=1)                       # (3, 2) plane coordinates
-    a0, uA = X[ia], X[ja] - X[ia]
-    b0, uB = Y[ib], Y[jb] - Y[ib]
-    a2, ua2, b2, ub2 = a0 @ E, uA @ E, b0 @ E, uB @ E
-    den = ua2[:, None, 0] * -ub2[None, :, 1] + ua2[:, None, 1] * ub2[None, :, 0]
-    rhs = b2[None, :, :] - a2[:, None, :]
-    ok = np.abs(den) >= 1e-12 * L * L
-    with np.errstate(divide="ignore", invalid="ignore"):
-        sp = (rhs[..., 0] * -ub2[None, :, 1] + rhs[..., 1] * ub2[None, :, 0]) / den
-        tp = (ua2[:, None, 0] * rhs[..., 1] - ua2[:, None, 1] * rhs[..., 0]) / den
-    ok &= (sp >= -1e-9) & (sp <= 1.0 + 1e-9) & (tp >= -1e-9) & (tp <= 1.0 + 1e-9)
-    for i, j in zip(*np.nonzero(ok)):
-        xa = a0[i] + sp[i, j] * uA[i]
-        cands.append(proj(xa))
-        kinds.append(("AB", (xa, uA[i], b0[j] + tp[i, j] * uB[j], uB[j])))
-    cands = np.array(cands)
+    wA, wB = np.zeros(3), np.zeros(3)
+    dwA, dwB = np.zeros((3, nv)), np.zeros((3, nv))
+    if radA != 0.0:
+        ea = (X[1] - X[0]) / np.sqrt((X[1] - X[0]) @ (X[1] - X[0]))
+        an, da = ea @ n, _k_turn(JA, ea)
+        wA = -radA * an * ea
+        dwA = -radA * (_k_outer(ea, _k_vD(n, da) + _k_vD(ea, Dn)) + an * da)
+    if radB != 0.0:
+        ea = (Y[1] - Y[0]) / np.sqrt((Y[1] - Y[0]) @ (Y[1] - Y[0]))
+        an, da = ea @ n, _k_turn(JB, ea)
+        wB = radB * an * ea
+        dwB = radB * (_k_outer(ea, _k_vD(n, da) + _k_vD(ea, Dn)) + an * da)
+    nA = mA if mA > 2 else 1                               # hull edges
+    nB = mB if mB > 2 else 1
+    ncap = mA + mB + nA * nB
+    cands = np.empty((ncap, 3))
+    kind = np.empty(ncap, dtype=np.int64)                  # 0: vertex of A, 1: of B, 2: crossing
+    ref = np.empty(ncap, dtype=np.int64)
+    cross = np.empty((ncap, 4, 3))
+    nc_ = 0
+    for i in range(mA):
+        P = X[hullA[i]] + wA
+        cands[nc_] = P - (P @ n - c0) * n
+        kind[nc_], ref[nc_] = 0, hullA[i]
+        nc_ += 1
+    for i in range(mB):
+        P = Y[hullB[i]] + wB
+        cands[nc_] = P - (P @ n - c0) * n
+        kind[nc_], ref[nc_] = 1, hullB[i]
+        nc_ += 1
+    # every edge of A's hull against every edge of B's, projected
+    for i in range(nA):
+        a0, uA = X[hullA[i]], X[hullA[(i + 1) % mA]] - X[hullA[i]]
+        a20, a21, ua20, ua21 = a0 @ e1, a0 @ e2, uA @ e1, uA @ e2
+        for j in range(nB):
+            b0, uB = Y[hullB[j]], Y[hullB[(j + 1) % mB]] - Y[hullB[j]]
+            b20, b21, ub20, ub21 = b0 @ e1, b0 @ e2, uB @ e1, uB @ e2
+            den = ua20 * -ub21 + ua21 * ub20
+            if not abs(den) >= 1e-12 * L * L:
+                continue
+            rh0, rh1 = b20 - a20, b21 - a21
+            sp = (rh0 * -ub21 + rh1 * ub20) / den
+            tp = (ua20 * rh1 - ua21 * rh0) / den
+            if sp >= -1e-9 and sp <= 1.0 + 1e-9 and tp >= -1e-9 and tp <= 1.0 + 1e-9:
+                xa = a0 + sp * uA
+                cands[nc_] = xa - (xa @ n - c0) * n
+                kind[nc_], ref[nc_] = 2, nc_
+                cross[nc_, 0], cross[nc_, 1] = xa, uA
+                cross[nc_, 2], cross[nc_, 3] = b0 + tp * uB, uB
+                nc_ += 1
     # per-point distances (collision_driver: patch_distances): a capsule's feature is its axis
     # moved by its radius along n, which turns with n
     if per_point:
-        fa, fb = patch_feature(XA + radA * n, L), patch_feature(YB - radB * n, L)
-        feats = [(fa[0], feature_solver(*fa, n), A, radA), (fb[0], feature_solver(*fb, n), B, -radB)]
-    undone = []
-    for k in rows:
-        dist = np.linalg.norm((cands - c.pos[k]) @ T, axis=1)      # (tangential: see below)
-        best = float(dist.min())
-        if best > MATCH_TOL * L:
-            undone += _undone([k], 'patch point: no match')
+        XA, YB = X[PA] + radA * n, Y[PB] - radB * n
+        oa, mra, oka = _k_feature_row(XA, n, L)
+        ob, mrb, okb = _k_feature_row(YB, n, L)
+        if not (oka and okb):
+            status[:] = 6
+            return
+    dist = np.empty(nc_)
+    for ir in range(nr):
+        k = rows[ir]
+        best = np.inf
+        for i in range(nc_):
+            w = cands[i] - pos[k]
+            w = w - (w @ n) * n                             # (tangential)
+            dist[i] = np.sqrt(w @ w)
+            best = min(best, dist[i])
+        if not best <= MATCH_TOL * L:
+            status[ir] = 5
             continue
-        i = int(np.flatnonzero(dist <= best + SUPPORT_TOL * L)[0])    # ties: A, then B, then crossings
-        kind, data = kinds[i]
-        if kind == "A":
-            Xp = X[data] + wA
-            DX = A.point(X[data]) + dwA
-        elif kind == "B":
-            Xp = Y[data] + wB
-            DX = B.point(Y[data]) + dwB
+        i = 0
+        while dist[i] > best + SUPPORT_TOL * L:             # ties: A, then B, then crossings
+            i += 1
+        if kind[i] == 0:
+            Xp = X[ref[i]] + wA
+            DX = _k_pj(JA, oA, X[ref[i]]) + dwA
+        elif kind[i] == 1:
+            Xp = Y[ref[i]] + wB
+            DX = _k_pj(JB, oB, Y[ref[i]]) + dwB
         else:
-            Xa, uA, Xb, uB = data
-            DXa, DXb = A.point(Xa), B.point(Xb)
-            kk = float(n @ (Xa - Xb))
-            Mst = np.stack([T @ uA, -(T @ uB)], axis=1)
-            st = np.linalg.pinv(Mst) @ -(T @ (DXa - DXb) - kk * Dn)
-            Xp = Xa
-            DX = DXa + np.outer(uA, st[0])
-        Dp = DX - np.outer(n, n @ DX + Xp @ Dn - Dc) - (Xp @ n - c0) * Dn
+            Xa, uA, Xb, uB = cross[i, 0], cross[i, 1], cross[i, 2], cross[i, 3]
+            DXa, DXb = _k_pj(JA, oA, Xa), _k_pj(JB, oB, Xb)
+            kk = n @ (Xa - Xb)
+            # T (X_a + s uA - X_b - t uB) = 0 differentiated: [T uA, -T uB] [ds, dt] = rhs
+            ta, tb = uA - (uA @ n) * n, -(uB - (uB @ n) * n)
+            D = DXa - DXb
+            rhs = -(D - _k_outer(n, _k_vD(n, D)) - kk * Dn)
+            g11, g12, g22 = ta @ ta, ta @ tb, tb @ tb
+            det = g11 * g22 - g12 * g12
+            if det == 0.0:
+                status[ir] = 6
+                continue
+            ra, rb = _k_vD(ta, rhs), _k_vD(tb, rhs)
+            s_ = (g22 * ra - g12 * rb) / det
+            Xp = Xa.copy()
+            DX = DXa + _k_outer(uA, s_)
+        Dp = DX - _k_outer(n, _k_vD(n, DX) + _k_vD(Xp, Dn) - Dc) - (Xp @ n - c0) * Dn
         dn[k] = Dn
         if not per_point:
-            dp[k], dd[k] = Dp, Dd
+            dp[k] = Dp
+            dd[k] = Dd
+            status[ir] = 0
             continue
         # offsets to the support features: y = p + s n on each, y = origin + U a moving with
         # its body, so  d(y) + U da = dp + ds n + s dn
         p = cands[i]
-        ds = []
-        for origin, Mp, body, off in feats:
-            sv = float(Mp[-1] @ (p - origin))
-            y = p + sv * n                   # on the feature; off n back to the body's core
-            ds.append((sv, Mp[-1] @ (Dp + sv * Dn - (body.point(y - off * n) + off * Dn))))
-        (sa, dsa), (sb, dsb) = ds
+        sa = mra @ (p - oa)
+        ya = p + sa * n - radA * n                       # on A's core
+        dsa = _k_vD(mra, Dp + sa * Dn - (_k_pj(JA, oA, ya) + radA * Dn))
+        sb = mrb @ (p - ob)
+        yb = p + sb * n + radB * n
+        dsb = _k_vD(mrb, Dp + sb * Dn - (_k_pj(JB, oB, yb) - radB * Dn))
         dd[k] = dsb - dsa
-        dp[k] = Dp + 0.5 * (np.outer(n, dsa + dsb) + (sa + sb) * Dn)
+        dp[k] = Dp + 0.5 * (_k_outer(n, dsa + dsb) + (sa + sb) * Dn)
+        status[ir] = 0
+
+
+@njit
+def polytope_pairs_kernel(verts, vrange, place, normal, scal, joints, Jall, oall, rows,
+                          row_start, pos, dp, dn, dd, status):
+    """Every polytope pair of a step in one call. Pair i: the local vertices of A are
+    verts[vrange[i, 0]:vrange[i, 1]], of B verts[vrange[i, 2]:vrange[i, 3]], placed by
+    place[i, 0 or 1] (rotation row-major 9, translation 3); coal's normal normal[i]; scal[i] =
+    (d, radA, radB, per-point flag, patch tolerance); joints[i] = (jA, jB) into Jall (nj, 6,
+    nv) and oall (nj, 3) (joint 0: the world, zeros); its contact rows
+    rows[row_start[i]:row_start[i + 1]]. status (per row): 0 done, else a ``_REASONS`` code.
+    Rows of a pair with a non-finite result are all marked 6."""
+    for i in range(vrange.shape[0]):
+        r0, r1 = row_start[i], row_start[i + 1]
+        XY = []
+        for s in range(2):
+            V = verts[vrange[i, 2 * s]:vrange[i, 2 * s + 1]]
+            W = np.empty((V.shape[0], 3))
+            for a in range(V.shape[0]):
+                for b in range(3):
+                    W[a, b] = place[i, s, 9 + b] + place[i, s, 3 * b] * V[a, 0] \
+                        + place[i, s, 3 * b + 1] * V[a, 1] + place[i, s, 3 * b + 2] * V[a, 2]
+            XY.append(W)
+        jA, jB = joints[i, 0], joints[i, 1]
+        st = status[r0:r1]
+        _k_polytope_pair(XY[0], XY[1], normal[i], scal[i, 0], scal[i, 1], scal[i, 2],
+                         scal[i, 3] != 0.0, scal[i, 4], Jall[jA], oall[jA], Jall[jB], oall[jB],
+                         rows[r0:r1], pos, dp, dn, dd, st)
+        finite = True
+        for q in range(r0, r1):
+            if status[q] == 0:
+                k = rows[q]
+                if not (np.isfinite(dp[k]).all() and np.isfinite(dn[k]).all()
+                        and np.isfinite(dd[k]).all()):
+                    finite = False
+        if not finite:
+            status[r0:r1] = 6
+
+
+@njit
+def _k_patch_distances(XA, YB, n, P, L):
+    """patch_distances: (ok, distances (m,), points (m, 3)); ok False where a support
+    feature's least-squares system is singular."""
+    oa, ra, oka = _k_feature_row(XA, n, L)
+    ob, rb, okb = _k_feature_row(YB, n, L)
+    m = P.shape[0]
+    dist = np.empty(m)
+    pts = np.empty((m, 3))
+    for i in range(m):
+        sa = ra @ (P[i] - oa)
+        sb = rb @ (P[i] - ob)
+        dist[i] = sb - sa
+        pts[i] = P[i] + 0.5 * (sa + sb) * n
+    return oka and okb, dist, pts
+
+
+@njit
+def _k_snap_pair(XA, radA, FA, EA, XB, radB, FB, EB, n, d, tol):
+    """snap_pair: (ok, axis, distance, mid-plane height)."""
+    na, nb = FA.shape[0], FB.shape[0]
+    M = np.empty((na + nb + EA.shape[0] * EB.shape[0], 3))
+    m = 0
+    for i in range(na):
+        M[m] = FA[i]
+        m += 1
+    for i in range(nb):
+        M[m] = FB[i]
+        m += 1
+    for i in range(EA.shape[0]):
+        for j in range(EB.shape[0]):
+            cr = _k_cross(EA[i], EB[j])
+            nc = np.sqrt(cr @ cr)
+            if nc > 1e-6:
+                M[m] = cr / nc
+                m += 1
+    best, fbest, cbest = -1, -np.inf, 0.0
+    for i in range(m):
+        if M[i] @ n < 0.0:                           # oriented along coal's normal
+            M[i] = -M[i]
+        top = -np.inf
+        for a in range(XA.shape[0]):
+            top = max(top, M[i] @ XA[a])
+        bot = np.inf
+        for b in range(XB.shape[0]):
+            bot = min(bot, M[i] @ XB[b])
+        top += radA
+        bot -= radB
+        if best < 0 or bot - top > fbest:
+            best, fbest, cbest = i, bot - top, 0.5 * (top + bot)
+    # coal's distance can be off by ~1e-6 of the size near contact (its normal by as much):
+    # accept the axis where they agree to that
+    size = 0.0
+    for V in (XA, XB):
+        for ax in range(3):
+            size = max(size, V[:, ax].max() - V[:, ax].min())
+    size += radA + radB
+    axis = M[max(best, 0)].copy()
+    ok = best >= 0 and not (abs(fbest - d) > max(tol * (1.0 + abs(d)), 1e-5 * size)
+                            or axis @ n < 1.0 - 1e-6)
+    return ok, axis, fbest, cbest
+
+
+def polytope_pairs(sim, kin, c, groups, dp, dn, dd) -> list:
+    """Closed-form dp, dn, dd for the contact rows of polytope pairs (boxes, convex meshes, a
+    capsule with a polytope): groups is a list of (j1, j2, rows), the rows of one pair of geoms
+    each, in ``c = cons.contacts``. One compiled call does them all; returns the rows it could
+    not do (for the fallback)."""
+    undone: list = []
+    todo = []
+    for j1, j2, rows in groups:
+        k0 = rows[0]
+        g1, g2 = int(c.geom1[k0]), int(c.geom2[k0])
+        VA, VB = local_vertices(sim, g1), local_vertices(sim, g2)
+        if VA is None or VB is None:
+            undone += _undone(rows, 'not polytopes')
+        else:
+            todo.append((j1, j2, rows, g1, g2, VA, VB))
+    if not todo:
+        return undone
+    P = len(todo)
+    nv = kin.nv
+    vrange = np.empty((P, 4), dtype=np.int64)
+    place = np.empty((P, 2, 12))
+    normal = np.ascontiguousarray(c.normal[[t[2][0] for t in todo]], dtype=float)
+    scal = np.empty((P, 5))
+    joints = np.empty((P, 2), dtype=np.int64)
+    row_start = np.zeros(P + 1, dtype=np.int64)
+    verts, nvert, all_rows = [], 0, []
+    per_point_pairs = getattr(sim.collision, "per_point_pairs", ())
+    oMg = sim.geom_data.oMg
+    for i, (j1, j2, rows, g1, g2, VA, VB) in enumerate(todo):
+        for s, (g, V) in enumerate(((g1, VA), (g2, VB))):
+            verts.append(V)
+            vrange[i, 2 * s], vrange[i, 2 * s + 1] = nvert, nvert + len(V)
+            nvert += len(V)
+            M = oMg[g]
+            place[i, s, :9] = M.rotation.reshape(9)
+            place[i, s, 9:] = M.translation
+        pair = int(c.pair[rows[0]])
+        per_point = len(rows) > 1 and pair in per_point_pairs
+        scal[i] = (float(c.dist[rows[0]]), _radius(sim, g1), _radius(sim, g2), float(per_point),
+                   _patch_tol(sim, pair) if len(rows) > 1 else PATCH_TOL)
+        joints[i] = (j1, j2)
+        all_rows += rows
+        row_start[i + 1] = len(all_rows)
+    used = sorted({int(j) for j in joints.ravel()} - {0})
+    nj = max(used, default=0) + 1
+    Jall = np.zeros((nj, 6, nv))
+    oall = np.zeros((nj, 3))
+    for j in used:
+        Jall[j] = kin.J[j]
+        oall[j] = kin.o[j]
+    status = np.zeros(len(all_rows), dtype=np.int64)
+    polytope_pairs_kernel(np.ascontiguousarray(np.concatenate(verts), dtype=float), vrange, place,
+                          normal, scal, joints, Jall, oall, np.asarray(all_rows, dtype=np.int64),
+                          row_start, np.ascontiguousarray(c.pos, dtype=float), dp, dn, dd, status)
+    for code in np.unique(status[status != 0]):
+        undone += _undone([all_rows[q] for q in np.flatnonzero(status == code)], _REASONS[int(code)])
     return undone
+
+
+def polytope_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list:
+    """Closed-form dp, dn, dd for the contact rows (all of one pair of polytope geoms, in
+    ``c = cons.contacts``); returns the rows it could not do (for the fallback). (One pair of
+    ``polytope_pairs``.)"""
+    return polytope_pairs(sim, kin, c, [(j1, j2, list(rows))], dp, dn, dd)
 
 
 # -- capsule against capsule --------------------------------------------------------------------

@@ -27,12 +27,14 @@ a static plane against every shape (``_plane_contacts``: sphere and capsule roll
 centre or segment point, box and mesh witness points are body-fixed vertices, a tilted
 cylinder's witness is the lowest point of its cap rim, an ellipsoid's its support point), for
 sphere-sphere, for sphere-box (``_sphere_box``: face, edge, corner and centre-inside regions;
-either body static or moving), for every pair of boxes and convex meshes and for capsule-capsule
-(``collision_derivatives``: feature by feature, patches included), and for a cylinder on a
-box face, static or moving (``collision_derivatives.cylinder_box_pair``: the rows the driver
-found on the face; a cylinder over a box's edge or corner keeps coal's point). Every other
-pair (cylinders and ellipsoids off the plane and box faces, anything on a moving plane, ...)
-falls back to a central difference of the collision output alone (``_collision_fd``, step
+either body static or moving), for sphere-capsule (``_sphere_capsule``: the centre against the
+axis segment), for every pair of boxes and convex meshes, a capsule with either, and
+capsule-capsule (``collision_derivatives``: feature by feature, patches included; the polytope
+pairs of a step in one compiled call, ``polytope_pairs``), and for a cylinder on a box face,
+static or moving (``collision_derivatives.cylinder_box_pair``: the rows the driver found on the
+face; a cylinder over a box's edge or corner keeps coal's point). Every other pair (cylinders
+and ellipsoids off the plane and box faces, a sphere with a cylinder, an ellipsoid or a mesh,
+anything on a moving plane, ...) falls back to a central difference of the collision output alone (``_collision_fd``, step
 ``collision_fd_eps``), never of the dynamics, counted in ``fallback_counts`` with a warning
 once per pair of kinds; ``closed_form_pair`` says which. ``tests/test_gradients.py`` and
 ``tests/test_collision_derivatives.py`` check both routes against central differences of the
@@ -53,7 +55,8 @@ import numpy as np
 import pinocchio as pin
 
 from . import derivative_kernels as K
-from .collision_derivatives import POLYTOPE_KINDS, capsule_pair, cylinder_box_pair, polytope_pair
+from .collision_derivatives import (POLYTOPE_KINDS, capsule_pair, cylinder_box_pair,  # noqa: F401
+                                    polytope_pair, polytope_pairs)
 from .collision_driver import tighten_requests
 from .constraint import baumgarte_gain
 from .plane_contacts import CYLINDER_LOWEST_ID, ellipsoid_directions
@@ -437,6 +440,8 @@ def closed_form_pair(kind1: str, static1: bool, kind2: str, static2: bool) -> bo
         return True                       # ... with the capsule as a segment and a radius
     if kind1 == "capsule" and kind2 == "capsule":
         return True                       # collision_derivatives.capsule_pair (not parallel)
+    if {kind1, kind2} == {"sphere", "capsule"}:
+        return True                       # _sphere_capsule (a point against a segment)
     return (kind1 == "sphere" and kind2 == "sphere") or {kind1, kind2} == {"sphere", "box"}
 
 
@@ -493,6 +498,58 @@ def _sphere_box(sim, kin: _Kin, k: int, gb: int, gs: int, jb: int, js: int, sgn:
     dp[k] = 0.5 * (dpb + dc - r * dnw)
 
 
+def _sphere_capsule(sim, kin: _Kin, c, k: int, gc: int, gs: int, jc: int, js: int, sgn: float,
+                    dp, dn, dd) -> bool:
+    """Closed form for contact k of capsule geom gc (joint jc) and sphere geom gs (joint js);
+    sgn = +1 when the capsule is geom 1 (the normal points out of the capsule), else -1.
+    False (nothing written) where the configuration is degenerate or coal's point is not the
+    one described here (the caller's fallback).
+
+    With the capsule's axis a0 + s u (s in [0, 1]) and the sphere centre c, the axis point
+    closest to c is p = a0 + s u, s the clamped projection. An interior s follows from the
+    orthogonality condition (c - p) . u = 0, differentiated implicitly:
+    ds = ((dc - dp_fixed) . u + e . du) / (u . u), e = c - p, dp_fixed the Jacobian of p moving
+    with the capsule; a clamped s stays at its body-fixed end. With L = |e| and m = e / L (out
+    of the capsule): d dist = m . de, dm = (I - m m^T) de / L, de = dc - dp, and the point is
+    the midpoint of the capsule's surface point p + rc m and the sphere's c - rs m."""
+    Mc, Ms = sim.geom_data.oMg[gc], sim.geom_data.oMg[gs]
+    shape = sim.geom_model.geometryObjects[gc].geometry
+    h, rc = float(shape.halfLength), float(shape.radius)
+    rs = float(sim.geom_model.geometryObjects[gs].geometry.radius)
+    ax = Mc.rotation[:, 2]
+    a0, u = Mc.translation - h * ax, 2.0 * h * ax
+    pc, nc_ = c.pos[k], np.asarray(c.normal[k], float)
+    c = Ms.translation
+    uu = float(u @ u)
+    s_raw = float((c - a0) @ u) / uu if uu > 0.0 else 0.0
+    s = min(max(s_raw, 0.0), 1.0)
+    p = a0 + s * u
+    e = c - p
+    L = float(np.linalg.norm(e))
+    if L < 1e-9 * max(1.0, rc + rs):
+        return False
+    m = e / L
+    pos = 0.5 * (p + c) + 0.5 * (rc - rs) * m
+    scale = max(L, rc + rs, 1e-3)
+    if sgn * (m @ nc_) < 1.0 - 1e-6 or np.linalg.norm(pos - pc) > 1e-6 * scale:
+        return False
+    dpf = kin.point_jacobian(jc, p)
+    dc = kin.point_jacobian(js, c)
+    if 1e-12 < s_raw < 1.0 - 1e-12:
+        w = kin.J[jc][3:] if jc else np.zeros((3, kin.nv))
+        du = -_skew(u) @ w
+        ds = (u @ (dc - dpf) + e @ du) / uu
+        dpa = dpf + np.outer(u, ds)
+    else:
+        dpa = dpf
+    de = dc - dpa
+    Dm = (np.eye(3) - np.outer(m, m)) @ de / L
+    dd[k] = m @ de
+    dn[k] = sgn * Dm
+    dp[k] = 0.5 * (dpa + dc) + 0.5 * (rc - rs) * Dm
+    return True
+
+
 def geometry_derivatives(sim, kin: _Kin, cons) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """dp/dq (nc, 3, nv), dn/dq (nc, 3, nv), d dist/dq (nc, nv) of every contact point."""
     nc = cons.nc
@@ -526,6 +583,13 @@ def geometry_derivatives(sim, kin: _Kin, cons) -> tuple[np.ndarray, np.ndarray, 
                 _sphere_box(sim, kin, k, g1, g2, j1, j2, 1.0, dp, dn, dd)
             else:
                 _sphere_box(sim, kin, k, g2, g1, j2, j1, -1.0, dp, dn, dd)
+        elif {k1, k2} == {"sphere", "capsule"}:
+            if k1 == "capsule":
+                ok = _sphere_capsule(sim, kin, c, k, g1, g2, j1, j2, 1.0, dp, dn, dd)
+            else:
+                ok = _sphere_capsule(sim, kin, c, k, g2, g1, j2, j1, -1.0, dp, dn, dd)
+            if not ok:
+                fallback.append(k)
         elif k1 == "sphere" and k2 == "sphere":
             n = c.normal[k]
             c1 = sim.geom_data.oMg[g1].translation
@@ -538,8 +602,13 @@ def geometry_derivatives(sim, kin: _Kin, cons) -> tuple[np.ndarray, np.ndarray, 
             dp[k] = 0.5 * (dc1 + dc2) + 0.5 * (r1 - r2) * dn[k]
         else:
             plane.append(k)
-    for route, groups in ((polytope_pair, polytope), (capsule_pair, capsules),
-                          (cylinder_box_pair, cylbox)):
+    if polytope:
+        # every polytope pair of the step in one compiled call (collision_derivatives)
+        try:
+            fallback += polytope_pairs(sim, kin, c, list(polytope.values()), dp, dn, dd)
+        except (np.linalg.LinAlgError, FloatingPointError, ValueError, ZeroDivisionError):
+            fallback += [k for _, _, rows in polytope.values() for k in rows]   # (degenerate)
+    for route, groups in ((capsule_pair, capsules), (cylinder_box_pair, cylbox)):
         for j1, j2, rows in groups.values():
             try:
                 with np.errstate(divide="raise", invalid="raise", over="raise"):

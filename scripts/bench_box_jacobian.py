@@ -58,9 +58,9 @@ def settle(sim, q, v, steps):
 
 
 def time_ours(sim, q0, v0, states, jacobian, fallback):
-    real = derivatives.polytope_pair
+    real = derivatives.polytope_pairs
     if fallback:
-        derivatives.polytope_pair = lambda sim, kin, c, rows, *a: list(rows)
+        derivatives.polytope_pairs = lambda sim, kin, c, groups, *a: [k for _, _, rows in groups for k in rows]
     try:
         q, v = q0.copy(), v0.copy()
         tau = np.zeros(sim.nv)
@@ -75,7 +75,7 @@ def time_ours(sim, q0, v0, states, jacobian, fallback):
             n_c += sim.last.num_contacts
         return (time.perf_counter() - t0) / states, n_c / states
     finally:
-        derivatives.polytope_pair = real
+        derivatives.polytope_pairs = real
 
 
 def time_mujoco(mujoco, m, qpos, qvel, states, warmup):

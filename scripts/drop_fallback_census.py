@@ -4,8 +4,11 @@ a plane, 120 steps each with ``jacobian=True``. Prints the rows by reason
 (``collision_derivatives.fallback_reasons``) and by pair of kinds
 (``derivatives.fallback_counts``), and whether any Jacobian was non-finite.
 
-    python scripts/drop_fallback_census.py
+    python scripts/drop_fallback_census.py [--spheres]
+
+``--spheres``: two of the six bodies are balls (sphere-capsule, sphere-box pairs as well).
 """
+import sys
 import numpy as np, warnings, time, diffgym
 from diffgym import derivatives
 warnings.simplefilter("ignore")
@@ -14,8 +17,11 @@ def scene(seed):
     r = np.random.default_rng(seed)
     bodies = []
     for i in range(6):
-        kind = ["box", "box", "capsule", "box", "capsule", "box"][i]
+        kinds = ["box", "sphere", "capsule", "box", "capsule", "sphere"] if "--spheres" in sys.argv \
+            else ["box", "box", "capsule", "box", "capsule", "box"]
+        kind = kinds[i]
         geom = ('<geom type="box" size="%.3f %.3f %.3f"/>' % tuple(r.uniform(0.04, 0.1, 3)) if kind == "box"
+                else '<geom type="sphere" size="0.05"/>' if kind == "sphere"
                 else '<geom type="capsule" fromto="-0.08 0 0 0.08 0 0" size="0.03"/>')
         bodies.append('<body pos="%.3f %.3f %.3f" euler="%d %d %d"><freejoint/>%s</body>'
                       % (r.uniform(-0.1, 0.1), r.uniform(-0.1, 0.1), 0.15 + 0.2 * i, *r.integers(0, 360, 3), geom))

@@ -372,3 +372,76 @@ def test_no_fallback_in_a_drop(monkeypatch):
         assert np.isfinite(jac.state).all() and np.isfinite(jac.control).all()
         pairs |= {tuple(sorted(k)) for k in sim.last.contact_geoms}
     assert len(pairs) >= 4
+
+
+# -- a sphere against a capsule (point against segment: derivatives._sphere_capsule) -------------
+SPHERE_CAPSULE = """<mujoco><option timestep="0.01" gravity="0 0 0"/><worldbody>
+<body name="{first}" pos="{p1}" euler="{e1}"><freejoint/>{g1}</body>
+<body name="{second}" pos="{p2}" euler="{e2}"><freejoint/>{g2}</body>
+</worldbody></mujoco>"""
+_CAPSULE = '<geom name="cap" type="capsule" fromto="-0.15 0 0 0.15 0 0" size="0.04"/>'
+_SPHERE = '<geom name="ball" type="sphere" size="0.05"/>'
+
+
+@pytest.mark.parametrize("capsule_first", [True, False], ids=["capsule-sphere", "sphere-capsule"])
+@pytest.mark.parametrize("s, direction, euler", [(0.3, (0.2, 0.3, 1.0), "10 -20 30"),   # the side
+                                                 (1.0, (0.6, 0.2, 0.7), "0 15 -10"),    # an end cap
+                                                 (0.0, (-0.3, -0.5, -0.6), "30 0 60")],  # the other
+                         ids=["side", "cap", "other-cap"])
+def test_sphere_capsule_geometry_against_coal(capsule_first, s, direction, euler, monkeypatch):
+    """The closed-form dp, dn, dd of a sphere touching a capsule (its side: the closest axis
+    point interior; its end caps: clamped) against central differences of coal's collision
+    output, both bodies free and moving, the capsule turned, either geom order; no fallback."""
+    cap = ("cap", "0 0 0", euler, _CAPSULE)
+    sph = ("ball", "0 0 1", "0 0 0", _SPHERE)
+    (n1, p1, e1, g1), (n2, p2, e2, g2) = (cap, sph) if capsule_first else (sph, cap)
+    sim = diffgym.Simulator.from_string(SPHERE_CAPSULE.format(first=n1, p1=p1, e1=e1, g1=g1,
+                                                              second=n2, p2=p2, e2=e2, g2=g2))
+    sim.step(sim.q0, np.zeros(sim.nv), np.zeros(sim.nv))
+    gc = [g.name for g in sim.sm.geoms].index("cap")
+    M = sim.geom_data.oMg[gc]
+    a0, a1 = M.translation - 0.15 * M.rotation[:, 2], M.translation + 0.15 * M.rotation[:, 2]
+    u = (a1 - a0) / 0.3
+    w = np.array(direction, float)
+    if 0.0 < s < 1.0:
+        w -= (w @ u) * u                       # off the side, square to the axis
+    w /= np.linalg.norm(w)
+    q = sim.q0.copy()
+    iq = 0 if not capsule_first else 7        # the ball's free joint (the first or second body)
+    q[iq:iq + 3] = a0 + s * (a1 - a0) + (0.04 + 0.05 - 1e-4) * w
+    v = np.random.default_rng(3).normal(scale=0.2, size=sim.nv)
+    sim.step(q, v, np.zeros(sim.nv), jacobian=True)
+    cons = sim.cache["cons"]
+    c = cons.contacts
+    assert cons.nc == 1
+    assert {sim.sm.geoms[int(c.geom1[0])].kind, sim.sm.geoms[int(c.geom2[0])].kind} == {"sphere", "capsule"}
+    gj = sim.constraints.geom_joint
+    kin = derivatives._Kin(sim.model, sim.model.createData(), sim.cache["q"], sim.cache["v1"],
+                           np.concatenate([gj[c.geom1], gj[c.geom2]]))
+    fp, fn, fd = (np.zeros((1, 3, sim.nv)), np.zeros((1, 3, sim.nv)), np.zeros((1, sim.nv)))
+    derivatives._collision_fd(sim, cons, [0], fp, fn, fd)
+    _no_fallback(monkeypatch)
+    dp, dn, dd = derivatives.geometry_derivatives(sim, kin, cons)
+    assert np.abs(fp).max() > 0.1
+    assert np.abs(dd - fd).max() < 1e-7
+    assert np.abs(dp - fp).max() < 1e-6
+    assert np.abs(dn - fn).max() < 1e-6
+
+
+SPHERE_ON_ROD = """<mujoco><option timestep="0.01"/><worldbody>
+<geom type="plane" size="5 5 .1" friction="0.5"/>
+<geom name="rod" type="capsule" fromto="-0.5 0 0.1 0.5 0 0.1" size="0.04" friction="0.5"/>
+<body name="ball" pos="0.05 0.01 0.1899"><freejoint name="ball"/>
+  <geom name="ball" type="sphere" size="0.05" mass="0.3" friction="0.5"/></body>
+</worldbody></mujoco>"""
+
+
+@pytest.mark.parametrize("v", [[0, 0, 0, 0, 0, 0], [0.3, 0.05, 0, 0, 0, 0], [0.1, 0, 0, 2.0, 0, 0]],
+                         ids=["resting", "sliding", "rolling"])
+def test_sphere_on_static_capsule(v, monkeypatch):
+    """A ball on a static rod (resting, sliding along it, spun about the rod): the whole step's
+    Jacobian against central differences, the sphere-capsule geometry in closed form."""
+    _no_fallback(monkeypatch)
+    sim = diffgym.Simulator.from_string(SPHERE_ON_ROD)
+    q = place(sim, sim.q0, "ball")
+    check_step_jacobian(sim, q, np.array(v, float), kinds={("capsule", "sphere")})

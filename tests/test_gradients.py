@@ -239,11 +239,12 @@ def test_convex_mesh_on_plane_closed_form(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("ground, geom, euler, v, modes, points", [
-    # a ball on a static capsule, sliding and spinning on it (sphere-capsule: no closed form)
-    ('<geom type="capsule" fromto="-1 0 0.05 1 0 0.05" size="0.05" friction="0.5"/>',
+    # a ball on a static cylinder lying on its side, sliding and spinning on it (sphere-cylinder:
+    # no closed form; sphere-capsule, the pair used here before, now has one)
+    ('<geom type="cylinder" fromto="-1 0 0.05 1 0 0.05" size="0.05" friction="0.5"/>',
      '<geom type="sphere" pos="0.01 0.02 0" size="0.05" friction="0.5"/>', "0 0 0", [0.3, 0.02, 0, 0, 0, 3.0],
      {"sliding"}, 1),
-], ids=["capsule-sphere-sliding"])
+], ids=["cylinder-sphere-sliding"])
 def test_collision_fd_fallback(ground, geom, euler, v, modes, points, monkeypatch):
     """Pairs without closed-form geometry derivatives go through derivatives._collision_fd
     (a central difference of the collision output alone); the whole step Jacobian must still
