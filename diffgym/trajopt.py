@@ -24,7 +24,9 @@ every action holds the rod's starting pose, 0.2 m from the box) and ``sampling``
 their rollouts count in the budget).
 
 Methods: one per gradient mode named in ``--modes`` (the simulator's ``gradient=``; gradients
-by reverse accumulation of the exact step Jacobians ``step_with_jacobian``), and ``cmaes``
+by reverse accumulation of the step Jacobians ``step_with_jacobian``), ``long_range+smooth``
+(``LongRange(rho=--rho)``: the long-range forward, its derivative through the relaxed contact
+problem, so that it passes sticking contacts), and ``cmaes``
 (a numpy CMA-ES, Hansen's standard (mu/mu_w, lambda) update with rank-one and rank-mu
 covariance adaptation, forward simulation in the exact mode) at the same number of rollouts.
 
@@ -119,6 +121,17 @@ class CMAES:
         self.sigma *= math.exp((self.cs / self.damps) * (np.linalg.norm(self.ps) / self.chin - 1))
 
 
+def method_mode(method: str, args) -> "str | dict":
+    """The gradient mode a method runs with: ``cmaes`` the exact forward (no gradients),
+    ``long_range+smooth`` the long-range barrier with its derivative through the contact
+    problem relaxed at ``--rho`` (``LongRange(rho=...)``), any other name that mode."""
+    if method == "cmaes":
+        return "exact"
+    if method == "long_range+smooth":
+        return {"mode": "long_range", "rho": args.rho}
+    return method
+
+
 def _make(env_id, mode, **kw):
     import gymnasium as gym
 
@@ -186,7 +199,7 @@ class Billiards:
 
 
 def run_billiards(method, start, seed, args, log):
-    mode = "exact" if method == "cmaes" else method
+    mode = method_mode(method, args)
     task = Billiards(mode, seed, args.billiards_steps)
     hist = []
     t0 = time.perf_counter()
@@ -295,7 +308,7 @@ class Push:
 
 
 def run_push(method, start, seed, args, log):
-    mode = "exact" if method == "cmaes" else method
+    mode = method_mode(method, args)
     task = Push(mode, seed)
     h = args.push_window
     A = np.tile(task.hold, (h, 1))
@@ -388,7 +401,7 @@ def main(args: argparse.Namespace) -> int:
     for m in args.modes.split(","):
         m = m.strip()
         if m != "cmaes":
-            gradient_mode(m)                # a clear error for an unknown mode
+            gradient_mode(method_mode(m, args))     # a clear error for an unknown mode
         methods.append(m)
     tasks = args.tasks.split(",")
     starts = args.starts.split(",")
@@ -486,8 +499,11 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--tasks", default="billiards,push", help="comma list of billiards, push")
     p.add_argument("--starts", default="trivial,sampling", help="comma list of trivial, sampling")
     p.add_argument("--modes", default="exact,long_range,smooth,cmaes",
-                   help="comma list of gradient modes (any name diffgym.gradient_modes knows) "
-                        "and cmaes")
+                   help="comma list of gradient modes (any name diffgym.gradient_modes knows), "
+                        "long_range+smooth (long_range with its derivative through the relaxed "
+                        "contact problem at --rho) and cmaes")
+    p.add_argument("--rho", type=float, default=3e-3,
+                   help="long_range+smooth: the relaxation level of the contact derivative")
     p.add_argument("--seeds", type=int, default=5, help="number of task seeds")
     p.add_argument("--seed0", type=int, default=0)
     p.add_argument("--iters", type=int, default=400, help="billiards: rollouts per run")
