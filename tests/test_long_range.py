@@ -238,13 +238,15 @@ def test_trajopt_command_writes_its_tables(tmp_path):
     from diffgym.cli import main
     out = tmp_path / "tj"
     rc = main(["trajopt", "--tasks", "billiards,push", "--starts", "trivial", "--modes",
-               "exact,long_range,cmaes", "--seeds", "1", "--iters", "3", "--billiards-steps", "2",
+               "exact,long_range,long_range+smooth,cmaes", "--seeds", "1", "--iters", "3",
+               "--billiards-steps", "2",
                "--push-frames", "1", "--push-window", "2", "--push-iters", "2", "--out", str(out)])
     assert rc == 0
     import csv
     rows = list(csv.DictReader(open(out / "results.csv")))
     assert {(r["task"], r["method"]) for r in rows} == {
-        (t, m) for t in ("billiards", "push") for m in ("exact", "long_range", "cmaes")}
+        (t, m) for t in ("billiards", "push")
+        for m in ("exact", "long_range", "long_range+smooth", "cmaes")}
     assert (out / "billiards_trivial.png").exists() and (out / "push_trivial.png").exists()
 
 
