@@ -259,8 +259,10 @@ def run_billiards(method, start, seed, args, log):
 class Push:
     lr = 1e-2
 
-    def __init__(self, mode, seed):
+    def __init__(self, mode, seed, rod_distance=None):
         self.env = e = _make("DiffPush-v0", mode)
+        if rod_distance is not None:      # the rod's start distance from the box's centre
+            e.ROD_START_DISTANCE = float(rod_distance)
         e.reset(seed=seed)
         self.x = e.get_state()
         self.eps = e.SUCCESS_RADIUS
@@ -309,7 +311,7 @@ class Push:
 
 def run_push(method, start, seed, args, log):
     mode = method_mode(method, args)
-    task = Push(mode, seed)
+    task = Push(mode, seed, getattr(args, "push_rod_distance", None))
     h = args.push_window
     A = np.tile(task.hold, (h, 1))
     hist = []
@@ -363,7 +365,7 @@ def run_push(method, start, seed, args, log):
     loss, _, ok = task.box_loss(task.x)
     wall = time.perf_counter() - t0
     # the executed actions replayed in the exact simulator
-    ex = task if mode == "exact" else Push("exact", seed)
+    ex = task if mode == "exact" else Push("exact", seed, getattr(args, "push_rod_distance", None))
     exact_loss, _, exact_ok = ex.rollout(x_start, np.array(executed).reshape(-1, 3), False)
     return dict(loss=loss, success=ok, wall=wall, rollouts=rollouts, exact_loss=exact_loss,
                 exact_success=exact_ok), hist
@@ -512,6 +514,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--push-frames", type=int, default=200)
     p.add_argument("--push-window", type=int, default=48)
     p.add_argument("--push-iters", type=int, default=50, help="push: rollouts per window")
+    p.add_argument("--push-rod-distance", type=float, default=None,
+                   help="push: the rod's start distance from the box's centre (m; default the "
+                        "environment's, 0.2)")
     p.add_argument("--out", default="runs/trajopt")
     p.add_argument("--summarize", nargs="+", metavar="RESULTS_CSV",
                    help="instead, print one table of these results.csv files")
