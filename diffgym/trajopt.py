@@ -127,8 +127,12 @@ def method_mode(method: str, args) -> "str | dict":
     problem relaxed at ``--rho`` (``LongRange(rho=...)``), any other name that mode."""
     if method == "cmaes":
         return "exact"
+    scale = getattr(args, "scale", None)
+    extra = {} if scale is None else {"scale": scale}
     if method == "long_range+smooth":
-        return {"mode": "long_range", "rho": args.rho}
+        return {"mode": "long_range", "rho": args.rho, **extra}
+    if method == "long_range" and extra:
+        return {"mode": "long_range", **extra}
     return method
 
 
@@ -504,6 +508,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                    help="comma list of gradient modes (any name diffgym.gradient_modes knows), "
                         "long_range+smooth (long_range with its derivative through the relaxed "
                         "contact problem at --rho) and cmaes")
+    p.add_argument("--scale", type=float, default=None,
+                   help="long_range, long_range+smooth: the barrier's scale (default the "
+                        "mode's, 1e-8)")
     p.add_argument("--rho", type=float, default=3e-3,
                    help="long_range+smooth: the relaxation level of the contact derivative")
     p.add_argument("--seeds", type=int, default=5, help="number of task seeds")
