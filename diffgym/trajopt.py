@@ -19,7 +19,8 @@ Tasks (the paper's Table 3 settings by default):
 The paper does not state its epsilons in numbers; we use the environments' success radii.
 
 Starts: ``trivial`` (billiards: the cue ball at its reset spot at rest, aimed at nothing; push:
-every action holds the rod's starting pose, 0.2 m from the box) and ``sampling``
+every action holds the rod's starting pose, 0.2 m from the box's centre, or
+``--push-rod-distance``) and ``sampling``
 (``--samples`` random decision vectors simulated forward, the best one starts the optimizer;
 their rollouts count in the budget).
 
