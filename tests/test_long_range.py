@@ -342,3 +342,12 @@ def test_push_trivial_start_gradient_passes_the_sticking_box_only_with_rho():
         assert loss > 0 and not ok and np.isfinite(G).all()
         grads[name] = np.abs(G).max()
     assert grads["long_range"] < 1e-15 < 1e-9 < grads["rho"], grads
+    # there the rod-box pair is already in the contact set, so the relaxation alone passes a
+    # signal too; from 0.4 m (beyond the margin) only the barrier's, through the relaxation
+    grads = {}
+    for name, mode in (("smooth", "smooth"), ("long_range", {"mode": "long_range", "scale": 1e-6}),
+                       ("rho", {"mode": "long_range", "scale": 1e-6, "rho": 3e-3})):
+        task = Push(mode, seed=0, rod_distance=0.4)
+        _, G, _ = task.rollout(task.x, np.tile(task.hold, (12, 1)), True)
+        grads[name] = np.abs(G).max()
+    assert grads["smooth"] == 0.0 and grads["long_range"] < 1e-15 < 1e-10 < grads["rho"], grads
