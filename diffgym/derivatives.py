@@ -812,20 +812,29 @@ def _with_long_range(sim, ddq_dq: np.ndarray, Minv: np.ndarray) -> np.ndarray:
     return ddq_dq + Minv @ K
 
 
+def relaxed_derivative(mode) -> bool:
+    """Whether ``mode``'s Jacobian is taken through the relaxed contact problem
+    (``diffgym.smoothing``): the smooth mode, and the long_range mode with ``rho`` set."""
+    return mode.name == "smooth" or (mode.name == "long_range" and mode.rho is not None)
+
+
 def step_jacobian(sim, compiled: bool | None = None) -> StepJacobian:
     """Jacobian of the step that ``sim`` just took (uses ``sim.cache``).
 
     ``compiled``: the numba route (``derivative_kernels``; the default, see ``COMPILED``) or the
     numpy reference below (False). Both give the same numbers to rounding; the compiled route
     falls back to the reference where it does not apply (mimic joints, non-finite data).
-    Gives the derivative of ``sim.gradient`` (diffgym.gradient_modes)."""
+    Gives the derivative of ``sim.gradient`` (diffgym.gradient_modes): smooth and long_range
+    with ``rho`` take the contact part through ``smoothing.relaxed_view``; long_range adds its
+    force's derivative (``_with_long_range``) on either route."""
     mode = getattr(sim, "gradient", None)
     C, system = sim.cache, None
-    if mode is not None and mode.name == "smooth":
+    if mode is not None and relaxed_derivative(mode):
         if sim.__dict__.get("_extra") is not None:
             raise NotImplementedError(
-                "gradient mode 'smooth' does not cover the rows of diffgym.equality (equality "
-                "constraints, joint frictionloss, ball-joint and tendon limits) yet; use 'exact'")
+                f"gradient mode {mode!r} (the relaxed contact derivative) does not cover the rows "
+                "of diffgym.equality (equality constraints, joint frictionloss, ball-joint and "
+                "tendon limits) yet; use 'exact' (or 'long_range' without rho)")
         # the relaxed problem's solution replaces the exact one in every stage, and its
         # linearized conditions replace the mode system (diffgym.smoothing)
         from .smoothing import relaxed_view

@@ -787,11 +787,12 @@ def check_step_jacobians(target, *, states=None, actions=None, steps: int | None
     settings = _Settings(eps, tol, floor, adaptive)
     obj, kind = _unwrap(target)
     mode = getattr(obj if kind == "sim" else obj.sim, "gradient", None)
-    if mode is not None and mode.name == "smooth":
+    from .derivatives import relaxed_derivative
+    if mode is not None and relaxed_derivative(mode):
         # central differences of the step are the oracle of the modes whose Jacobian is the
-        # step's: exact, and long_range (its force is part of the step)
+        # step's: exact, and long_range without rho (its force is part of the step)
         raise ValueError(f"check_step_jacobians audits the step's own Jacobian (modes 'exact', "
-                         f"'long_range') against central "
+                         f"'long_range' without rho) against central "
                          f"differences of the step; this {'simulator' if kind == 'sim' else 'environment'}"
                          f" uses gradient mode {mode!r}, whose Jacobian is by design not the "
                          "step's (make it with gradient='exact' to audit it)")

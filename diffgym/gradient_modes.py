@@ -5,7 +5,9 @@
 - ``Smooth(rho)``: the derivative of the contact problem relaxed at complementarity level
   ``rho``, evaluated around the exact solution. The forward simulation is the exact one.
 - ``LongRange(scale, ...)``: a globally supported repulsive barrier between bodies that may
-  touch, whose gradient reaches bodies that are apart.
+  touch, whose gradient reaches bodies that are apart. With ``rho`` set, its derivative is
+  taken through the contact problem relaxed at level ``rho`` (as ``Smooth``), so the barrier's
+  gradient also passes through contacts that stick in the exact solution.
 
 A mode is given as a name (``"smooth"``), a mapping (``{"mode": "smooth", "rho": 3e-3}``) or
 an instance (``Smooth(rho=3e-3)``); :func:`gradient_mode` turns any of them into an instance
@@ -16,7 +18,7 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import Any, Mapping, Union
+from typing import Any, Mapping, Optional, Union
 
 
 def _positive(mode: str, key: str, value: Any) -> float:
@@ -56,14 +58,24 @@ class LongRange:
     ``scale``: the potential's strength (J; the long-range paper's mu): the centred term between
     two bounding spheres at distance r is ``scale (1 + r^-1/2)^2``.
     ``margin``: the paper's epsilon: a node pair blends from its children's sum to its single
-    centred term as its distance grows from ``d1 = R_I + R_J`` to ``(1 + margin) d1``."""
+    centred term as its distance grows from ``d1 = R_I + R_J`` to ``(1 + margin) d1``.
+    ``rho``: ``None`` (default): the Jacobian is the long-range step's own (the exact contact
+    derivative with the barrier's force derivative added). A positive number: the contact part
+    of the derivative is the smooth mode's, of the contact problem relaxed at level ``rho``
+    (``Smooth(rho)``), with the barrier's force derivative added; the forward step stays the
+    long-range one. Needed where the barrier's force is too weak to break static friction (a
+    sticking contact's exact derivative is zero, so the barrier's gradient would stop there);
+    ``rho -> 0`` recovers ``rho=None``."""
     scale: float = 1e-8
     margin: float = 0.5
+    rho: Optional[float] = None
     name = "long_range"
 
     def __post_init__(self):
         object.__setattr__(self, "scale", _positive("long_range", "scale", self.scale))
         object.__setattr__(self, "margin", _positive("long_range", "margin", self.margin))
+        if self.rho is not None:
+            object.__setattr__(self, "rho", _positive("long_range", "rho", self.rho))
 
 
 GradientMode = Union[Exact, Smooth, LongRange]

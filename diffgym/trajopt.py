@@ -19,12 +19,15 @@ Tasks (the paper's Table 3 settings by default):
 The paper does not state its epsilons in numbers; we use the environments' success radii.
 
 Starts: ``trivial`` (billiards: the cue ball at its reset spot at rest, aimed at nothing; push:
-every action holds the rod's starting pose, 0.2 m from the box) and ``sampling``
+every action holds the rod's starting pose, 0.2 m from the box's centre, or
+``--push-rod-distance``) and ``sampling``
 (``--samples`` random decision vectors simulated forward, the best one starts the optimizer;
 their rollouts count in the budget).
 
 Methods: one per gradient mode named in ``--modes`` (the simulator's ``gradient=``; gradients
-by reverse accumulation of the exact step Jacobians ``step_with_jacobian``), and ``cmaes``
+by reverse accumulation of the step Jacobians ``step_with_jacobian``), ``long_range+smooth``
+(``LongRange(rho=--rho)``: the long-range forward, its derivative through the relaxed contact
+problem, so that it passes sticking contacts), and ``cmaes``
 (a numpy CMA-ES, Hansen's standard (mu/mu_w, lambda) update with rank-one and rank-mu
 covariance adaptation, forward simulation in the exact mode) at the same number of rollouts.
 
@@ -119,6 +122,21 @@ class CMAES:
         self.sigma *= math.exp((self.cs / self.damps) * (np.linalg.norm(self.ps) / self.chin - 1))
 
 
+def method_mode(method: str, args) -> "str | dict":
+    """The gradient mode a method runs with: ``cmaes`` the exact forward (no gradients),
+    ``long_range+smooth`` the long-range barrier with its derivative through the contact
+    problem relaxed at ``--rho`` (``LongRange(rho=...)``), any other name that mode."""
+    if method == "cmaes":
+        return "exact"
+    scale = getattr(args, "scale", None)
+    extra = {} if scale is None else {"scale": scale}
+    if method == "long_range+smooth":
+        return {"mode": "long_range", "rho": args.rho, **extra}
+    if method == "long_range" and extra:
+        return {"mode": "long_range", **extra}
+    return method
+
+
 def _make(env_id, mode, **kw):
     import gymnasium as gym
 
@@ -186,7 +204,7 @@ class Billiards:
 
 
 def run_billiards(method, start, seed, args, log):
-    mode = "exact" if method == "cmaes" else method
+    mode = method_mode(method, args)
     task = Billiards(mode, seed, args.billiards_steps)
     hist = []
     t0 = time.perf_counter()
@@ -246,8 +264,10 @@ def run_billiards(method, start, seed, args, log):
 class Push:
     lr = 1e-2
 
-    def __init__(self, mode, seed):
+    def __init__(self, mode, seed, rod_distance=None):
         self.env = e = _make("DiffPush-v0", mode)
+        if rod_distance is not None:      # the rod's start distance from the box's centre
+            e.ROD_START_DISTANCE = float(rod_distance)
         e.reset(seed=seed)
         self.x = e.get_state()
         self.eps = e.SUCCESS_RADIUS
@@ -295,8 +315,8 @@ class Push:
 
 
 def run_push(method, start, seed, args, log):
-    mode = "exact" if method == "cmaes" else method
-    task = Push(mode, seed)
+    mode = method_mode(method, args)
+    task = Push(mode, seed, getattr(args, "push_rod_distance", None))
     h = args.push_window
     A = np.tile(task.hold, (h, 1))
     hist = []
@@ -350,7 +370,7 @@ def run_push(method, start, seed, args, log):
     loss, _, ok = task.box_loss(task.x)
     wall = time.perf_counter() - t0
     # the executed actions replayed in the exact simulator
-    ex = task if mode == "exact" else Push("exact", seed)
+    ex = task if mode == "exact" else Push("exact", seed, getattr(args, "push_rod_distance", None))
     exact_loss, _, exact_ok = ex.rollout(x_start, np.array(executed).reshape(-1, 3), False)
     return dict(loss=loss, success=ok, wall=wall, rollouts=rollouts, exact_loss=exact_loss,
                 exact_success=exact_ok), hist
@@ -388,7 +408,7 @@ def main(args: argparse.Namespace) -> int:
     for m in args.modes.split(","):
         m = m.strip()
         if m != "cmaes":
-            gradient_mode(m)                # a clear error for an unknown mode
+            gradient_mode(method_mode(m, args))     # a clear error for an unknown mode
         methods.append(m)
     tasks = args.tasks.split(",")
     starts = args.starts.split(",")
@@ -486,8 +506,14 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--tasks", default="billiards,push", help="comma list of billiards, push")
     p.add_argument("--starts", default="trivial,sampling", help="comma list of trivial, sampling")
     p.add_argument("--modes", default="exact,long_range,smooth,cmaes",
-                   help="comma list of gradient modes (any name diffgym.gradient_modes knows) "
-                        "and cmaes")
+                   help="comma list of gradient modes (any name diffgym.gradient_modes knows), "
+                        "long_range+smooth (long_range with its derivative through the relaxed "
+                        "contact problem at --rho) and cmaes")
+    p.add_argument("--scale", type=float, default=None,
+                   help="long_range, long_range+smooth: the barrier's scale (default the "
+                        "mode's, 1e-8)")
+    p.add_argument("--rho", type=float, default=3e-3,
+                   help="long_range+smooth: the relaxation level of the contact derivative")
     p.add_argument("--seeds", type=int, default=5, help="number of task seeds")
     p.add_argument("--seed0", type=int, default=0)
     p.add_argument("--iters", type=int, default=400, help="billiards: rollouts per run")
@@ -496,6 +522,9 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--push-frames", type=int, default=200)
     p.add_argument("--push-window", type=int, default=48)
     p.add_argument("--push-iters", type=int, default=50, help="push: rollouts per window")
+    p.add_argument("--push-rod-distance", type=float, default=None,
+                   help="push: the rod's start distance from the box's centre (m; default the "
+                        "environment's, 0.2)")
     p.add_argument("--out", default="runs/trajopt")
     p.add_argument("--summarize", nargs="+", metavar="RESULTS_CSV",
                    help="instead, print one table of these results.csv files")

@@ -238,11 +238,116 @@ def test_trajopt_command_writes_its_tables(tmp_path):
     from diffgym.cli import main
     out = tmp_path / "tj"
     rc = main(["trajopt", "--tasks", "billiards,push", "--starts", "trivial", "--modes",
-               "exact,long_range,cmaes", "--seeds", "1", "--iters", "3", "--billiards-steps", "2",
+               "exact,long_range,long_range+smooth,cmaes", "--seeds", "1", "--iters", "3",
+               "--billiards-steps", "2",
                "--push-frames", "1", "--push-window", "2", "--push-iters", "2", "--out", str(out)])
     assert rc == 0
     import csv
     rows = list(csv.DictReader(open(out / "results.csv")))
     assert {(r["task"], r["method"]) for r in rows} == {
-        (t, m) for t in ("billiards", "push") for m in ("exact", "long_range", "cmaes")}
+        (t, m) for t in ("billiards", "push")
+        for m in ("exact", "long_range", "long_range+smooth", "cmaes")}
     assert (out / "billiards_trivial.png").exists() and (out / "push_trivial.png").exists()
+
+
+# -- long_range with rho: the derivative through the relaxed contact problem (issue 13) --------
+PUSH_LR = {"mode": "long_range", "scale": 1e-3, "rho": 1e-3}
+
+
+def _push_states():
+    """States DiffPush visits with the rod driven towards the box, in long_range mode with rho;
+    the one where the barrier's force derivative is largest first."""
+    from test_smooth_gradient import _visited
+    sim, states = _visited("DiffPush-v0", 40, 0, 4, gradient=PUSH_LR)
+    assert sim.gradient == LongRange(scale=1e-3, rho=1e-3)
+    size = []
+    for q, v, tau in states:
+        sim.reset_warmstart()
+        sim.step(q, v, tau)
+        size.append(np.abs(sim.long_range.force_derivative()).max())
+    return sim, [states[i] for i in np.argsort(size)[::-1]]
+
+
+def test_relaxed_long_range_matches_relaxed_differences_at_a_visited_push_state():
+    from test_smooth_gradient import assert_matches_relaxed_fd
+    sim, states = _push_states()
+    q, v, tau = states[0]
+    rho = 1e-3
+    jac, sol = assert_matches_relaxed_fd(sim, q, v, tau, rho, rtol=1e-4,
+                                         mode=LongRange(scale=1e-3, rho=rho))
+    assert sim.last.num_contacts >= 4          # the box's feet on the floor
+    # the check sees the barrier's term: its share of dv/dq is far above the tolerance
+    Minv = np.triu(sim.cache["Minv"]) + np.triu(sim.cache["Minv"], 1).T
+    term = sim.dt * Minv @ sim.long_range.force_derivative()
+    assert np.abs(term).max() > 1e-2 * np.abs(jac.dv_dq).max()
+
+
+def test_relaxed_long_range_tends_to_long_range_as_rho_goes_to_zero():
+    sim, states = _push_states()
+    checked = 0
+    for q, v, tau in states:
+        sim.gradient = LongRange(scale=1e-3)
+        sim.reset_warmstart()
+        _, _, je = sim.step(q, v, tau, jacobian=True)
+        if je.diagnostics.min_margin < 1e-4:   # (as in test_smooth_gradient: held with margin)
+            continue
+        scale = max(np.abs(je.state).max(), np.abs(je.control).max())
+        errs = []
+        for rho in (1e-6, 1e-9, 1e-12):
+            sim.gradient = LongRange(scale=1e-3, rho=rho)
+            sim.reset_warmstart()
+            _, _, js = sim.step(q, v, tau, jacobian=True)
+            errs.append(max(np.abs(js.state - je.state).max(),
+                            np.abs(js.control - je.control).max()) / scale)
+        assert errs[-1] <= 1e-5 and errs[-1] <= errs[0], errs
+        checked += 1
+    assert checked >= 3
+
+
+def test_relaxed_long_range_mode_parameters_and_plumbing():
+    import gymnasium as gym
+
+    from diffgym.gradient_modes import as_dict
+    from diffgym.train.config import ConfigError, load_config
+    m = gradient_mode({"mode": "long_range", "scale": 1e-6, "rho": 1e-3})
+    assert m == LongRange(scale=1e-6, rho=1e-3) and gradient_mode(as_dict(m)) == m
+    assert LongRange().rho is None and gradient_mode(as_dict(LongRange())) == LongRange()
+    with pytest.raises(ValueError, match="rho must be a positive"):
+        gradient_mode({"mode": "long_range", "rho": 0.0})
+    with pytest.raises(TypeError, match="rho must be a number"):
+        gradient_mode({"mode": "long_range", "rho": "small"})
+    env = gym.make("DiffPush-v0", gradient={"mode": "long_range", "scale": 1e-7, "rho": 1e-2})
+    assert env.unwrapped.sim.gradient == LongRange(scale=1e-7, rho=1e-2)
+    cfg = load_config("configs/cartpole_shac.yaml",
+                      overrides=["shac.gradient={mode: long_range, scale: 1.0e-7, rho: 1.0e-3}"])
+    assert gradient_mode(cfg.shac.gradient) == LongRange(scale=1e-7, rho=1e-3)
+    with pytest.raises(ConfigError, match="shac.gradient: .*rho must be a positive"):
+        load_config("configs/cartpole_shac.yaml",
+                    overrides=["shac.gradient={mode: long_range, rho: -1}"])
+    # its Jacobian is by design not the step's: the step audit refuses it, as it does smooth
+    with pytest.raises(ValueError, match="(?s)audits the step.s own Jacobian.*rho=0.01"):
+        diffgym.check_step_jacobians(env, steps=2)
+
+
+def test_push_trivial_start_gradient_passes_the_sticking_box_only_with_rho():
+    """Issue 13: the rod holding its pose away from the box; the box's feet stick. The window's
+    gradient is roundoff in long_range mode and a real signal with rho."""
+    from diffgym.trajopt import Push
+    grads = {}
+    for name, mode in (("long_range", "long_range"),
+                       ("rho", {"mode": "long_range", "rho": 3e-3})):
+        task = Push(mode, seed=0)
+        A = np.tile(task.hold, (12, 1))
+        loss, G, ok = task.rollout(task.x, A, True)
+        assert loss > 0 and not ok and np.isfinite(G).all()
+        grads[name] = np.abs(G).max()
+    assert grads["long_range"] < 1e-15 < 1e-9 < grads["rho"], grads
+    # there the rod-box pair is already in the contact set, so the relaxation alone passes a
+    # signal too; from 0.4 m (beyond the margin) only the barrier's, through the relaxation
+    grads = {}
+    for name, mode in (("smooth", "smooth"), ("long_range", {"mode": "long_range", "scale": 1e-6}),
+                       ("rho", {"mode": "long_range", "scale": 1e-6, "rho": 3e-3})):
+        task = Push(mode, seed=0, rod_distance=0.4)
+        _, G, _ = task.rollout(task.x, np.tile(task.hold, (12, 1)), True)
+        grads[name] = np.abs(G).max()
+    assert grads["smooth"] == 0.0 and grads["long_range"] < 1e-15 < 1e-10 < grads["rho"], grads

@@ -58,8 +58,10 @@ def relaxed_step(sim, q, v, tau, rho, scale=None):
     return pin.integrate(sim.model, q, v1 * sim.dt), v1, key, scale
 
 
-def assert_matches_relaxed_fd(sim, q, v, tau, rho, eps=1e-6, rtol=1e-5):
-    sim.gradient = Smooth(rho=rho)
+def assert_matches_relaxed_fd(sim, q, v, tau, rho, eps=1e-6, rtol=1e-5, mode=None):
+    """``mode``: a mode whose derivative is the relaxed one at ``rho`` (default ``Smooth(rho)``;
+    also ``LongRange(rho=rho)``, whose forward step, and so the oracle's, carries the barrier)."""
+    sim.gradient = Smooth(rho=rho) if mode is None else mode
     sim.reset_warmstart()
     _, _, jac = sim.step(q, v, tau, jacobian=True)
     sol = sim.cache["relaxed"]
@@ -102,8 +104,8 @@ def test_box_sliding_and_landing_match_relaxed_differences():
     assert (sol.lam[2::3] > 0).all()
 
 
-def _visited(env_id, steps, seed, every, bias=0.0):
-    env = gym.make(env_id).unwrapped
+def _visited(env_id, steps, seed, every, bias=0.0, **make_kw):
+    env = gym.make(env_id, **make_kw).unwrapped
     env.reset(seed=seed)
     rng = np.random.default_rng(seed)
     out = []
