@@ -1022,9 +1022,11 @@ class Simulator:
         """The generalized force of the long-range potential at the current kinematics (the
         potential is built on first use; ``self.long_range`` holds it and its last value)."""
         lr = self.__dict__.get("long_range")
-        if lr is None or lr.model is not self.model:
+        mode = self.gradient
+        if (lr is None or lr.model is not self.model or lr.scale != float(mode.scale)
+                or lr.margin != float(mode.margin)):      # (a new model, or a new scale/margin)
             from .long_range import LongRangePotential
-            lr = self.long_range = LongRangePotential(self, self.gradient)
+            lr = self.long_range = LongRangePotential(self, mode)
         lr.value, force = lr.evaluate(self.data, self.geom_data, Jw)
         return force
 

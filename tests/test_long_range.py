@@ -201,6 +201,19 @@ def test_exact_mode_untouched():
     assert len(lr.pairs) == 6          # every candidate pair with a moving geom
 
 
+def test_changing_the_mode_rebuilds_the_potential():
+    """A new scale set on a simulator that already stepped takes effect at the next step."""
+    sim = _sim(scale=1e-1)
+    q, v, tau = sim.q0.copy(), np.zeros(sim.nv), np.zeros(sim.nv)
+    sim.step(q, v, tau)
+    f1 = sim._long_range_force(sim.data.J.reshape(6, sim.nv).copy())
+    sim.gradient = gradient_mode({"mode": "long_range", "scale": 2e-1})
+    sim.step(q, v, tau)
+    f2 = sim._long_range_force(sim.data.J.reshape(6, sim.nv).copy())
+    assert np.abs(f1).max() > 0
+    np.testing.assert_allclose(f2, 2.0 * f1, rtol=1e-12, atol=0)
+
+
 def test_pickled_simulator_keeps_the_mode_and_steps_alike():
     import pickle
     sim = _sim(scale=0.1)
