@@ -70,31 +70,6 @@ POLYTOPE_KINDS = ("box", "mesh")
 _BOX_SIGNS = np.array([[sx, sy, sz] for sx in (-1.0, 1.0) for sy in (-1.0, 1.0) for sz in (-1.0, 1.0)])
 
 
-def snap_box_box(RA, tA, hA, RB, tB, hB, n, d, tol=1e-7):
-    """The exact normal and signed distance of two boxes (rotations R, centres t, half sizes h)
-    by the separating-axis test, where it agrees with coal's (n, d): (n, d, c) with c the height
-    along n of the plane midway between the support planes, or None (separated boxes whose
-    closest features are a vertex against a vertex or an edge, where coal's answer stands).
-
-    Near contact coal's GJK/EPA normal is the direction of a witness difference of length |d|,
-    so its error grows like 1e-16 / |d| (1e-4 rad at 1e-12 m, where resting contacts settle);
-    the separating axis is a face normal or an edge cross product, exact to rounding."""
-    cr = np.cross(RA.T[:, None, :], RB.T[None, :, :]).reshape(9, 3)
-    nc = np.sqrt(np.einsum("ij,ij->i", cr, cr))
-    keep = nc > 1e-6
-    M = np.concatenate([RA.T, RB.T, cr[keep] / nc[keep, None]])
-    M = M * np.where(M @ n >= 0.0, 1.0, -1.0)[:, None]        # oriented along coal's normal
-    a = M @ RA
-    b = M @ RB
-    topA = M @ tA + np.abs(a) @ hA
-    botB = M @ tB - np.abs(b) @ hB
-    f = botB - topA
-    i = int(np.argmax(f))
-    if abs(f[i] - d) > tol * (1.0 + abs(d)) or float(M[i] @ n) < 1.0 - 1e-6:
-        return None
-    return M[i], float(f[i]), 0.5 * float(topA[i] + botB[i])
-
-
 def patch_distances(XA: np.ndarray, YB: np.ndarray, n: np.ndarray, P: np.ndarray, L: float):
     """Per-point distances and contact points of a patch: for each patch point p (rows of P,
     on the plane midway between the support planes), the offsets sA, sB along n to the

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from .constraint import _find
 from .jit import njit
 from .solver import BREAKING, STICKING
 
@@ -673,14 +674,6 @@ def _qr_min_norm(A, B):
 
 
 @njit
-def _root(parent, a):
-    while parent[a] != a:
-        parent[a] = parent[parent[a]]
-        a = parent[a]
-    return a
-
-
-@njit
 def _block_min_norm(A, B):
     """``_qr_min_norm`` block by block: the rows and columns of the square A linked through its
     nonzeros (connected components; contacts of different islands never are) form diagonal
@@ -693,8 +686,8 @@ def _block_min_norm(A, B):
     for i in range(m):
         for j in range(m):
             if i != j and A[i, j] != 0.0:
-                a = _root(parent, i)
-                b = _root(parent, j)
+                a = _find(parent, i)
+                b = _find(parent, j)
                 if a != b:
                     if a < b:
                         parent[b] = a
@@ -703,7 +696,7 @@ def _block_min_norm(A, B):
     root = np.empty(m, dtype=np.int64)
     nblk = 0
     for i in range(m):
-        a = _root(parent, i)
+        a = _find(parent, i)
         root[i] = a
         if a == i:
             nblk += 1

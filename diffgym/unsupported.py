@@ -49,13 +49,6 @@ def _nums(a: dict, key: str) -> list[float]:
         return []
 
 
-def _ball_limited(a: dict, ctx: dict) -> bool:
-    if a.get("type", "hinge") != "ball" or "range" not in a:
-        return False
-    lim = a.get("limited", "auto")
-    return lim == "true" or (lim == "auto" and ctx.get("autolimits", True))
-
-
 def _visual_only(a: dict) -> bool:
     return str(a.get("contype", "1")) == "0" and str(a.get("conaffinity", "1")) == "0"
 
