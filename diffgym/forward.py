@@ -578,8 +578,8 @@ class Simulator:
     def from_file(cls, path: str | os.PathLike, **kwargs) -> "Simulator":
         """Load an MJCF (.xml) or URDF (.urdf) file. Keyword settings override the file.
 
-        What the file asks for and diffgym does not simulate (an equality constraint, a
-        tendon, joint dry friction, RK4, ...: :data:`diffgym.unsupported.RULES`) raises a
+        What the file asks for and diffgym does not simulate (a spatial tendon, URDF joint
+        friction, RK4, fluid forces, ...: :data:`diffgym.unsupported.RULES`) raises a
         ModelError naming file, line, element and attribute; ``ignore_unsupported=("tendon",
         "joint.frictionloss", ...)`` loads it anyway without them (and warns what was left
         out)."""
