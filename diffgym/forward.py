@@ -381,6 +381,61 @@ def _verify_velocity(J, b, v1, lam, nc, mu, G):
     return natres(lam, sigma, nc, mu, dc, dG), scale
 
 
+@njit
+def _constrained_step(pos, frames, geom1, geom2, geom_joint, dist, mu, pair, point, Jw, support,
+                      sup_ptr, sup_idx, joint_tree, tree_lo, tree_hi,
+                      q, v, lim_q, lim_v, lim_bound, lim_sign, limit_margin, dt, erp, skin,
+                      Minv, v_free, warm, pair_w, point_w, lam_w, modes_w, limits_w, lim_act_w,
+                      tol, mode_tol, newton_iter, mode_rounds, budget, pair_rest, rest_thr):
+    """``_constrained_velocity`` (same arguments) and, when every island's stage 1 succeeded,
+    the check of its solution at the final velocity (``_verify_velocity``), in one compiled call
+    that returns only what the common step keeps (every returned array costs numba a boxing
+    from Python: the islands' labels and ``M^-1 J^T`` are left out; the rare step with a failed
+    island calls ``_constrained_velocity`` again, a pure function of the same arguments, for
+    them). Returns (all_ok, islands, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, lim_act,
+    its, res, v1, rest, verify residual, verify scale) (the last two 0.0 unless all_ok and
+    there are rows)."""
+    (island_ok, isl_c, isl_l, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, lim_act,
+     its, res, v1, MJt, rest) = _constrained_velocity(
+        pos, frames, geom1, geom2, geom_joint, dist, mu, pair, point, Jw, support, sup_ptr,
+        sup_idx, joint_tree, tree_lo, tree_hi, q, v, lim_q, lim_v, lim_bound, lim_sign,
+        limit_margin, dt, erp, skin, Minv, v_free, warm, pair_w, point_w, lam_w, modes_w,
+        limits_w, lim_act_w, tol, mode_tol, newton_iter, mode_rounds, budget, pair_rest, rest_thr)
+    all_ok = True
+    for s in range(island_ok.shape[0]):
+        if not island_ok[s]:
+            all_ok = False
+    r1 = 0.0
+    vs = 0.0
+    if all_ok and G.shape[0]:
+        r1, vs = _verify_velocity(J, b, v1, lam, pos.shape[0], mu, G)
+    return (all_ok, island_ok.shape[0], lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, lim_act,
+            its, res, v1, rest, r1, vs)
+
+
+@njit
+def _step_checks(v, v1, q1, gate, mu):
+    """The checks at the end of a step in one compiled call: (every entry of v1 and q1 finite,
+    the speed jumped (``_speed_jump``), the smallest friction coefficient of ``mu`` is 0 (False
+    when ``mu`` is empty))."""
+    finite = True
+    for i in range(v1.shape[0]):
+        if not np.isfinite(v1[i]):
+            finite = False
+    for i in range(q1.shape[0]):
+        if not np.isfinite(q1[i]):
+            finite = False
+    frictionless = False
+    if mu.shape[0]:
+        m = mu[0]
+        for i in range(1, mu.shape[0]):
+            if mu[i] < m:
+                m = mu[i]
+        frictionless = m == 0.0
+    return finite, _speed_jump(v, v1, gate), frictionless
+
+
+_NO_MU = np.zeros(0)
 _LAZY_FIELDS = frozenset(("contact_points", "contact_normals", "contact_distances",
                           "contact_impulses", "contact_impulses_world", "contact_modes",
                           "contact_geoms", "limit_joints", "limit_impulses", "limit_active"))
@@ -850,8 +905,7 @@ class Simulator:
         pin.updateGeometryPlacements(model, data, self.geom_model, self.geom_data)
         # world-frame joint Jacobians at these placements (a copy: later calls reuse data.J)
         pin.computeJointJacobians(model, data)
-        Jw = data.J.reshape(6, nv)          # (eigenpy gives a (6,) vector when nv = 1)
-        Jw = Jw.copy()
+        Jw = data.J.reshape(6, nv).copy()   # (eigenpy gives a (6,) vector when nv = 1)
         contacts = self._last_contacts = self.collision.detect(data, self.geom_data, dt, v)
 
         ex = self.__dict__.get("_extra")
@@ -870,6 +924,7 @@ class Simulator:
         nc = len(contacts)
         nis = 1
         xrows = None
+        verified = None
         if ex is not None:
             xrows = ex.rows(q, v, dt)
         if xrows is not None and xrows.m:
@@ -888,22 +943,27 @@ class Simulator:
                 frames = tangent_frames(contacts.normal) if nc else _NO_FRAMES
             w = self._warm
             st = solver.settings
-            (island_ok, isl_c, isl_l, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, lim_act,
-             its, resid, v1, MJt, rest) = _constrained_velocity(
-                contacts.pos, frames, contacts.geom1, contacts.geom2, cb.geom_joint, contacts.dist,
-                contacts.mu, contacts.pair, contacts.point, Jw, cb.support, cb.sup_ptr,
-                cb.sup_idx, cb.joint_tree, cb.tree_lo, cb.tree_hi,
-                q, v, cb.lim_q, cb.lim_v, cb.lim_bound, cb.lim_sign, cb.limit_margin, dt, cb.erp,
-                cb.skin, Minv, v_free, w is not None, *(w if w is not None else _NO_WARM),
-                st.tol, st.mode_tol, st.newton_iter, st.mode_rounds, st.newton_budget,
-                cb.pair_restitution, cb.restitution_thr(dt))
-            nis = island_ok.shape[0]
+            args = (contacts.pos, frames, contacts.geom1, contacts.geom2, cb.geom_joint,
+                    contacts.dist, contacts.mu, contacts.pair, contacts.point, Jw, cb.support,
+                    cb.sup_ptr, cb.sup_idx, cb.joint_tree, cb.tree_lo, cb.tree_hi,
+                    q, v, cb.lim_q, cb.lim_v, cb.lim_bound, cb.lim_sign, cb.limit_margin, dt,
+                    cb.erp, cb.skin, Minv, v_free, w is not None, *(w if w is not None else _NO_WARM),
+                    st.tol, st.mode_tol, st.newton_iter, st.mode_rounds, st.newton_budget,
+                    cb.pair_restitution,
+                    cb.restitution_thr(dt) if len(cb.pair_restitution) else 0.0)
+            # (the solve and the check of its solution at v1 in one compiled call)
+            (all_ok, nis, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, lim_act,
+             its, resid, v1, rest, r1, vs) = _constrained_step(*args)
             if G.shape[0]:
                 cons = Constraints(J, b, nc, contacts.mu, frames, contacts, lim_idx, lim_dist,
                                    contacts.dist, rest if len(cb.pair_restitution) else None)
-                if island_ok.all():
+                if all_ok:
                     res = SolverResult(lam, sigma, modes, lim_act, its, resid, True, "newton")
+                    verified = r1 <= max(100.0 * solver.settings.tol, 1e-9 * vs)
                 else:                              # (rare) stages 2-4 in Python, per island
+                    # (the islands and M^-1 J^T: the same pure call, which returns them)
+                    out = _constrained_velocity(*args)
+                    island_ok, isl_c, isl_l, MJt = out[0], out[1], out[2], out[16]
                     res = self._solve_failed_islands(solver, G, g, cons, island_ok, isl_c, isl_l,
                                                      lam, sigma, modes, lim_act, its, resid, v)
                     v1 = v_free + MJt @ res.lam
@@ -927,21 +987,24 @@ class Simulator:
             res, Minv, G, g = None, None, None, None
             v1 = v_free
         elif res.converged and (xrows is None or not xrows.m):
-            # independent check of the reported solution at the final velocity
-            r1, vs = _verify_velocity(cons.J, cons.b, v1, res.lam, cons.nc, cons.mu, G)
-            if not r1 <= max(100.0 * solver.settings.tol, 1e-9 * vs):
+            # independent check of the reported solution at the final velocity (the compiled
+            # path has checked it in its call: ``verified``)
+            if verified is None:
+                r1, vs = _verify_velocity(cons.J, cons.b, v1, res.lam, cons.nc, cons.mu, G)
+                verified = r1 <= max(100.0 * solver.settings.tol, 1e-9 * vs)
+            if not verified:
                 res = dataclasses.replace(res, converged=False, residual=float(r1),
                                           method=res.method + "+unverified")
         q1 = pin.integrate(model, q, v1 * dt)
-        total = float(_add(v1)) + float(_add(q1))
-        if total - total != 0.0 and not (np.isfinite(v1).all() and np.isfinite(q1).all()):
+        finite, jump, frictionless = _step_checks(v, v1, q1, self._gate,
+                                                  cons.mu if cons is not None else _NO_MU)
+        if not finite:
             raise SimulationError(f"{self._context()}: the step produced a non-finite state (the "
                                   f"simulation diverged); |v| = {np.linalg.norm(v):.3g}, "
                                   f"|tau| = {np.linalg.norm(tau):.3g}")
-        excess = (self._energy_excess(q, v, v1, tau_total, cons, res)
-                  if _speed_jump(v, v1, self._gate) else 0.0)
+        excess = self._energy_excess(q, v, v1, tau_total, cons, res) if jump else 0.0
         warm_modes = None
-        if cons is not None and cons.nc and _minimum(cons.mu) == 0.0:
+        if frictionless and cons.nc:
             res, warm_modes = _label_frictionless(res, cons.mu)
         self._record(cons, res, warm_modes, nis if cons is not None else 0)
         if xrows is not None:
