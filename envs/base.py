@@ -24,6 +24,9 @@ from diffgym.forward import SimulationError, Simulator
 from diffgym.gradient_modes import gradient_mode
 from diffgym.resources import asset_path
 
+_add = np.add.reduce
+_minimum, _maximum = np.minimum, np.maximum
+
 
 @dataclass
 class EnvJacobian:
@@ -68,6 +71,10 @@ class DiffEnv(gym.Env):
     - ``_observe(x) -> (obs, dobs_dx)``.
     - ``_reward(x_next, a) -> (r, terms, dr_dx_next, dr_da)``: terms are reported in info.
     - ``_terminated(x) -> bool``.
+
+    While a plain ``step`` runs, ``self._derivs`` is False: the hooks may then skip building
+    their derivative outputs (return None for them), which that step does not read. It is True
+    otherwise (``step_with_jacobian``, and any direct call of a hook).
     """
 
     metadata = {"render_modes": ["rgb_array", "human"], "render_fps": 30}
@@ -78,6 +85,7 @@ class DiffEnv(gym.Env):
     n_const: int = 0         # constant extras of an episode (after the differentiable ones)
     obs_dim: int = 0
     camera: dict | None = None
+    _derivs: bool = True     # (the hooks' derivatives are read: see above)
 
     def __init__(self, render_mode: str | None = None, episode_steps: int | None = None,
                  frame_skip: int | None = None, width: int = 320, height: int = 240,
@@ -364,13 +372,22 @@ class DiffEnv(gym.Env):
             else:
                 raise ValueError(f"{type(self).__name__}: action must have shape ({self.n_a},), "
                                  f"got {a.shape}")
-        if not np.all(np.isfinite(a)):
+        s = float(_add(a))              # (finite when every entry is: the full test then only)
+        if s - s != 0.0 and not np.all(np.isfinite(a)):
             raise ValueError(f"{type(self).__name__}: action has NaN/inf at index "
                              f"{np.flatnonzero(~np.isfinite(a)).tolist()}: {a}")
-        inside = (a >= -1.0) & (a <= 1.0)
-        return np.clip(a, -1.0, 1.0), inside.astype(float)
+        # (np.clip's Python wrapper costs more than the two ufuncs; the same values)
+        clipped = _minimum(_maximum(a, -1.0), 1.0)
+        return clipped, (clipped == a).astype(float)        # (1: a inside [-1, 1])
 
     def _step(self, action, jacobian: bool):
+        self._derivs = jacobian        # (a plain step: the hooks may skip their derivatives)
+        try:
+            return self._step_body(action, jacobian)
+        finally:
+            self._derivs = True
+
+    def _step_body(self, action, jacobian: bool):
         self._require_reset()
         a, inside = self._check_action(action)
         x = self._x

@@ -222,6 +222,8 @@ class DiffGo1Env(DiffEnv):
         tau_j, free = self._pd(x, a)
         tau = np.zeros(nv)
         tau[6:] = tau_j
+        if not self._derivs:
+            return tau, None, None
         dtau_dx = np.zeros((nv, self.n_x))
         idx = np.arange(6, 18)
         dtau_dx[idx, idx] = -self.KP * free
@@ -231,7 +233,7 @@ class DiffGo1Env(DiffEnv):
         return tau, dtau_dx, dtau_da
 
     def _extra_next(self, x, a):
-        return a.copy(), None, np.eye(12)
+        return a.copy(), None, (np.eye(12) if self._derivs else None)
 
     # -- observation and reward -------------------------------------------------------------------
     def _base(self, x):
@@ -246,6 +248,8 @@ class DiffGo1Env(DiffEnv):
         n0 = nq + nv
         obs = np.concatenate([[x[2]], g, v[0:6], x[7:19] - self.q_stand, v[6:18],
                               x[n0:n0 + 12], [x[n0 + 12]]])
+        if not self._derivs:
+            return obs, None
         d = np.zeros((self.obs_dim, self.n_x))
         d[0, 0:3] = R[2]                                     # z moves by R dp
         d[1:4, 3:6] = _skew(g)                               # (R exp(w))^T e = g + g x w
@@ -276,6 +280,9 @@ class DiffGo1Env(DiffEnv):
                  "reward_upright": float(upright), "reward_height": float(height),
                  "reward_torque": torque, "reward_joint_velocity": joint_vel}
         r = tracking + yaw + upright + height + torque + joint_vel
+        if not self._derivs:
+            terms.update(forward_velocity=float(vx), command=float(c), x_position=float(x[0]))
+            return float(r), terms, None, None
 
         dr = np.zeros(self.n_x)
         dr[nv + 0] = -tracking * 2.0 * (vx - c) / self.SIGMA_TRACK

@@ -109,6 +109,8 @@ class DiffHopperEnv(DiffEnv):
 
     def _observe(self, x):
         obs = x[1:12].copy()
+        if not self._derivs:
+            return obs, None
         d = np.zeros((11, 12))
         d[np.arange(11), np.arange(1, 12)] = 1.0
         return obs, d
@@ -131,12 +133,14 @@ class DiffHopperEnv(DiffEnv):
         terms = {"reward_forward": float(vx), "reward_height": float(height),
                  "reward_angle": float(angle), "reward_ctrl": ctrl}
         r = vx + height + angle + ctrl
+        terms.update(x_position=float(x[0]), x_velocity=float(vx), height=float(z))
+        if not self._derivs:
+            return r, terms, None, None
         dr_dx = np.zeros(self.n_x)
         dr_dx[1] = dheight
         dr_dx[2] = -2.0 * theta / self.ANGLE_LIMIT ** 2
         dr_dx[6] = 1.0
         dr_da = -2.0 * self.CTRL_COST * a
-        terms.update(x_position=float(x[0]), x_velocity=float(vx), height=float(z))
         return r, terms, dr_dx, dr_da
 
     def _terminated(self, x):
