@@ -202,7 +202,7 @@ def time_diffgym(sc: Scenario, steps: int, warmup: int, repeats: int) -> tuple[f
             for _ in range(steps):
                 q, v = sim.step(q, v, ctrl(q, v) if ctrl else zero)
                 last = sim.last
-                n_c += len(last.contact_modes)
+                n_c += last.num_contacts      # (not the list of mode names)
                 n_fail += not last.converged
             times.append((time.perf_counter() - t0) / steps)
             contacts.append(n_c / steps)
@@ -506,7 +506,7 @@ def time_jacobian_diffgym(sc: Scenario, states: int, warmup: int, fd_states: int
                         q, v, _j = sim.step(q, v, ctrl(q, v) if ctrl else zero, jacobian=True)
                     else:
                         q, v = sim.step(q, v, ctrl(q, v) if ctrl else zero)
-                    n_c += len(sim.last.contact_modes)
+                    n_c += sim.last.num_contacts
                     n_fail += not sim.last.converged
                 (t_jac if jac else t_fwd).append((time.perf_counter() - t0) / states)
                 contacts.append(n_c / states)
