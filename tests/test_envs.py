@@ -128,6 +128,31 @@ def test_determinism_and_state_round_trip(env_id):
 
 
 @pytest.mark.parametrize("env_id", IDS)
+def test_plain_step_equals_step_with_jacobian(env_id):
+    """On a plain step the hooks skip their derivatives (DiffEnv._derivs False); observations,
+    rewards, flags and info are bit for bit those of step_with_jacobian, on a random rollout
+    with some actions outside [-1, 1] (clipped), and the hooks called directly afterwards
+    still return their derivatives."""
+    plain, full = make(env_id).unwrapped, make(env_id).unwrapped
+    plain.reset(seed=4)
+    full.reset(seed=4)
+    rng = np.random.default_rng(4)
+    for t in range(12):
+        a = rng.uniform(-1.3, 1.3, plain.n_a)
+        o1, r1, te1, tr1, i1 = plain.step(a)
+        o2, r2, te2, tr2, i2, _ = full.step_with_jacobian(a)
+        assert np.array_equal(o1, o2) and r1 == r2 and (te1, tr1) == (te2, tr2)
+        assert i1.keys() == i2.keys() and all(i1[k] == i2[k] for k in i1)
+        assert np.array_equal(plain.get_state(), full.get_state())
+        if te1 or tr1:
+            plain.reset(seed=t)
+            full.reset(seed=t)
+    x = plain.get_state()
+    assert plain._observe(x)[1] is not None
+    assert plain._reward(x, np.zeros(plain.n_a))[2] is not None
+
+
+@pytest.mark.parametrize("env_id", IDS)
 def test_bad_actions_and_episode_length(env_id):
     env = make(env_id, episode_steps=3)
     env.reset(seed=0)
