@@ -397,11 +397,12 @@ class DiffEnv(gym.Env):
             Jxx = np.eye(self.n_x)
             Jxa = np.zeros((self.n_x, self.n_a))
         diverged = False
-        xk = x.copy()
-        # (the default forces depend on the action only: the same for every substep)
+        xk = x
+        # (the default forces depend on the action only: the same for every substep, and the
+        # substeps then need no full state in between)
         fixed = self._forces(x, a) if type(self)._forces is DiffEnv._forces else None
+        q, v = x[:nq], x[nq:n0]            # (views of x, which no step writes to)
         for _ in range(self.frame_skip):
-            q, v = xk[:nq], xk[nq:n0]
             tau, dtau_dx, dtau_da = fixed if fixed is not None else self._forces(xk, a)
             try:
                 if jacobian:
@@ -424,8 +425,13 @@ class DiffEnv(gym.Env):
                 Fa[:2 * nv] = Ftau @ dtau_da
                 Jxx = F @ Jxx
                 Jxa = F @ Jxa + Fa
-            xk = xk.copy()
-            xk[:nq], xk[nq:n0] = q1, v1
+            q, v = q1, v1
+            if fixed is None:                # (the forces of the next substep read its state)
+                xk = xk.copy()
+                xk[:nq], xk[nq:n0] = q1, v1
+        if xk is x:
+            xk = x.copy()
+            xk[:nq], xk[nq:n0] = q, v
         if nd and not diverged:
             e, de_dx, de_da = self._extra_next(x, a)
             xk[n0:n0 + nd] = e

@@ -213,7 +213,7 @@ class DiffGo1Env(DiffEnv):
         """(tau_joints (12,), unsaturated mask (12,)) of the PD layer at state x, action a."""
         qj, vj = x[7:19], x[self.nq + 6:self.nq + 18]
         raw = self.KP * (self.q_stand + self.ACTION_SCALE * a - qj) - self.KD * vj
-        tau = np.clip(raw, -self.tau_max, self.tau_max)
+        tau = np.minimum(np.maximum(raw, -self.tau_max), self.tau_max)   # (np.clip, without its wrapper)
         free = (np.abs(raw) < self.tau_max).astype(float)
         return tau, free
 
