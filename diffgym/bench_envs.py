@@ -34,20 +34,48 @@ ENVS = ["DiffCartPole-v0", "DiffHopper-v0", "DiffGo1-v0", "DiffPush-v0", "DiffBi
 MUJOCO_PAIRS = {"DiffHopper-v0": "Hopper-v5", "DiffGo1-v0": "Ant-v5"}
 
 
+_TICK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+
+
+def _proc_cpu(pid: int) -> float:
+    """CPU seconds (user + system) of process ``pid`` so far, from /proc (NaN elsewhere)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / _TICK
+    except (OSError, IndexError, ValueError):
+        return float("nan")
+
+
+def _worker_pids(venv) -> list[int]:
+    """Process ids of the processes stepping ``venv`` besides this one (make_vec's workers,
+    AsyncVectorEnv's and SubprocVecEnv's processes)."""
+    pool = getattr(venv, "_pool", None)
+    procs = pool.procs if pool is not None else getattr(venv, "processes", [])
+    return [p.pid for p in procs]
+
+
 class _Config:
-    """One configuration: a vector env and how to step it."""
+    """One configuration: a vector env and how to step it. Wall time and CPU time (this
+    process plus the vector env's worker processes) are summed over the rounds."""
 
     def __init__(self, label, venv, step, n_a, workers, num_envs):
         self.label, self.venv, self.step, self.n_a = label, venv, step, n_a
         self.workers, self.num_envs = workers, num_envs
-        self.steps, self.time, self.block_rates = 0, 0.0, []
+        self.steps, self.time, self.cpu, self.block_rates = 0, 0.0, 0.0, []
+        self.pids = _worker_pids(venv)
+
+    def _cpu_now(self) -> float:
+        return time.process_time() + sum(_proc_cpu(p) for p in self.pids)
 
     def run(self, acts) -> None:
         step = self.step
+        c0 = self._cpu_now()
         t0 = time.perf_counter()
         for a in acts:
             step(a)
         dt = time.perf_counter() - t0
+        self.cpu += self._cpu_now() - c0
         self.steps += len(acts) * self.num_envs
         self.time += dt
         self.block_rates.append(len(acts) * self.num_envs / dt)
@@ -55,6 +83,11 @@ class _Config:
     @property
     def rate(self) -> float:
         return self.steps / self.time if self.time > 0 else float("nan")
+
+    @property
+    def cpu_us(self) -> float:
+        """CPU microseconds per environment step, over all the processes stepping it."""
+        return self.cpu / self.steps * 1e6 if self.steps else float("nan")
 
 
 def _mujoco_venv(name: str, n: int):
@@ -184,10 +217,10 @@ def main(args) -> int:
     if any(w < 1 for w in worker_counts):
         raise SystemExit("--workers must be positive")
     header = ["env", "N", "workers", "steps/s", "steps/s +jac", "jac cost", "vs 1 worker",
-              "mujoco", "mujoco steps/s", "ours / mujoco", "ours+jac / mujoco"]
+              "cpu us/step", "mujoco", "mujoco steps/s", "ours / mujoco", "ours+jac / mujoco"]
     print(f"{'env':<18}{'N':>4}{'wk':>4}{'steps/s':>10}{'+jac':>10}{'jac cost':>9}"
-          f"{'vs 1 wk':>9}   {'MuJoCo (1 core)':<16}{'steps/s':>9}{'ours/MJ':>9}{'+jac/MJ':>9}",
-          flush=True)
+          f"{'vs 1 wk':>9}{'CPU us':>8}   {'MuJoCo (1 core)':<16}{'steps/s':>9}{'ours/MJ':>9}"
+          f"{'+jac/MJ':>9}", flush=True)
     rows = []
     for name in names:
         for n in args.num_envs:
@@ -205,11 +238,11 @@ def main(args) -> int:
                 rj_mj = _median_ratio(jac, mj) if mj else float("nan")
                 mj_name = mj.label if mj else "-"
                 mj_rate = mj.rate if mj else float("nan")
-                rows.append([name, n, w, fwd.rate, jac.rate, fwd.rate / jac.rate, speed, mj_name,
-                             mj_rate, r_mj, rj_mj])
+                rows.append([name, n, w, fwd.rate, jac.rate, fwd.rate / jac.rate, speed, fwd.cpu_us,
+                             mj_name, mj_rate, r_mj, rj_mj])
                 mjcols = (f"   {mj_name:<16}{mj_rate:>9.0f}{r_mj:>9.2f}{rj_mj:>9.2f}" if mj else "")
                 print(f"{name:<18}{n:>4}{w:>4}{fwd.rate:>10.0f}{jac.rate:>10.0f}"
-                      f"{fwd.rate / jac.rate:>8.2f}x{speed:>8.2f}x{mjcols}", flush=True)
+                      f"{fwd.rate / jac.rate:>8.2f}x{speed:>8.2f}x{fwd.cpu_us:>8.0f}{mjcols}", flush=True)
             for c in configs:
                 if c.label not in THIRD_PARTY.values():
                     continue
@@ -217,14 +250,18 @@ def main(args) -> int:
                 speed = _median_ratio(c, base["fwd"])
                 r_mj = _median_ratio(c, mj) if mj else float("nan")
                 rows.append([f"{name} ({c.label})", n, c.workers, c.rate, float("nan"), float("nan"),
-                             speed, mj.label if mj else "-", mj.rate if mj else float("nan"), r_mj,
-                             float("nan")])
+                             speed, c.cpu_us, mj.label if mj else "-", mj.rate if mj else float("nan"),
+                             r_mj, float("nan")])
                 mjcols = (f"   {mj.label:<16}{mj.rate:>9.0f}{r_mj:>9.2f}{'-':>9}" if mj else "")
                 print(f"  {c.label:<16}{n:>4}{c.workers:>4}{c.rate:>10.0f}{'-':>10}{'-':>9}"
-                      f"{speed:>8.2f}x{mjcols}", flush=True)
+                      f"{speed:>8.2f}x{c.cpu_us:>8.0f}{mjcols}", flush=True)
     print(f"\nsteps/s counts environment steps (a vector step of N copies is N steps); wk = worker "
           f"processes (1: all copies in this process); jac cost = time with Jacobians / time "
-          f"without; vs 1 wk = speed-up over one worker; ours/MJ and +jac/MJ = our steps/s "
+          f"without; vs 1 wk = speed-up over one worker; CPU us = CPU time per environment step "
+          f"(without Jacobians) summed over this process and the worker processes: equal CPU us "
+          f"with k workers and with 1 means the split costs nothing, so on k idle cores the "
+          f"speed-up could approach k (blocks being equal; on busy cores the wall-clock speed-up cannot show it); "
+          f"ours/MJ and +jac/MJ = our steps/s "
           f"(without, with Jacobians) / Gymnasium's MuJoCo task on one core (SyncVectorEnv of "
           f"the same N). Indented rows: the same environment in Gymnasium's AsyncVectorEnv / SB3's "
           f"SubprocVecEnv over gym.make (wk = one process per copy; vs 1 wk = over make_vec with "
