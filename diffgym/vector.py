@@ -78,12 +78,26 @@ def default_num_workers(num_envs: int) -> int:
     daemonic process (which may not start children, e.g. a multiprocessing pool worker; a
     sweep that runs one trial per core should ask for ``num_workers=1`` anyway).
 
+    The environment variable ``DIFFGYM_NUM_WORKERS`` (a positive integer), when set, replaces
+    the rule: ``diffgym sweep`` sets it to 1 in its trial processes, which already run one per
+    core.
+
     The rule depends on the machine, never on its momentary load, so a run's configuration
     does not change with what else is running (results are bit-identical with any number of
     workers either way). On a machine whose cores are all busy with other work, workers gain
     little or lose (``python -m diffgym.bench_envs`` measures both); pass ``num_workers=1``."""
     if mp.current_process().daemon:
         return 1
+    env = os.environ.get("DIFFGYM_NUM_WORKERS", "").strip()
+    if env:
+        try:
+            n = int(env)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise ValueError(f"environment variable DIFFGYM_NUM_WORKERS: expected a positive "
+                             f"integer, got {env!r}")
+        return min(n, max(1, int(num_envs)))
     return max(1, min(available_cores(), int(num_envs) // MIN_ENVS_PER_WORKER))
 
 

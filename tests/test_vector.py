@@ -90,6 +90,7 @@ def test_workers_give_bit_identical_results(env_id, N, episode_steps):
 def test_default_worker_rule(monkeypatch):
     """One block per core (affinity mask), at least 8 copies per block, 1 in a daemonic
     process; never dependent on the machine's momentary load."""
+    monkeypatch.delenv("DIFFGYM_NUM_WORKERS", raising=False)
     monkeypatch.setattr(vector, "available_cores", lambda: 1)
     assert vector.default_num_workers(64) == 1
     monkeypatch.setattr(vector, "available_cores", lambda: 2)
@@ -98,6 +99,12 @@ def test_default_worker_rule(monkeypatch):
     assert [vector.default_num_workers(n) for n in (16, 40, 64, 256)] == [2, 5, 8, 8]
     monkeypatch.setattr(vector.os, "getloadavg", lambda: (50.0, 50.0, 50.0))
     assert vector.default_num_workers(64) == 8
+    monkeypatch.setenv("DIFFGYM_NUM_WORKERS", "3")                  # as diffgym sweep sets it to 1
+    assert [vector.default_num_workers(n) for n in (2, 64)] == [2, 3]
+    monkeypatch.setenv("DIFFGYM_NUM_WORKERS", "many")
+    with pytest.raises(ValueError, match="DIFFGYM_NUM_WORKERS.*'many'"):
+        vector.default_num_workers(64)
+    monkeypatch.delenv("DIFFGYM_NUM_WORKERS")
     monkeypatch.setattr(vector.mp, "current_process", lambda: type("P", (), {"daemon": True})())
     assert vector.default_num_workers(64) == 1
     monkeypatch.undo()
