@@ -9,7 +9,11 @@ the configurations take turns block by block (``--blocks`` rounds, each configur
 the same number of environment steps per round on uniform random actions in [-1, 1], episodes
 resetting themselves), so a load change on a shared machine hits all of them alike. A vector
 step of N copies counts N environment steps. Reported: total steps / total time of each
-configuration, and ratios taken as the median over the rounds of the per-round ratio.
+configuration, and ratios taken as the median over the rounds of the per-round ratio; also the
+CPU time per environment step summed over this process and the vector env's worker processes
+(from /proc): on a machine whose cores are busy with other work the wall-clock speed-up of
+workers cannot show, but equal CPU per step with k processes and with one says the split adds
+no work.
 
 The MuJoCo tasks are the nearest Gymnasium has, not the same problem: Hopper-v5 is the same
 hopper with MuJoCo's soft contact (our DiffHopper-v0 steps the unrelaxed NCP to 1e-9 m/s and
