@@ -23,6 +23,11 @@ So both engines time the same stretch of the same trajectory regime (step ``warm
 ``--smooth`` instead measures the smooth gradient mode against the exact one
 (``diffgym.bench_smooth``).
 
+**Torch-bridge overhead** (``--bridge-overhead``, on by default in a ``diffgym bench`` without
+``--models``; ``--no-bridge-overhead`` skips it; ``--bridge`` prints only this): bridge time / raw numpy chain
+of the step Jacobians for a 100-step DiffHopper-v0 rollout gradient at N = 1 and 64, the two
+alternating block by block (:func:`run_bridge`); target <= 1.3.
+
 **Step Jacobians** (``--jacobian``, on by default; ``--no-jacobian`` skips it): a second table
 for ``cartpole``, ``hopper``, ``go1`` and ``ur5``. After ``--jac-warmup`` steps (200: the
 hopper has landed) the same ``--jac-states`` consecutive steps are timed without and with
@@ -699,6 +704,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.add_argument("--bridge", action="store_true",
                         help="instead: the torch bridge's overhead on a 100-step hopper rollout gradient "
                              "(N = 1, 64; --repeats rounds)")
+    parser.add_argument("--bridge-overhead", action=argparse.BooleanOptionalAction, default=None,
+                        help="after the tables, also the torch bridge's overhead (as --bridge; "
+                             "default: on when no --models subset is given)")
     return parser
 
 
@@ -894,6 +902,12 @@ def main(args) -> int:
             if jout:
                 write_jacobian_csv(jrows, jout)
                 print(f"wrote {jout}")
+    # default (None): with the full table only; a Namespace built without the option (as the
+    # tests') skips it: it takes minutes
+    bridge = getattr(args, "bridge_overhead", False)
+    if bridge or (bridge is None and getattr(args, "models", None) is None):
+        print()
+        run_bridge(args)
     return 0
 
 

@@ -58,8 +58,7 @@ import numpy as np
 # Fewest copies per block for the default. Not a measured crossover: a worker step costs the
 # parent about 0.4 ms of CPU per vector step (hopper, N = 16, from /proc CPU times), and 8
 # copies of the cheapest environment (cart-pole, ~0.1-0.3 ms a step with Jacobians) are about
-# that much work; on the busy shared 2-core development machine workers never beat stepping in
-# this process, which is why the default also counts only idle cores (see default_num_workers).
+# that much work, so smaller blocks would spend more on messages than they gain.
 MIN_ENVS_PER_WORKER = 8
 
 
@@ -71,27 +70,35 @@ def available_cores() -> int:
         return os.cpu_count() or 1
 
 
-def _load_average() -> float:
-    """Runnable processes averaged over the last minute (0 where the OS does not say)."""
-    try:
-        return os.getloadavg()[0]
-    except (AttributeError, OSError):
-        return 0.0
-
-
 def default_num_workers(num_envs: int) -> int:
-    """The ``num_workers`` ``make_vec`` uses when none is given: one block of copies per
-    available core that other processes leave idle (this process steps one block; the idle
-    cores are the available ones minus the one-minute load average, this process included),
-    but at least :data:`MIN_ENVS_PER_WORKER` copies per block; 1 (all copies in this process,
-    no worker process) with a single core, on a busy machine, or inside a daemonic process
-    (which may not start children, e.g. a multiprocessing pool worker). On a shared machine
-    whose cores are all busy, workers measured slower than stepping in this process."""
+    """The ``num_workers`` ``make_vec`` uses when none is given: one block of copies per core
+    this process may run on (``os.sched_getaffinity``), but at least
+    :data:`MIN_ENVS_PER_WORKER` copies per block; 1 (all copies in this process, no worker
+    process) with a single core, fewer than ``2 * MIN_ENVS_PER_WORKER`` copies, or inside a
+    daemonic process (which may not start children, e.g. a multiprocessing pool worker; a
+    sweep that runs one trial per core should ask for ``num_workers=1`` anyway).
+
+    The environment variable ``DIFFGYM_NUM_WORKERS`` (a positive integer), when set, replaces
+    the rule: ``diffgym sweep`` sets it to 1 in its trial processes, which already run one per
+    core.
+
+    The rule depends on the machine, never on its momentary load, so a run's configuration
+    does not change with what else is running (results are bit-identical with any number of
+    workers either way). On a machine whose cores are all busy with other work, workers gain
+    little or lose (``python -m diffgym.bench_envs`` measures both); pass ``num_workers=1``."""
     if mp.current_process().daemon:
         return 1
-    cores = available_cores()
-    idle = int(cores + 1.5 - _load_average())        # this process's core, plus idle ones
-    return max(1, min(cores, idle, int(num_envs) // MIN_ENVS_PER_WORKER))
+    env = os.environ.get("DIFFGYM_NUM_WORKERS", "").strip()
+    if env:
+        try:
+            n = int(env)
+        except ValueError:
+            n = 0
+        if n < 1:
+            raise ValueError(f"environment variable DIFFGYM_NUM_WORKERS: expected a positive "
+                             f"integer, got {env!r}")
+        return min(n, max(1, int(num_envs)))
+    return max(1, min(available_cores(), int(num_envs) // MIN_ENVS_PER_WORKER))
 
 
 class VectorEnvError(RuntimeError):

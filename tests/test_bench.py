@@ -148,3 +148,24 @@ def test_scaling_table_smoke(capsys):
     if bench._import_mujoco() is not None:
         assert all(float(r[7]) > 0 for r in rows)                        # mj_step us
     assert bs.growth([4, 16, 64], [1.0, 4.0, 16.0]) == pytest.approx(1.0)
+
+
+def test_bench_envs_table_with_workers_and_third_party(capsys):
+    """``python -m diffgym.bench_envs`` on the smallest case: make_vec with 1 and 2 workers,
+    Gymnasium's AsyncVectorEnv and SB3's SubprocVecEnv rows, CPU time per step of each."""
+    import argparse
+
+    from diffgym import bench_envs
+    args = bench_envs.add_arguments(argparse.ArgumentParser()).parse_args(
+        ["--envs", "DiffCartPole-v0", "--num-envs", "2", "--workers", "1", "2", "--env-steps", "4",
+         "--blocks", "1", "--no-mujoco"])
+    assert bench_envs.main(args) == 0
+    lines = capsys.readouterr().out.splitlines()
+    ours = [l.split() for l in lines if l.startswith("DiffCartPole-v0")]
+    assert [r[2] for r in ours] == ["1", "2"]                # worker counts
+    for r in ours:
+        assert float(r[3]) > 0 and float(r[4]) > 0 and float(r[7]) > 0     # steps/s, +jac, CPU us
+    third = {l.split()[1]: l.split() for l in lines if l.startswith("  ")}
+    assert set(third) == {"Async", "Subproc"}
+    for r in third.values():
+        assert r[3] == "2" and float(r[4]) > 0 and float(r[8]) > 0          # one process a copy

@@ -234,3 +234,21 @@ def test_cli_errors_in_process(capsys, tmp_path):
     assert "not a run directory" in capsys.readouterr().err
     assert main(["train"]) == 2
     assert "cartpole_shac.yaml" in capsys.readouterr().err       # lists the shipped configs
+
+
+@pytest.mark.parametrize("algo", ["shac", "ppo"])
+def test_num_workers_do_not_change_training(algo, tmp_path):
+    """env.num_workers=2 (copies stepped in a worker process) trains exactly as 1: the same
+    metrics and evaluation, PPO through the SB3 vec env, SHAC through the torch bridge."""
+    ov = TINY[algo] + ["env.num_envs=3", "total_env_steps=" + ("24" if algo == "shac" else "48")]
+    out = {}
+    for nw in (1, 2):
+        cfg = load_config(f"cartpole_{algo}.yaml", ov + [f"env.num_workers={nw}"])
+        assert cfg.env.num_workers == nw
+        train(cfg, str(tmp_path / str(nw)))
+        r = rows(tmp_path / str(nw))
+        keys = sorted(set(r[0]) - NOT_REPRODUCIBLE)
+        out[nw] = ([[x[k] for k in keys] for x in r], json.load(open(tmp_path / str(nw) / "eval.json")))
+    assert out[1] == out[2]
+    with pytest.raises(ConfigError, match="env.num_workers"):
+        load_config(f"cartpole_{algo}.yaml", ["env.num_workers=0"])

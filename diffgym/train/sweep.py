@@ -281,6 +281,9 @@ def run_trial(trial: Trial, restart: bool = False, quiet: bool = True) -> dict:
 def _trial_process(trial: Trial, restart: bool) -> None:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")
+    # trials already run one per core: a config leaving env.num_workers null keeps its copies
+    # in the trial's process (an explicit env.num_workers still applies)
+    os.environ.setdefault("DIFFGYM_NUM_WORKERS", "1")
     run_trial(trial, restart=restart)
 
 
@@ -363,6 +366,7 @@ def _collect(t: Trial, exitcode: int | None) -> dict:
 
 
 def _ray_trainable(config: dict) -> dict:
+    os.environ.setdefault("DIFFGYM_NUM_WORKERS", "1")     # a trial of one CPU (see _trial_process)
     rec = run_trial(Trial(**config["trial"]), restart=config["restart"])
     rec = {k: v for k, v in rec.items() if v is not None}
     if "curve" in rec:
