@@ -1,0 +1,104 @@
+"""URDF joint elements (issue 15): ``<dynamics friction>`` as the dry-friction rows of MJCF
+``frictionloss``, ``<dynamics damping>`` and ``<mimic>`` as a bilateral joint-coupling row.
+
+Oracles: closed forms of sliders on prismatic joints (no gravity along the axes), central
+differences of the step (the gradient audit)."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+import diffgym
+from diffgym.model import ModelError
+from diffgym.unsupported import UnsupportedIgnoredWarning
+
+LINK = """<link name="{n}"><inertial><mass value="{m}"/><inertia ixx="0.01" iyy="0.01" izz="0.01"
+ ixy="0" ixz="0" iyz="0"/></inertial></link>"""
+
+
+def _robot(tmp_path, joints: str, links=(("base", 1.0), ("a", 2.0), ("b", 0.5))) -> str:
+    text = ('<robot name="r">' + "".join(LINK.format(n=n, m=m) for n, m in links) + joints
+            + "</robot>")
+    p = tmp_path / "r.urdf"
+    p.write_text(text)
+    return str(p)
+
+
+def _slider(name, child, axis, extra="", jtype="prismatic", parent="base"):
+    lim = '<limit lower="-10" upper="10" effort="100" velocity="10"/>' if jtype != "continuous" else \
+        '<limit effort="100" velocity="10"/>'
+    return (f'<joint name="{name}" type="{jtype}"><parent link="{parent}"/><child link="{child}"/>'
+            f'<axis xyz="{axis}"/>{lim}{extra}</joint>')
+
+
+def _sim(path, **kw):
+    return diffgym.Simulator.from_file(path, floating_base=False, ground=False, dt=0.01, **kw)
+
+
+def test_urdf_joint_friction_sticks_below_and_slides_above_the_bound(tmp_path):
+    """A 2 kg slider (x, horizontal) with 3 N of dry friction: a 2.5 N push leaves it at rest;
+    a 5 N push accelerates it at (5 - 3) / 2 m/s^2; launched at 0.5 m/s with no push it
+    decelerates at 3 / 2 m/s^2 and stops exactly (the sticking row holds it)."""
+    path = _robot(tmp_path, _slider("x", "a", "1 0 0", '<dynamics friction="3"/>'),
+                  links=(("base", 1.0), ("a", 2.0)))
+    sim = _sim(path)
+    assert sim.sm.constraint_spec.frictionloss == {0: 3.0}
+    q, v = sim.q0, np.zeros(1)
+    for _ in range(20):
+        q, v = sim.step(q, v, np.array([2.5]))
+    assert abs(v[0]) < 1e-12 and abs(q[0]) < 1e-12
+    q, v = sim.q0, np.zeros(1)
+    for k in range(1, 21):
+        q, v = sim.step(q, v, np.array([5.0]))
+        assert abs(v[0] - k * 0.01 * 1.0) < 1e-10
+    q, v = sim.q0, np.array([0.5])
+    vs = []
+    for _ in range(60):
+        q, v = sim.step(q, v, np.zeros(1))
+        vs.append(v[0])
+    vs = np.array(vs)
+    np.testing.assert_allclose(vs[:33], 0.5 - 1.5 * 0.01 * np.arange(1, 34), atol=1e-10)
+    assert np.abs(vs[34:]).max() < 1e-12                  # stopped and stays
+    # leaving it out is explicit and warned
+    with pytest.warns(UnsupportedIgnoredWarning, match=r"friction=3.*joint.frictionloss"):
+        off = _sim(path, ignore_unsupported=("joint.frictionloss",))
+    assert off._extra is None
+    q1, v1 = off.step(off.q0, np.zeros(1), np.array([2.5]))
+    assert abs(v1[0] - 0.01 * 1.25) < 1e-12
+
+
+def test_urdf_mimic_is_a_joint_coupling(tmp_path):
+    """Slider b (y, 0.5 kg) mimics slider a (x, 2 kg): q_b = 2 q_a + 0.1. A force F on a moves the
+    pair as one body of inertia m_a + 4 m_b: v_a after k steps is k dt F / 4, q_b stays
+    2 q_a + 0.1; the step Jacobians pass the audit at visited states."""
+    joints = (_slider("ja", "a", "1 0 0")
+              + _slider("jb", "b", "0 1 0", '<mimic joint="ja" multiplier="2" offset="0.1"/>'))
+    sim = _sim(_robot(tmp_path, joints))
+    (c,) = sim.sm.constraint_spec.couplings
+    assert (c.joint1, c.joint2) == ("jb", "ja")
+    q, v = np.array([0.0, 0.1]), np.zeros(2)
+    states = []
+    for k in range(1, 31):
+        tau = np.array([1.5, 0.0])
+        states.append((q.copy(), v.copy(), tau))
+        q, v = sim.step(q, v, tau)
+        assert abs(v[0] - k * 0.01 * 1.5 / 4.0) < 1e-10
+        assert abs(v[1] - 2 * v[0]) < 1e-10 and abs(q[1] - 2 * q[0] - 0.1) < 1e-10
+    rep = diffgym.check_step_jacobians(sim, states=states[::7])
+    assert rep.ok, str(rep)
+
+
+def test_urdf_mimic_errors_name_the_joint(tmp_path):
+    bad = _slider("ja", "a", "1 0 0") + _slider("jb", "b", "0 1 0", '<mimic joint="nope"/>')
+    with pytest.raises(ModelError, match=r"<joint name='jb'> <mimic joint='nope'>: no joint named"):
+        _sim(_robot(tmp_path, bad))
+    cont = (_slider("ja", "a", "0 0 1", jtype="continuous")
+            + _slider("jb", "b", "0 1 0", '<mimic joint="ja"/>'))
+    with pytest.raises(ModelError, match=r"joint.mimic_continuous"):
+        _sim(_robot(tmp_path, cont))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnsupportedIgnoredWarning)
+        sim = _sim(_robot(tmp_path, cont), ignore_unsupported=("joint.mimic_continuous",))
+    assert not sim.sm.constraint_spec.couplings
