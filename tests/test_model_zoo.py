@@ -88,11 +88,11 @@ SUITE = pytest.importorskip("dm_control.suite") and os.path.dirname(
 def test_dm_control_pendulum_with_includes_follows_mujoco():
     """The suite's pendulum (three <include>s of ./common/*.xml, <flag contact="disable">):
     kicked and simulated 1 s, the same trajectory as MuJoCo to rounding (no constraint acts:
-    both take the same semi-implicit Euler step)."""
+    both take the same semi-implicit Euler step with the joint damping implicit)."""
     path = os.path.join(SUITE, "pendulum.xml")
     sim = load(path)
     m = mujoco.MjModel.from_xml_path(path)
-    m.opt.disableflags |= int(mujoco.mjtDisableBit.mjDSBL_EULERDAMP)   # diffgym's damping is explicit
+    # (MuJoCo's default eulerdamp: joint damping implicit, as diffgym's)
     d = mujoco.MjData(m)
     q, v = m.qpos0.copy(), np.array([2.0])
     d.qvel[:] = v
