@@ -26,6 +26,7 @@ from .solver import MODE_NAMES, SLIDING, STICKING, NCPSolver, SolverResult, Solv
 from .solver_kernels import natres, solve_stage1
 from .frames import tangent_frames
 from .gradient_modes import gradient_mode
+from .impact_time import MAX_PASSES, consumed_time, displacement, impact_substep, impact_times
 
 
 _add = np.add.reduce          # (ndarray.sum without its Python wrapper: the same sums)
@@ -953,7 +954,15 @@ class Simulator:
             if not r1 <= max(100.0 * solver.settings.tol, 1e-9 * vs):
                 res = dataclasses.replace(res, converged=False, residual=float(r1),
                                           method=res.method + "+unverified")
-        q1 = pin.integrate(model, q, v1 * dt)
+        # an impact-law contact: the impact at its time inside the step (diffgym.impact_time)
+        pre, toi = self.__dict__.get("_toi_pass"), None
+        spent = consumed_time(pre) if pre else None
+        if cons is not None and getattr(cons, "restitution", None) is not None:
+            toi = impact_times(self, cons, v, spent)
+            if toi is not None and toi.interior.any() and len(pre or ()) < MAX_PASSES:
+                return impact_substep(self, q, v, tau, jacobian, toi, cons)
+            toi = None if pre else toi
+        q1 = pin.integrate(model, q, displacement(toi, dt, v, v1, spent))
         total = float(_add(v1)) + float(_add(q1))
         if total - total != 0.0 and not (np.isfinite(v1).all() and np.isfinite(q1).all()):
             raise SimulationError(f"{self._context()}: the step produced a non-finite state (the "
@@ -978,7 +987,8 @@ class Simulator:
                           SolverWarning, stacklevel=3)
         # (Minv: pinocchio's computeMinverse, of which only the upper triangle is filled)
         self.cache = dict(q=q, v=v, tau=tau, tau_total=tau_total, a_free=a_free, v_free=v_free,
-                          cons=cons, res=res, Minv=Minv, G=G, g=g, v1=v1, q1=q1)
+                          cons=cons, res=res, Minv=Minv, G=G, g=g, v1=v1, q1=q1,
+                          impact_times=toi)
         if jacobian:
             jac = step_jacobian(self)
             self.last.__dict__["jacobian_diagnostics"] = jac.diagnostics
