@@ -140,3 +140,17 @@ def test_implicit_damping_step_jacobians():
         q, v = sim.step(q, v, tau)
     rep = diffgym.check_step_jacobians(sim, states=states[::4])
     assert rep.ok, str(rep)
+
+
+def test_mjcf_frictionloss_can_be_left_out_by_name():
+    """``ignore_unsupported=("joint.frictionloss",)`` drops MJCF frictionloss too (warned, with
+    the file and line), as it drops URDF <dynamics friction>."""
+    xml = """<mujoco><option timestep="0.01" gravity="0 0 0"/><worldbody>
+<body name="a"><joint name="x" type="slide" axis="1 0 0" frictionloss="3"/>
+<geom type="sphere" size="0.1" mass="2"/></body></worldbody></mujoco>"""
+    assert diffgym.Simulator.from_string(xml).sm.constraint_spec.frictionloss == {0: 3.0}
+    with pytest.warns(UnsupportedIgnoredWarning, match=r"<string>:2: <joint name='x'> frictionloss='3'"):
+        sim = diffgym.Simulator.from_string(xml, ignore_unsupported=("joint.frictionloss",))
+    assert sim._extra is None
+    with pytest.raises(ValueError, match="unknown name 'joint.friction'"):
+        diffgym.Simulator.from_string(xml, ignore_unsupported=("joint.friction",))
