@@ -597,11 +597,11 @@ class Simulator:
     def from_file(cls, path: str | os.PathLike, **kwargs) -> "Simulator":
         """Load an MJCF (.xml) or URDF (.urdf) file. Keyword settings override the file.
 
-        What the file asks for and diffgym does not simulate (a spatial tendon, URDF joint
-        friction, RK4, fluid forces, ...: :data:`diffgym.unsupported.RULES`) raises a
-        ModelError naming file, line, element and attribute; ``ignore_unsupported=("tendon",
-        "joint.frictionloss", ...)`` loads it anyway without them (and warns what was left
-        out)."""
+        What the file asks for and diffgym does not simulate (a spatial tendon, RK4, fluid
+        forces, ...: :data:`diffgym.unsupported.RULES`) raises a ModelError naming file, line,
+        element and attribute; ``ignore_unsupported=("tendon", ...)`` loads it anyway without
+        them (and warns what was left out). ``"joint.frictionloss"`` leaves out joint dry
+        friction, which is simulated (MJCF ``frictionloss``, URDF ``<dynamics friction>``)."""
         path = os.fspath(path)
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{path}: no such model file")

@@ -154,3 +154,24 @@ def test_mjcf_frictionloss_can_be_left_out_by_name():
     assert sim._extra is None
     with pytest.raises(ValueError, match="unknown name 'joint.friction'"):
         diffgym.Simulator.from_string(xml, ignore_unsupported=("joint.friction",))
+
+
+def test_go1_with_its_joint_friction_has_exact_step_jacobians():
+    """The Go1 URDF with its 0.2 N m joint friction simulated (DiffGo1-v0's
+    ``sim_options={"ignore_unsupported": ()}``), held by a PD while it lands: the step Jacobians
+    against central differences at visited states (sliding and sticking friction rows,
+    contacts)."""
+    from diffgym.resources import asset_path
+    sim = diffgym.Simulator.from_file(asset_path("go1.urdf"), dt=0.005)
+    assert len(sim.sm.constraint_spec.frictionloss) == 12
+    q, v = sim.q0, np.zeros(sim.nv)
+    q[2] += 0.02
+    states = []
+    for t in range(40):
+        tau = np.zeros(sim.nv)
+        tau[6:] = 20.0 * (sim.q0[7:] - q[7:]) - 0.5 * v[6:]
+        if t in (10, 39):
+            states.append((q.copy(), v.copy(), tau.copy()))
+        q, v = sim.step(q, v, tau)
+    rep = diffgym.check_step_jacobians(sim, states=states)
+    assert rep.ok, str(rep)
