@@ -175,3 +175,51 @@ def test_go1_with_its_joint_friction_has_exact_step_jacobians():
         q, v = sim.step(q, v, tau)
     rep = diffgym.check_step_jacobians(sim, states=states)
     assert rep.ok, str(rep)
+
+
+def test_go1_joint_friction_compiled_solve_follows_the_reference(monkeypatch):
+    """The compiled mixed solve of the friction rows (diffgym.equality_kernels) against the
+    Python reference (``SolverSettings(compiled=False)``): the Go1 with its URDF joint friction
+    lands under a PD with random torques; the trajectories agree, the rows stick and slide,
+    some rounds' reduced problems need the later solver stages (the kernel's resume path), and
+    the step Jacobians agree at visited states."""
+    from diffgym.equality import ExtraRows
+    from diffgym.resources import asset_path
+    resumed = []
+    orig = ExtraRows._solve_reduced
+
+    def counted(*a, **k):
+        resumed.append(1)
+        return orig(*a, **k)
+    sims = [diffgym.Simulator.from_file(asset_path("go1.urdf"), dt=0.005) for _ in range(2)]
+    sims[1].solver.settings.compiled = False
+    rng = np.random.default_rng(3)
+    q0, v0 = sims[0].q0, np.zeros(sims[0].nv)
+    q0[2] += 0.02
+    traj = [[], []]
+    modes = set()
+    taus = []
+    for t in range(60):
+        tau = np.zeros(18)
+        tau[6:] = 20.0 * (sims[0].q0[7:] - q0[7:]) - 0.5 * v0[6:] + rng.normal(0.0, 2.0, 12)
+        taus.append(tau)
+        traj[0].append((q0.copy(), v0.copy()))
+        with monkeypatch.context() as mp:
+            mp.setattr(ExtraRows, "_solve_reduced", staticmethod(counted))
+            q0, v0 = sims[0].step(q0, v0, tau)
+        modes.update(sims[0].last.constraint_modes)
+    q1, v1 = traj[0][0]
+    for t in range(60):
+        traj[1].append((q1.copy(), v1.copy()))
+        q1, v1 = sims[1].step(q1, v1, taus[t])
+    for (qa, va), (qb, vb) in zip(traj[0], traj[1]):
+        assert np.allclose(qa, qb, rtol=0, atol=1e-9) and np.allclose(va, vb, rtol=0, atol=1e-7)
+    assert {"sticking", "sliding"} <= modes
+    assert resumed
+    for t in (15, 45):
+        q, v = traj[0][t]
+        ja = sims[0].step(q, v, taus[t], jacobian=True)[2]
+        jb = sims[1].step(q, v, taus[t], jacobian=True)[2]
+        for name in ("dq_dq", "dq_dv", "dv_dq", "dv_dv", "dv_dtau"):
+            A, B = getattr(ja, name), getattr(jb, name)
+            assert np.allclose(A, B, rtol=1e-6, atol=1e-6 * max(1.0, np.abs(B).max())), name
