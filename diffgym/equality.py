@@ -23,8 +23,12 @@ Fixed tendons also give passive forces (``stiffness``: ``-k (L - L_rest) coef``,
 ``-d (coef^T v) coef``) and actuator transmissions (``<motor tendon=...>``: ``tau += gear ctrl
 coef``, see :class:`diffgym.model.Actuator`).
 
-**Solve.** Models with such rows take the Python stage-by-stage path (the fused compiled path
-serves contacts and joint limits only). The mixed problem is solved exactly by an active set
+**Solve.** Models with such rows are assembled in Python (contact and joint-limit rows, then
+these) and the mixed problem is solved by a compiled kernel (``equality_kernels.mixed_solve``, a
+port of ``ExtraRows.solve``, which stays the reference under ``SolverSettings(compiled=False)``;
+the fused compiled call of ``diffgym.forward`` serves models without these rows). Rows that do
+not depend on the state (dry friction alone) are built once. The mixed problem is solved
+exactly by an active set
 over the new rows: bilateral rows, sticking friction rows and active unilateral rows are
 equalities and are eliminated (Schur complement, minimum-norm where redundant, e.g. a planar
 loop's out-of-plane rows); sliding friction rows and inactive unilateral rows hold fixed
@@ -346,6 +350,18 @@ class ExtraRows:
         return b
 
     def rows(self, q, v, dt) -> RowSet:
+        spec = self.spec
+        if not (spec.connects or spec.welds or spec.couplings or spec.ball_limits
+                or any(t.range is not None for t in spec.tendons)):
+            # dry friction only: rows independent of (q, v), built once per dt (read-only)
+            c = self.__dict__.get("_const_rows")
+            if c is None or c[0] != dt:
+                J, phi, kind, bound, ids, labels, select = self._eval(q, v, dt)
+                b = self._offsets(phi, kind, dt)
+                for x in (J, phi, kind, bound, b):
+                    x.flags.writeable = False
+                c = self._const_rows = (dt, (J, b, kind, bound, ids, labels, select, phi))
+            return RowSet(*c[1])
         J, phi, kind, bound, ids, labels, select = self._eval(q, v, dt)
         return RowSet(J, self._offsets(phi, kind, dt), kind, bound, ids, labels, select, phi)
 
