@@ -13,7 +13,10 @@ So both engines time the same stretch of the same trajectory regime (step ``warm
 * ``go1`` (example-robot-data's URDF): the SRDF ``standing`` pose with the feet 2 mm above the
   ground, joints held by a PD on that pose (``tau = 100 (q_ref - q) - 2 qdot``, no torque limit).
   In MuJoCo the same PD is the model's own actuators (gain 100, bias ``-100 q - 2 qdot``, ctrl
-  ``q_ref``), so no Python runs between its steps; diffgym computes it in the loop (~3 us);
+  ``q_ref``), so no Python runs between its steps; diffgym computes it in the loop (~3 us).
+  Two rows: ``go1`` with the URDF's 0.2 N m joint dry friction simulated in both engines
+  (MuJoCo's URDF importer reads it into ``frictionloss``) and ``go1-nofric`` with it left out in
+  both (diffgym ignores ``joint.frictionloss``, MuJoCo's ``dof_frictionloss`` zeroed);
 * ``billiards`` (``assets/billiards.xml``): the cue ball sent at 2 m/s into the rack at rest;
 * ``ur5`` (example-robot-data's UR5 URDF, fixed base, 6 joints): released 0.2-0.3 rad away from
   ``UR5_POSE`` and pulled back by a PD (gain 100, damping 2) on top of exact gravity
@@ -126,6 +129,7 @@ class Scenario:
     kp: float = GO1_KP        # PD gains of q_ref (MuJoCo: the same PD as actuators)
     kd: float = GO1_KD
     gravcomp: bool = False    # exact gravity compensation (MuJoCo: body gravcomp = 1)
+    friction: bool = True     # joint dry friction simulated (False: left out in both engines)
 
     @property
     def base_nq(self) -> int:
@@ -147,14 +151,18 @@ def _lowest_point(sim: Simulator, q: np.ndarray) -> float:
     return low
 
 
-def scenario(name: str, path: str) -> Scenario:
+def scenario(name: str, path: str, friction: bool = True) -> Scenario:
+    """``friction`` False: the joint dry friction left out (diffgym ignores the file's
+    ``joint.frictionloss``; time_mujoco zeroes MuJoCo's ``dof_frictionloss``)."""
     if name == "ur5":
         return _ur5_scenario(path)
-    # Gymnasium's hopper asks for RK4 (run with Euler), the Go1 URDF for joint dry friction (run
-    # without it): both named, as the table notes say
+    # Gymnasium's hopper asks for RK4 (run with Euler, named, as the table notes say); the Go1
+    # URDF's joint dry friction (0.2 N m) is simulated, as MuJoCo's URDF importer reads it into
+    # frictionloss: both engines step the same model (``friction=False``: neither simulates it)
+    ignore = ("option.integrator",) + (() if friction else ("joint.frictionloss",))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", UnsupportedIgnoredWarning)
-        sim = Simulator.from_file(path, ignore_unsupported=("option.integrator", "joint.frictionloss"))
+        sim = Simulator.from_file(path, ignore_unsupported=ignore)
     q, v = sim.q0, np.zeros(sim.nv)
     control = None
     q_ref = None
@@ -171,7 +179,7 @@ def scenario(name: str, path: str) -> Scenario:
         def control(q, v, tau=tau, q_ref=q_ref):
             tau[6:] = GO1_KP * (q_ref - q[7:]) - GO1_KD * v[6:]
             return tau
-    return Scenario(name, path, sim, q, v, control, q_ref)
+    return Scenario(name, path, sim, q, v, control, q_ref, friction=friction)
 
 
 def _ur5_scenario(path: str) -> Scenario:
@@ -394,6 +402,8 @@ def mujoco_model(mujoco, sc: Scenario):
 def time_mujoco(mujoco, sc: Scenario, steps: int, warmup: int, repeats: int):
     """(median seconds per step, mean ncon, note); raises NotAvailable."""
     m, note = mujoco_model(mujoco, sc)
+    if not sc.friction:
+        m.dof_frictionloss[:] = 0.0
     qpos, qvel, ctrl = mujoco_state(mujoco, m, sc)
     d = mujoco.MjData(m)
     step = mujoco.mj_step
@@ -714,15 +724,21 @@ def run(names: list[str], steps: int, warmup: int = 20, repeats: int = 3) -> tup
     mujoco = _import_mujoco()
     missing = None if mujoco is not None else "mujoco not installed: pip install diffgym[bench]"
     rows = []
-    for name in names:
-        row = Row(name, timed_steps=steps)
+    # the Go1 twice: its URDF joint friction left out in both engines (the contact kernels
+    # alone) and simulated in both (like with like)
+    runs = [(n, f) for n in names for f in ((False, True) if n == "go1" else (True,))]
+    for name, friction in runs:
+        row = Row(name if friction else name + "-nofric", timed_steps=steps)
         rows.append(row)
         try:
             path = asset_path(MODELS[name])
         except FileNotFoundError as exc:
             row.notes.append(f"model file missing: {exc}")
             continue
-        sc = scenario(name, path)
+        sc = scenario(name, path, friction)
+        if name == "go1":
+            row.notes.append("joint friction 0.2 N m in both engines" if friction else
+                             "joint friction left out in both (MuJoCo dof_frictionloss = 0)")
         row.nq, row.nv, row.dt = sc.sim.nq, sc.sim.nv, sc.sim.dt
         row.t_ours, row.contacts, row.nonconverged = time_diffgym(sc, steps, warmup, repeats)
         if row.nonconverged:

@@ -19,8 +19,8 @@ is 1 cm above the ground; MJCF models start from MuJoCo's ``qpos0``).
 column is the largest distance between the two engines over the run (m), after a check of the
 total mass (relative difference) and of the centre of mass at t = 0. **Tolerance**: 1e-6 m when
 no constraint (contact or joint limit) acts in either engine: both then integrate the same
-equations with the same semi-implicit Euler step (MuJoCo's implicit joint damping,
-``eulerdamp``, is disabled for the comparison: diffgym's damping is explicit), so only rounding
+equations with the same semi-implicit Euler step, joint damping implicit in both (MuJoCo's
+default ``eulerdamp``, diffgym's damping folded into the velocity update), so only rounding
 separates them. When contacts or limits act, 5 cm: MuJoCo's contacts are soft (``solref``,
 ``solimp``, ``margin``), diffgym's are exact, so the trajectories agree only in their gross
 motion, and a falling or toppling body (a chaotic event) may take another way; such rows say
@@ -177,7 +177,6 @@ def compare(row: Row, sim, seconds: float, budget: float = math.inf) -> None:
     if m.nq != sim.nq or m.nv != sim.nv:
         raise RuntimeError(f"different coordinates: MuJoCo nq={m.nq} nv={m.nv}, diffgym "
                            f"nq={sim.nq} nv={sim.nv}")
-    m.opt.disableflags |= int(mujoco.mjtDisableBit.mjDSBL_EULERDAMP)
     d = mujoco.MjData(m)
     # a deterministic kick of every joint velocity (a URDF's floating base starts at rest)
     v = np.random.default_rng(0).uniform(-KICK, KICK, sim.nv)

@@ -849,6 +849,10 @@ def step_jacobian(sim, compiled: bool | None = None) -> StepJacobian:
     if out is None:
         out = _step_jacobian_reference(sim, C, system)
     C = sim.cache
+    if C.get("impact_times") is not None or C.get("impact_pre") is not None:
+        # impacts at their time inside the step (diffgym.impact_time)
+        from .impact_time import correct_jacobian
+        correct_jacobian(sim, out, C)
     out.diagnostics = JacobianDiagnostics(sim, C["cons"], C["res"], C["G"])
     return out
 

@@ -23,8 +23,12 @@ Fixed tendons also give passive forces (``stiffness``: ``-k (L - L_rest) coef``,
 ``-d (coef^T v) coef``) and actuator transmissions (``<motor tendon=...>``: ``tau += gear ctrl
 coef``, see :class:`diffgym.model.Actuator`).
 
-**Solve.** Models with such rows take the Python stage-by-stage path (the fused compiled path
-serves contacts and joint limits only). The mixed problem is solved exactly by an active set
+**Solve.** Models with such rows are assembled in Python (contact and joint-limit rows, then
+these) and the mixed problem is solved by a compiled kernel (``equality_kernels.mixed_solve``, a
+port of ``ExtraRows.solve``, which stays the reference under ``SolverSettings(compiled=False)``;
+the fused compiled call of ``diffgym.forward`` serves models without these rows). Rows that do
+not depend on the state (dry friction alone) are built once. The mixed problem is solved
+exactly by an active set
 over the new rows: bilateral rows, sticking friction rows and active unilateral rows are
 equalities and are eliminated (Schur complement, minimum-norm where redundant, e.g. a planar
 loop's out-of-plane rows); sliding friction rows and inactive unilateral rows hold fixed
@@ -154,6 +158,19 @@ class RowSet:
     @property
     def m(self) -> int:
         return int(self.J.shape[0])
+
+
+class _LaterStages:
+    """A solver whose ``solve`` runs ``solver``'s stages from stage 2 on (stage 1 failed,
+    compiled): the reduced problem of a round of ``ExtraRows._solve_compiled``."""
+
+    def __init__(self, solver):
+        self.solver = solver
+        self.settings = solver.settings
+        self.method = None
+
+    def solve(self, G, g, nc, mu, lam0=None, modes0=None):
+        return self.solver._solve(G, g, nc, mu, lam0, modes0, stage1=False)
 
 
 class ExtraRows:
@@ -333,6 +350,18 @@ class ExtraRows:
         return b
 
     def rows(self, q, v, dt) -> RowSet:
+        spec = self.spec
+        if not (spec.connects or spec.welds or spec.couplings or spec.ball_limits
+                or any(t.range is not None for t in spec.tendons)):
+            # dry friction only: rows independent of (q, v), built once per dt (read-only)
+            c = self.__dict__.get("_const_rows")
+            if c is None or c[0] != dt:
+                J, phi, kind, bound, ids, labels, select = self._eval(q, v, dt)
+                b = self._offsets(phi, kind, dt)
+                for x in (J, phi, kind, bound, b):
+                    x.flags.writeable = False
+                c = self._const_rows = (dt, (J, b, kind, bound, ids, labels, select, phi))
+            return RowSet(*c[1])
         J, phi, kind, bound, ids, labels, select = self._eval(q, v, dt)
         return RowSet(J, self._offsets(phi, kind, dt), kind, bound, ids, labels, select, phi)
 
@@ -509,6 +538,10 @@ class ExtraRows:
                 xmode[i] = 0 if g[s0 + i] < 0 else 2
             elif kind[i] == KIND_FRICTION:
                 xmode[i] = 0
+        if type(solver).__name__ == "NCPSolver" and solver.settings.compiled:
+            out = self._solve_compiled(solver, G, g, nc, nl, mu, rs, xmode, lam0, modes0)
+            if out is not None:
+                return out
         S = np.arange(s0)
         its = 0
         seen = set()
@@ -589,6 +622,56 @@ class ExtraRows:
             method = "elimination"
         active = np.concatenate([np.asarray(lact, dtype=bool), xmode == 0])
         return lam, sigma, modes, active, its, resid, converged, method, xmode
+
+    def _solve_compiled(self, solver, G, g, nc, nl, mu, rs, xmode, lam0, modes0):
+        """``solve`` by the compiled port (diffgym.equality_kernels.mixed_solve). A round whose
+        reduced stage 1 fails has its reduced problem solved here from stage 2 on (as the
+        reference's ``solver.solve`` does), and the kernel resumes with that result."""
+        from .equality_kernels import mixed_solve
+        st = solver.settings
+        f64 = np.float64
+        G = np.ascontiguousarray(G, dtype=f64)
+        g = np.ascontiguousarray(g, dtype=f64)
+        nc, nl = int(nc), int(nl)
+        mu = np.ascontiguousarray(mu, dtype=f64).reshape(nc)
+        kind = np.ascontiguousarray(rs.kind, dtype=np.int64)
+        bound = np.ascontiguousarray(rs.bound, dtype=f64)
+        lam0 = np.zeros(0) if lam0 is None else np.ascontiguousarray(lam0, dtype=f64)
+        has = modes0 is not None
+        modes0 = np.zeros(0, dtype=np.int64) if modes0 is None else np.ascontiguousarray(modes0, dtype=np.int64)
+        mx = G.shape[0] - 3 * nc - nl
+        state = (0, 0, np.zeros((61, mx), dtype=np.int64), 0)
+        inj = (False, np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool), 0, 0.0,
+               False, True)
+        later = _LaterStages(solver)
+        for _ in range(61):
+            out = mixed_solve(G, g, nc, nl, mu, kind, bound, xmode, lam0, modes0, has,
+                              float(st.tol), float(st.mode_tol), int(st.newton_iter),
+                              int(st.mode_rounds), int(st.newton_budget), *state, *inj)
+            ok, lam, sigma, modes, lact, xmode, its, resid, conv, elim, stt = out
+            if ok:
+                break
+            rnd, its0, seen, nseen, Gs, gs, lam0, modes0, has = stt
+            r = self._solve_reduced(later, Gs, gs, np.diagonal(G)[:3 * nc + nl].copy(), nc, nl,
+                                    mu, lam0 if len(lam0) else None, modes0 if has else None)
+            state = (rnd, its0, seen, nseen)
+            inj = (True, np.ascontiguousarray(r.lam, dtype=f64),
+                   np.ascontiguousarray(r.modes, dtype=np.int64),
+                   np.ascontiguousarray(r.limit_active, dtype=bool), int(r.iterations),
+                   float(r.residual), r.method == "elimination", bool(r.converged))
+            later.method = r.method
+        else:
+            return None
+        ids = rs.ids
+        self._warm = {ids[i]: int(x) for i, x in enumerate(xmode.tolist())}
+        active = np.concatenate([lact, xmode == 0])
+        if elim:
+            method = "elimination"
+        elif inj[0] and stt[0] == state[0]:       # (the last round's reduced solve: stage 2+)
+            method = later.method
+        else:
+            method = "newton"
+        return (lam, sigma, modes, active, int(its), float(resid), bool(conv), method, xmode)
 
     @staticmethod
     def _solve_reduced(solver, Gs, gs, d0, nc, nl, mu, lam0, modes0):

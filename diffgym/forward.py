@@ -26,6 +26,7 @@ from .solver import MODE_NAMES, SLIDING, STICKING, NCPSolver, SolverResult, Solv
 from .solver_kernels import natres, solve_stage1
 from .frames import tangent_frames
 from .gradient_modes import gradient_mode
+from .impact_time import MAX_PASSES, consumed_time, displacement, impact_substep, impact_times
 
 
 _add = np.add.reduce          # (ndarray.sum without its Python wrapper: the same sums)
@@ -125,8 +126,8 @@ class SimulationError(RuntimeError):
 
 
 class StabilityWarning(RuntimeWarning):
-    """The time step is too large for the model's stiffness or damping (explicit integration
-    of those forces is unstable at this step)."""
+    """The time step is too large for the model's joint stiffness (explicit integration of the
+    springs is unstable at this step; joint damping is implicit)."""
 
 
 def _check_settings(*, tol, margin, max_iter, max_contact_points) -> None:
@@ -146,16 +147,35 @@ def _check_settings(*, tol, margin, max_iter, max_contact_points) -> None:
         raise ValueError(f"max_contact_points must be an integer >= 1, got {max_contact_points!r}")
 
 
+def _implicit_damping_model(sm) -> pin.Model:
+    """The model the simulator steps: ``sm.model`` itself without joint damping, else a copy
+    whose armature carries ``dt D`` (D the diagonal joint damping ``sm.damping``).
+
+    Joint damping is implicit in the velocity update (as MuJoCo's Euler with ``eulerdamp`` and
+    its implicitfast integrator do for damping): ``M (v1 - v) = dt (tau - c(q, v) - D v1) + J^T
+    lam`` is ``(M + dt D)(v1 - v) = dt (tau - c - D v) + J^T lam``, the explicit step of the
+    model with armature ``+ dt D`` and the damping force at the pre-step ``v``. Every stage
+    (ABA, ``M^-1`` of the constraint problem, pinocchio's ABA derivatives, hence the step
+    Jacobians: ``dv1/dv = I + dt (d aba/dv - (M + dt D)^-1 D)``) then takes it from this one
+    model, and a damper is stable at any time step (``v1 = v m / (m + dt d)`` for a lone
+    slider). The file's physical model stays ``sm.model``."""
+    damping = np.asarray(sm.damping, dtype=float)
+    if not np.any(damping):
+        return sm.model
+    model = pin.Model(sm.model)
+    model.armature = np.asarray(sm.model.armature, dtype=float) + float(sm.dt) * damping
+    return model
+
+
 def _warn_unstable_dt(sim) -> None:
     """Warn (StabilityWarning) when the time step cannot be stable for the model: the joint
-    springs and dampers are integrated explicitly, so at the default configuration the step
-    needs ``dt * omega_max < 2`` (``omega^2`` the eigenvalues of ``M^-1 K``) and
-    ``dt * lambda_max(M^-1 D) < 2`` (the explicit-Euler bounds of an undamped spring and of a
-    pure damper)."""
-    sm, model, dt = sim.sm, sim.model, sim.dt
-    damping = np.asarray(sm.damping, dtype=float)
+    springs are integrated explicitly, so at the default configuration the step needs ``dt *
+    omega_max < 2`` (``omega^2`` the eigenvalues of ``M^-1 K``, the explicit-Euler bound of an
+    undamped spring). Joint damping is implicit (:func:`_implicit_damping_model`): stable at any
+    step."""
+    sm, model, dt = sim.sm, sim.sm.model, sim.dt
     stiff = getattr(sm, "stiffness", {}) or {}
-    if not (np.any(damping > 0) or stiff) or model.nv == 0:
+    if not stiff or model.nv == 0:
         return
     try:
         M = pin.crba(model, model.createData(), sim.q0)
@@ -163,11 +183,6 @@ def _warn_unstable_dt(sim) -> None:
         L = np.linalg.cholesky(M)
         Li = np.linalg.inv(L)
         msgs = []
-        if np.any(damping > 0):
-            lam_d = float(np.linalg.eigvalsh(Li @ np.diag(damping) @ Li.T).max())
-            if dt * lam_d >= 2.0:
-                msgs.append(f"joint damping: dt * lambda_max(M^-1 D) = {dt * lam_d:.3g} >= 2 "
-                            f"(stable below dt = {2.0 / lam_d:.3g} s)")
         if stiff:
             K = np.zeros((model.nv, model.nv))
             for iv, (k, _) in stiff.items():
@@ -554,6 +569,10 @@ class Simulator:
     ``restitution_threshold`` (m/s: impacts closing slower stay inelastic; default
     ``2 |gravity| dt``, at least 1e-3). Coefficients of restitution come from the model
     (``set_restitution`` changes them).
+
+    Joint damping is implicit in the velocity update: ``sim.model`` (the model the step runs) is
+    the file's model ``sim.sm.model`` with ``dt * damping`` added to its armature (see
+    ``_implicit_damping_model``); use ``sim.sm.model`` for the physical mass matrix.
     """
 
     def __init__(self, sm: SimModel, *, dt: float | None = None, erp: float = 0.2,
@@ -580,7 +599,7 @@ class Simulator:
             raise ValueError("restitution_threshold must be a finite speed >= 0 (m/s) or None, "
                              f"got {restitution_threshold!r}")
         self.sm = sm
-        self.model: pin.Model = sm.model
+        self.model: pin.Model = _implicit_damping_model(sm)
         self.geom_model: pin.GeometryModel = sm.geom_model
         self.data = self.model.createData()
         self.geom_data = pin.GeometryData(self.geom_model)
@@ -633,11 +652,11 @@ class Simulator:
     def from_file(cls, path: str | os.PathLike, **kwargs) -> "Simulator":
         """Load an MJCF (.xml) or URDF (.urdf) file. Keyword settings override the file.
 
-        What the file asks for and diffgym does not simulate (a spatial tendon, URDF joint
-        friction, RK4, fluid forces, ...: :data:`diffgym.unsupported.RULES`) raises a
-        ModelError naming file, line, element and attribute; ``ignore_unsupported=("tendon",
-        "joint.frictionloss", ...)`` loads it anyway without them (and warns what was left
-        out)."""
+        What the file asks for and diffgym does not simulate (a spatial tendon, RK4, fluid
+        forces, ...: :data:`diffgym.unsupported.RULES`) raises a ModelError naming file, line,
+        element and attribute; ``ignore_unsupported=("tendon", ...)`` loads it anyway without
+        them (and warns what was left out). ``"joint.frictionloss"`` leaves out joint dry
+        friction, which is simulated (MJCF ``frictionloss``, URDF ``<dynamics friction>``)."""
         path = os.fspath(path)
         if not os.path.isfile(path):
             raise FileNotFoundError(f"{path}: no such model file")
@@ -702,7 +721,10 @@ class Simulator:
         else:
             raise ValueError(f"unknown Simulator source kind {src[0]!r}")
         self.__dict__.update(fresh.__dict__)
-        self.sm.dt = state["dt"]
+        if self.sm.dt != state["dt"]:
+            self.sm.dt = state["dt"]
+            self.model = _implicit_damping_model(self.sm)      # (dt D as armature)
+            self.data = self.model.createData()
         self.solver.settings = state["solver_settings"]
         self.set_warm_start_state(state["warm_start"])
         self._warned = state["warned"]
@@ -995,7 +1017,15 @@ class Simulator:
             if not verified:
                 res = dataclasses.replace(res, converged=False, residual=float(r1),
                                           method=res.method + "+unverified")
-        q1 = pin.integrate(model, q, v1 * dt)
+        # an impact-law contact: the impact at its time inside the step (diffgym.impact_time)
+        pre, toi = self.__dict__.get("_toi_pass"), None
+        spent = consumed_time(pre) if pre else None
+        if cons is not None and getattr(cons, "restitution", None) is not None:
+            toi = impact_times(self, cons, v, spent)
+            if toi is not None and toi.interior.any() and len(pre or ()) < MAX_PASSES:
+                return impact_substep(self, q, v, tau, jacobian, toi, cons)
+            toi = None if pre else toi
+        q1 = pin.integrate(model, q, displacement(toi, dt, v, v1, spent))
         finite, jump, frictionless = _step_checks(v, v1, q1, self._gate,
                                                   cons.mu if cons is not None else _NO_MU)
         if not finite:
@@ -1020,7 +1050,8 @@ class Simulator:
                           SolverWarning, stacklevel=3)
         # (Minv: pinocchio's computeMinverse, of which only the upper triangle is filled)
         self.cache = dict(q=q, v=v, tau=tau, tau_total=tau_total, a_free=a_free, v_free=v_free,
-                          cons=cons, res=res, Minv=Minv, G=G, g=g, v1=v1, q1=q1)
+                          cons=cons, res=res, Minv=Minv, G=G, g=g, v1=v1, q1=q1,
+                          impact_times=toi)
         if jacobian:
             jac = step_jacobian(self)
             self.last.__dict__["jacobian_diagnostics"] = jac.diagnostics

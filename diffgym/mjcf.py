@@ -625,7 +625,7 @@ class _MJCFBuilder:
             if float(a.get("damping", 0.0)) != 0.0:
                 for k in range(jmodel.nv):
                     self.damping[jmodel.idx_v + k] = float(a["damping"])
-            self._joint_constraint_attrs(a, jtype, jname, jmodel)
+            self._joint_constraint_attrs(a, jtype, jname, jmodel, j)
             if jtype in ("hinge", "slide"):
                 k = float(a.get("stiffness", 0.0))
                 if k != 0.0:
@@ -894,7 +894,8 @@ class _MJCFBuilder:
         return acts
 
     # -- issue 15: equality constraints, dry friction, ball limits, fixed tendons ----------
-    def _joint_constraint_attrs(self, a: dict[str, str], jtype: str, jname: str, jmodel) -> None:
+    def _joint_constraint_attrs(self, a: dict[str, str], jtype: str, jname: str, jmodel,
+                                el=None) -> None:
         """A joint's ``frictionloss`` (dry friction on each of its dofs) and a ball joint's
         ``range`` (MuJoCo: the largest rotation angle, ``range[1]``)."""
         if not hasattr(self, "frictionloss"):
@@ -905,6 +906,10 @@ class _MJCFBuilder:
             if not (np.isfinite(f) and f >= 0):
                 raise self.err(f"<joint name={jname!r}>: frictionloss must be finite and >= 0, "
                                f"got {a['frictionloss']!r}")
+            if f > 0 and self.refusals.leave_out(
+                    "joint.frictionloss", self.src.where(el) if el is not None else self.source,
+                    f"<joint name={jname!r}> frictionloss={a['frictionloss']!r}"):
+                f = 0.0
             if f > 0:        # (a free joint: its translation's 3 dofs come right before)
                 first = jmodel.idx_v - 3 if jtype == "free" else jmodel.idx_v
                 for k in range(first, jmodel.idx_v + jmodel.nv):

@@ -148,16 +148,22 @@ RULES: tuple[Rule, ...] = (
          path="actuator/*", attr="site/body/jointinparent/cranksite",
          when=lambda a, c: any(k in a for k in ("site", "body", "jointinparent", "cranksite"))),
     # -- URDF ----------------------------------------------------------------------------------
-    Rule("joint.frictionloss", "joint dry friction", fmt="urdf", path="joint/dynamics",
-         attr="friction", when=lambda a, c: _num(a, "friction") != 0.0),
-    Rule("joint.mimic", "mimic joint (joint coupling)", fmt="urdf", path="joint/mimic"),
+    Rule("joint.mimic_continuous", "mimic coupling of a continuous joint (an unbounded angle "
+         "stored as cos/sin; mimic is simulated between revolute and prismatic joints)",
+         fmt="urdf"),
 )
 
 # Keys of rows deleted from RULES because the construct is now simulated: code that still names
 # them in ignore_unsupported keeps working (they ignore nothing). Add a key here when you delete
 # its row.
 SUPPORTED_NOW: tuple[str, ...] = ("equality.connect", "equality.weld", "equality.joint",
-                                  "tendon.fixed", "joint.ball_range")
+                                  "tendon.fixed", "joint.ball_range", "joint.mimic")
+
+# Simulated elements a user may still leave out by name with ``ignore_unsupported`` (the loader
+# drops them and warns, :class:`UnsupportedIgnoredWarning`, as for an ignored refusal): joint dry
+# friction (MJCF ``frictionloss``, URDF ``<dynamics friction>``), whose rows take a model off
+# the compiled fast path (diffgym.equality).
+OPTIONAL: dict[str, str] = {"joint.frictionloss": "joint dry friction"}
 
 KEYS: tuple[str, ...] = tuple(dict.fromkeys(r.key for r in RULES))
 
@@ -177,7 +183,8 @@ def _normalize(ignore) -> tuple[str, ...]:
         ignore = (ignore,)
     out = tuple(str(x) for x in ignore)
     for name in out:
-        if not any(k == name or k.startswith(name + ".") for k in (*KEYS, *SUPPORTED_NOW)):
+        if not any(k == name or k.startswith(name + ".")
+                   for k in (*KEYS, *SUPPORTED_NOW, *OPTIONAL)):
             raise ValueError(f"ignore_unsupported: unknown name {name!r} (known: "
                              f"{', '.join(KEYS)}; a prefix such as 'equality' names every key "
                              "under it)")
@@ -212,6 +219,16 @@ class Refusals:
             self.refused.append(msg)
             if key not in self.refused_keys:
                 self.refused_keys.append(key)
+
+    def leave_out(self, key: str, where: str, what: str) -> bool:
+        """An :data:`OPTIONAL` element the model uses: True (and recorded for the warning) when
+        ``ignore_unsupported`` names it, so the loader drops it; False: it is simulated."""
+        if not self.ignores(key):
+            return False
+        self.ignored.append(f"{where}: {what}: {OPTIONAL[key]} [{key}]")
+        if key not in self.ignored_keys:
+            self.ignored_keys.append(key)
+        return True
 
     def finish(self) -> None:
         if self.refused:

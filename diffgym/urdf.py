@@ -8,7 +8,12 @@ floating base is added (``floating_base=True``), a ground half-space ``z <= 0`` 
 ``self_collision=True`` (then every pair of geoms on different, non-adjacent links is a
 candidate, minus the pairs an SRDF ``disable_collisions`` lists). Joint limits of revolute and
 prismatic joints become hard limits; each actuated scalar joint gets a unit-gear motor whose
-control range is the URDF effort limit. If an SRDF sits beside the URDF (``../srdf/NAME.srdf``
+control range is the URDF effort limit. ``<dynamics damping>`` is joint damping (pinocchio reads
+it), ``<dynamics friction>`` joint dry friction (the rows of MJCF ``frictionloss``, see
+:mod:`diffgym.equality`; ``ignore_unsupported=("joint.frictionloss",)`` leaves it out) and
+``<mimic joint multiplier offset>`` a bilateral coupling ``q = multiplier q_joint + offset`` (the
+row of MJCF ``<equality><joint>``; between revolute and prismatic joints, a continuous joint's
+mimic is refused). If an SRDF sits beside the URDF (``../srdf/NAME.srdf``
 as in example-robot-data) its first reference configuration is the default ``q0``.
 """
 from __future__ import annotations
@@ -32,8 +37,8 @@ _URDF_TEXT_ATTRS = {"name", "type", "link", "joint", "filename", "parent", "chil
 def check_urdf(path: str, ignore_unsupported=None) -> dict[str, str]:
     """Check a URDF before pinocchio reads it: non-finite numbers, negative masses, inertias
     that are not physical (a negative principal moment, the triangle inequality), geometry
-    sizes, joint ranges, and what diffgym does not simulate (:data:`diffgym.unsupported.RULES`:
-    joint dry friction, mimic joints). Errors name file, line, element and attribute. Returns
+    sizes, joint ranges, and what diffgym does not simulate (:data:`diffgym.unsupported.RULES`).
+    Errors name file, line, element and attribute. Returns
     where each joint was declared (for later messages)."""
     with open(path, encoding="utf-8") as fh:
         text = fh.read()
@@ -42,7 +47,7 @@ def check_urdf(path: str, ignore_unsupported=None) -> dict[str, str]:
     if root.tag != "robot":
         raise ModelError(f"{path}: root element is <{root.tag}>, expected <robot>")
     refusals = Refusals(path, ignore_unsupported)
-    rules = rules_for("urdf")
+    rules = [r for r in rules_for("urdf") if r.path is not None]
 
     def desc(el):
         n = el.get("name")
@@ -108,6 +113,10 @@ def check_urdf(path: str, ignore_unsupported=None) -> dict[str, str]:
                                              f"numbers, got {shape.get('size')!r}")
     for joint in root.findall("joint"):
         where[joint.get("name", "")] = f"{src.where(joint)}: {desc(joint)}"
+        dyn = joint.find("dynamics")
+        for k in ("friction", "damping"):
+            if dyn is not None and k in dyn.attrib and not float(dyn.get(k)) >= 0:
+                raise err(dyn, f"{desc(joint)} <dynamics>: {k} must be >= 0, got {dyn.get(k)!r}")
         lim = joint.find("limit")
         if lim is not None and joint.get("type") in ("revolute", "prismatic"):
             lo, hi = float(lim.get("lower", "0")), float(lim.get("upper", "0"))
@@ -237,6 +246,51 @@ def load_urdf(path: str, *, floating_base: bool = True, ground: bool = True,
     if keyframes:
         q0 = (keyframes.get("standing") if "standing" in keyframes else next(iter(keyframes.values()))).copy()
     damping = np.asarray(model.damping, float).copy()
-    return SimModel(model, gmodel, geoms, np.array(pairs, dtype=np.int64).reshape(-1, 2), limits,
-                    actuators, q0, dt, damping, source=path, keyframes=keyframes,
-                    joint_where=joint_where)
+    sm = SimModel(model, gmodel, geoms, np.array(pairs, dtype=np.int64).reshape(-1, 2), limits,
+                  actuators, q0, dt, damping, source=path, keyframes=keyframes,
+                  joint_where=joint_where)
+    sm.constraint_spec = _constraint_spec(path, model, joint_where, ignore_unsupported)
+    return sm
+
+
+def _constraint_spec(path: str, model, joint_where: dict[str, str], ignore_unsupported):
+    """The URDF's joint dry friction (``<dynamics friction>``, read by pinocchio into
+    ``model.friction``: one box-constrained row per dof, as MJCF ``frictionloss``) and its
+    ``<mimic>`` couplings (``q_j = multiplier q_i + offset``: one bilateral row, as MJCF
+    ``<equality><joint>``), as a :class:`diffgym.equality.ConstraintSpec`."""
+    from .equality import ConstraintSpec, JointCoupling
+    refusals = Refusals(path, ignore_unsupported)
+    spec = ConstraintSpec()
+    for j in range(1, model.njoints):
+        jm = model.joints[j]
+        name = model.names[j]
+        for k in range(jm.idx_v, jm.idx_v + jm.nv):
+            f = float(model.friction[k])
+            if f > 0 and not refusals.leave_out(
+                    "joint.frictionloss", joint_where.get(name, path),
+                    f"<dynamics friction={f:g}>"):
+                spec.frictionloss[k] = f
+    src = XMLSource(path)
+    with open(path, encoding="utf-8") as fh:
+        root = src.parse(fh.read(), path)
+    for el in root.findall("joint"):
+        mim = el.find("mimic")
+        if mim is None or el.get("type") == "fixed":
+            continue
+        name, other = el.get("name", ""), mim.get("joint")
+        what = f"<joint name={name!r}> <mimic joint={other!r}>"
+        if other is None or not model.existJointName(other):
+            raise ModelError(f"{src.where(mim)}: {what}: no joint named {other!r}")
+        if other == name:
+            raise ModelError(f"{src.where(mim)}: {what}: a joint cannot mimic itself")
+        j1, j2 = model.joints[model.getJointId(name)], model.joints[model.getJointId(other)]
+        if j1.nq != 1 or j2.nq != 1:
+            refusals.hit("joint.mimic_continuous", src.where(mim), what)
+            continue
+        mult = float(mim.get("multiplier", "1"))
+        off = float(mim.get("offset", "0"))
+        spec.couplings.append(JointCoupling(
+            f"mimic {name}", name, other, j1.idx_q, j1.idx_v, j2.idx_q, j2.idx_v, 0.0, 0.0,
+            np.array([off, mult, 0.0, 0.0, 0.0])))
+    refusals.finish()
+    return spec

@@ -20,19 +20,23 @@ def test_bench_table_and_csv(tmp_path, capsys):
     assert bench.main(_args(csv=str(out))) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].split()[:3] == ["model", "nq/nv", "contacts"]
-    body = {l.split()[0]: l for l in lines[1:1 + len(bench.MODELS)]}
-    assert set(body) == set(bench.MODELS)
+    # the Go1 twice: joint friction left out in both engines (go1-nofric) and in both (go1)
+    names = set(bench.MODELS) | {"go1-nofric"}
+    body = {l.split()[0]: l for l in lines[1:1 + len(names)]}
+    assert set(body) == names
     with open(out, newline="") as fh:
         rows = {r["model"]: r for r in csv.DictReader(fh)}
-    assert set(rows) == set(bench.MODELS)
+    assert set(rows) == names
     assert rows["go1"]["nq"] == "19" and rows["go1"]["nv"] == "18"
+    assert "left out in both" in rows["go1-nofric"]["note"]
+    assert "0.2 N m in both" in rows["go1"]["note"]
     assert rows["billiards"]["nq"] == "112"
     for r in rows.values():
         assert float(r["diffgym_us_per_step"]) > 0
     mujoco = bench._import_mujoco()
     if mujoco is not None:
         # the Go1 URDF needs MjSpec (MuJoCo >= 3.2) to be built; otherwise its row says why not
-        names = ("cartpole", "hopper", "billiards") + (("go1",) if hasattr(mujoco, "MjSpec") else ())
+        names = ("cartpole", "hopper", "billiards") + (("go1", "go1-nofric") if hasattr(mujoco, "MjSpec") else ())
         for name in names:
             assert float(rows[name]["mujoco_us_per_step"]) > 0, rows[name]
             assert float(rows[name]["ratio"]) > 0
@@ -55,6 +59,23 @@ def test_bench_rejects_bad_arguments():
         bench.main(_args(models=["teapot"]))
     with pytest.raises(SystemExit, match="steps"):
         bench.main(_args(steps=0))
+
+
+def test_go1_scenario_with_and_without_joint_friction():
+    """bench's Go1 rows: the URDF's 0.2 N m joint friction simulated by both engines (``go1``:
+    12 diffgym friction rows, MuJoCo's importer reads it into dof_frictionloss) or by neither."""
+    from diffgym.resources import asset_path
+    on = bench.scenario("go1", asset_path("go1.urdf"))
+    off = bench.scenario("go1", asset_path("go1.urdf"), friction=False)
+    assert on.friction and not off.friction
+    assert set(on.sim.sm.constraint_spec.frictionloss.values()) == {0.2}
+    spec = getattr(off.sim.sm, "constraint_spec", None)
+    assert spec is None or not spec.frictionloss
+    mujoco = bench._import_mujoco()
+    if mujoco is None or not hasattr(mujoco, "MjSpec"):
+        return
+    m, _ = bench.mujoco_model(mujoco, on)
+    assert np.allclose(m.dof_frictionloss[6:], 0.2)
 
 
 def test_go1_scenario_matches_mujoco_state():

@@ -167,7 +167,7 @@ def test_asset_loads_in_both_engines_and_runs(name):
         per_joint[frame.parentJoint] += mj.body_mass[b]
     np.testing.assert_allclose([I.mass for I in model.inertias][1:], per_joint[1:], rtol=1e-9)
     np.testing.assert_allclose(sim.sm.damping, mj.dof_damping)        # same dof order
-    np.testing.assert_allclose(sim.model.armature, mj.dof_armature)
+    np.testing.assert_allclose(sim.sm.model.armature, mj.dof_armature)   # (the file's model)
     limits = {(lim.joint, lim.sign): lim.bound for lim in sim.sm.limits}
     mj_limits = {}
     for j in np.flatnonzero(mj.jnt_limited):

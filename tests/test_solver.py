@@ -333,13 +333,22 @@ SCENES = _scene_problems()
 OWN_COLD_FAILS = {"go1 legs folding (thighs touch)"}
 
 
+# the oracle's own accuracy where pinocchio's ADMM stalls above 1e-9: on the Go1 folding its legs
+# (the state visited since joint damping became implicit) it ends at 6.9e-8 after 50,000
+# iterations (9.8e-8 after 200,000) while our solver reaches 7e-16; the velocities are then
+# compared to 10x the oracle's residual (measured difference 9.7e-8)
+PIN_STALLS = {"go1 legs folding (thighs touch)": 1e-7}
+
+
 @pytest.mark.parametrize("scene", SCENES, ids=[s[0] for s in SCENES])
 def test_scene_problems_against_pinocchio(scene):
     name, G, g, nc, mu, res_sim = scene
     dG = np.diag(G)
     lam_p, sigma_p = pinocchio_ncp(G, g, nc, mu)
-    assert natural_residual(lam_p, sigma_p, nc, mu, dG) <= 1e-9
+    res_p = natural_residual(lam_p, sigma_p, nc, mu, dG)
+    assert res_p <= PIN_STALLS.get(name, 1e-9)
     vs = max(1.0, float(np.abs(g).max()))
+    sig_tol = max(1e-9 * vs, 10.0 * res_p) if name in PIN_STALLS else 1e-9 * vs
     results = {"simulator (warm start)": res_sim, "cold start": NCPSolver().solve(G, g, nc, mu)}
     if name not in OWN_COLD_FAILS:
         results["cold start, no pinocchio fallback"] = own_only().solve(G, g, nc, mu)
@@ -348,7 +357,7 @@ def test_scene_problems_against_pinocchio(scene):
         assert natural_residual(res.lam, res.sigma, nc, mu, dG) <= 1e-9
         assert_modes_consistent(res, G, g, nc, mu, eq_tol=1e-11)
         # the velocities after the step agree even where the impulses are not unique
-        assert np.abs(res.sigma - sigma_p).max() <= 1e-9 * vs, (label, np.abs(res.sigma - sigma_p).max())
+        assert np.abs(res.sigma - sigma_p).max() <= sig_tol, (label, np.abs(res.sigma - sigma_p).max())
 
 
 def test_scene_modes():

@@ -1,0 +1,350 @@
+"""Compiled mixed solve of the :mod:`diffgym.equality` rows (joint dry friction, equality
+constraints, ball and tendon limits) with the contact / joint-limit NCP.
+
+``mixed_solve`` is a port of :meth:`diffgym.equality.ExtraRows.solve` and its
+``_solve_reduced`` (which stay the reference, run when ``SolverSettings(compiled=False)``): the
+same active set over the new rows (equality rows eliminated by a minimum-norm Schur complement,
+``pinv`` with ``rcond = 1e-11``; sliding friction and inactive unilateral rows at fixed
+impulses), the same mode checks, cycling rule and round limit, and the reduced contact /
+joint-limit NCP solved by the compiled stage 1 (``solver_kernels.solve_stage1``) with the same
+warm starts and the same elimination of rows whose impulse no longer moves anything. Only the
+linear algebra is written out (loops, and numba's SVD-based ``pinv`` where the reference uses
+the symmetric eigensolver): results differ from the reference's in the last bits.
+
+Where a reduced solve's stage 1 fails (the reference would go on to stages 2-4) the kernel
+returns ``ok`` False and the caller runs the reference from the start.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .jit import njit
+from .solver_kernels import solve_stage1
+
+KIND_FRICTION, KIND_LIMIT = 1, 2       # (diffgym.equality's KIND_*)
+_EMPTY_F = np.zeros(0)
+_EMPTY_I = np.zeros(0, dtype=np.int64)
+
+
+@njit
+def _reduced(Gs, gs, d0, nc, nl, mu, lam0, modes0, has_modes, tol, mode_tol, newton_iter,
+             mode_rounds, budget):
+    """``ExtraRows._solve_reduced`` with stage 1: (ok, lam, sigma, modes, lim_act, its, res,
+    elimination) (``elimination``: no row left to solve)."""
+    s0 = 3 * nc + nl
+    dead = np.zeros(s0, np.bool_)
+    for i in range(s0):
+        d = d0[i] if d0[i] > 1e-300 else 1e-300
+        dead[i] = Gs[i, i] <= 1e-12 * d
+    kc = np.ones(nc, np.bool_)
+    allkeep = True
+    for c in range(nc):
+        if dead[3 * c] and dead[3 * c + 1] and dead[3 * c + 2]:
+            kc[c] = False
+            allkeep = False
+    for j in range(nl):
+        if dead[3 * nc + j]:
+            allkeep = False
+    if allkeep:
+        out = solve_stage1(Gs, gs, nc, mu, lam0, modes0, has_modes, tol, mode_tol, newton_iter,
+                           mode_rounds, budget)
+        return out[0], out[1], out[2], out[3], out[4], out[5], out[6], False
+    ncs = 0
+    for c in range(nc):
+        if kc[c]:
+            ncs += 1
+    nls = 0
+    for j in range(nl):
+        if not dead[3 * nc + j]:
+            nls += 1
+    n = 3 * ncs + nls
+    rows = np.empty(n, np.int64)
+    t = 0
+    for c in range(nc):
+        if kc[c]:
+            for a in range(3):
+                rows[t] = 3 * c + a
+                t += 1
+    for j in range(nl):
+        if not dead[3 * nc + j]:
+            rows[t] = 3 * nc + j
+            t += 1
+    lam = np.zeros(s0)
+    modes = np.zeros(nc, np.int64)
+    act = np.zeros(nl, np.bool_)
+    if n == 0:
+        return True, lam, gs.copy(), modes, act, 0, 0.0, True
+    Gr = np.empty((n, n))
+    gr = np.empty(n)
+    for a in range(n):
+        gr[a] = gs[rows[a]]
+        for b in range(n):
+            Gr[a, b] = Gs[rows[a], rows[b]]
+    mur = np.empty(ncs)
+    t = 0
+    for c in range(nc):
+        if kc[c]:
+            mur[t] = mu[c]
+            t += 1
+    sub0 = np.empty(n if lam0.shape[0] else 0)
+    if lam0.shape[0]:
+        for a in range(n):
+            sub0[a] = lam0[rows[a]]
+    if has_modes:
+        long = modes0.shape[0] > nc
+        subm = np.empty(ncs + (nls if long else 0), np.int64)
+        t = 0
+        for c in range(nc):
+            if kc[c]:
+                subm[t] = modes0[c]
+                t += 1
+        if long:
+            for j in range(nl):
+                if not dead[3 * nc + j]:
+                    subm[t] = modes0[nc + j]
+                    t += 1
+    else:
+        subm = np.zeros(0, np.int64)
+    out = solve_stage1(Gr, gr, ncs, mur, sub0, subm, has_modes, tol, mode_tol, newton_iter,
+                       mode_rounds, budget)
+    if not out[0]:
+        return False, lam, gs, modes, act, out[5], out[6], False
+    for a in range(n):
+        lam[rows[a]] = out[1][a]
+    sigma = np.empty(s0)
+    for i in range(s0):
+        acc = 0.0
+        for j in range(s0):
+            acc += Gs[i, j] * lam[j]
+        sigma[i] = acc + gs[i]
+    t = 0
+    for c in range(nc):
+        if kc[c]:
+            modes[c] = out[3][t]
+            t += 1
+    t = 0
+    for j in range(nl):
+        if not dead[3 * nc + j]:
+            act[j] = out[4][t]
+            t += 1
+    return True, lam, sigma, modes, act, out[5], out[6], False
+
+
+@njit
+def mixed_solve(G, g, nc, nl, mu, kind, bound, xmode_in, lam0, modes0, has_modes, tol,
+                mode_tol, newton_iter, mode_rounds, budget, rnd0, its0, seen_in, nseen0, inj,
+                inj_lam, inj_modes, inj_act, inj_its, inj_resid, inj_elim, inj_conv):
+    """``ExtraRows.solve`` (its warm-started ``xmode_in`` given): (ok, lam, sigma, modes,
+    limit_active (the ``nl`` joint-limit rows), xmode, iterations, residual, converged,
+    elimination, state) with ``elimination`` True where no reduced NCP was solved (the
+    reference's method "elimination").
+
+    ``ok`` False: the reduced stage 1 of round ``state[0]`` failed; ``state`` = (round,
+    iterations, seen modes, their count, Gs, gs, lam0, modes0, has_modes) lets the caller solve
+    that reduced problem by the later stages (``ExtraRows._solve_reduced`` from stage 2) and
+    resume here: ``rnd0, its0, seen_in, nseen0`` the state, ``xmode_in`` the round's modes,
+    ``inj`` True with the reduced result (``inj_*``) for round ``rnd0``."""
+    m = G.shape[0]
+    s0 = 3 * nc + nl
+    mx = m - s0
+    xmode = xmode_in.copy()
+    its = its0
+    R = 61
+    seen = seen_in.copy()
+    nseen = nseen0
+    res_conv = True
+    lam = np.zeros(m)
+    sigma = np.zeros(m)
+    new = xmode.copy()
+    have_res = False
+    res_resid = 0.0
+    res_modes = np.zeros(nc, np.int64)
+    res_act = np.zeros(nl, np.bool_)
+    elim = True
+    cur_lam0 = lam0
+    cur_modes0 = modes0
+    cur_has = has_modes
+    d0 = np.empty(s0)
+    for i in range(s0):
+        d0[i] = G[i, i]
+    Gs = np.zeros((s0, s0))
+    gs = np.zeros(s0)
+    last = rnd0
+    for rnd in range(rnd0, 60):
+        last = rnd
+        ne = 0
+        for i in range(mx):
+            if xmode[i] == 0:
+                ne += 1
+        nf = mx - ne
+        E = np.empty(ne, np.int64)
+        F = np.empty(nf, np.int64)
+        a = 0
+        b = 0
+        for i in range(mx):
+            if xmode[i] == 0:
+                E[a] = s0 + i
+                a += 1
+            else:
+                F[b] = s0 + i
+                b += 1
+        lamF = np.zeros(nf)
+        for t in range(nf):
+            mo = xmode[F[t] - s0]
+            if mo == 1 or mo == -1:
+                lamF[t] = -mo * bound[F[t] - s0]
+        # g_S + G_SF lam_F
+        gS = np.empty(s0)
+        for i in range(s0):
+            acc = 0.0
+            for t in range(nf):
+                acc += G[i, F[t]] * lamF[t]
+            gS[i] = g[i] + acc
+        Gs = np.empty((s0, s0))
+        for i in range(s0):
+            for j in range(s0):
+                Gs[i, j] = G[i, j]
+        gs = gS.copy()
+        if ne:
+            GEE = np.empty((ne, ne))
+            for p in range(ne):
+                for r in range(ne):
+                    GEE[p, r] = G[E[p], E[r]]
+            Kp = np.linalg.pinv(GEE, rcond=1e-11)
+            gE = np.empty(ne)
+            for p in range(ne):
+                acc = 0.0
+                for t in range(nf):
+                    acc += G[E[p], F[t]] * lamF[t]
+                gE[p] = g[E[p]] + acc
+            if s0:
+                GSE = np.empty((s0, ne))
+                for i in range(s0):
+                    for p in range(ne):
+                        GSE[i, p] = G[i, E[p]]
+                W = GSE @ Kp                       # (s0, ne)
+                Gs -= W @ GSE.T
+                KgE = Kp @ gE
+                gs -= GSE @ KgE
+        lam = np.zeros(m)
+        if s0:
+            for i in range(s0):
+                for j in range(i + 1, s0):
+                    h = 0.5 * (Gs[i, j] + Gs[j, i])
+                    Gs[i, j] = h
+                    Gs[j, i] = h
+            if inj and rnd == rnd0:
+                lr, mr, ar, itr, rr, el = inj_lam, inj_modes, inj_act, inj_its, inj_resid, inj_elim
+                res_conv = inj_conv
+            else:
+                ok, lr, sr, mr, ar, itr, rr, el = _reduced(
+                    Gs, gs, d0, nc, nl, mu, cur_lam0, cur_modes0, cur_has, tol, mode_tol,
+                    newton_iter, mode_rounds, budget)
+                if not ok:
+                    return (False, lam, sigma, res_modes, res_act, xmode, its, 0.0, False, elim,
+                            (rnd, its, seen, nseen, Gs, gs, cur_lam0, cur_modes0, cur_has))
+                res_conv = True
+            for i in range(s0):
+                lam[i] = lr[i]
+            its += itr
+            have_res = True
+            res_resid = rr
+            res_modes = mr
+            res_act = ar
+            elim = el
+            cur_lam0 = lr
+            cm = np.empty(nc + nl, np.int64)
+            for c in range(nc):
+                cm[c] = mr[c]
+            for j in range(nl):
+                cm[nc + j] = 1 if ar[j] else 0
+            cur_modes0 = cm
+            cur_has = True
+        if ne:
+            rhs = np.empty(ne)
+            for p in range(ne):
+                acc = 0.0
+                for i in range(s0):
+                    acc += G[E[p], i] * lam[i]
+                rhs[p] = gE[p] + acc
+            sol = Kp @ rhs
+            for p in range(ne):
+                lam[E[p]] = -sol[p]
+        for t in range(nf):
+            lam[F[t]] = lamF[t]
+        sigma = G @ lam + g
+        new = xmode.copy()
+        viol = np.zeros(mx)
+        for i in range(mx):
+            r = s0 + i
+            dGi = G[r, r] if G[r, r] > 1e-12 else 1e-12
+            li = lam[r]
+            si = sigma[r]
+            if kind[i] == KIND_FRICTION:
+                if xmode[i] == 0 and abs(li) > bound[i] * (1 + 1e-12) + 1e-3 * tol / dGi:
+                    new[i] = -1 if li > 0 else 1
+                    viol[i] = dGi * (abs(li) - bound[i])
+                elif xmode[i] == 1 and si < -tol:
+                    new[i] = 0
+                    viol[i] = -si
+                elif xmode[i] == -1 and si > tol:
+                    new[i] = 0
+                    viol[i] = si
+            elif kind[i] == KIND_LIMIT:
+                if xmode[i] == 0 and li < -1e-3 * tol / dGi:
+                    new[i] = 2
+                    viol[i] = -dGi * li
+                elif xmode[i] == 2 and si < -tol:
+                    new[i] = 0
+                    viol[i] = -si
+        same = True
+        for i in range(mx):
+            if new[i] != xmode[i]:
+                same = False
+                break
+        if same:
+            break
+        known = False
+        for s in range(nseen):
+            eq = True
+            for i in range(mx):
+                if seen[s, i] != xmode[i]:
+                    eq = False
+                    break
+            if eq:
+                known = True
+                break
+        key = xmode.copy()
+        if known or rnd > 20:       # cycling: switch only the worst row
+            k = 0
+            best = viol[0]
+            for i in range(1, mx):
+                if viol[i] > best:
+                    best = viol[i]
+                    k = i
+            xmode[k] = new[k]
+        else:
+            xmode = new
+        if not known:
+            seen[nseen] = key
+            nseen += 1
+    conv = True
+    for i in range(mx):
+        if new[i] != xmode[i]:
+            conv = False
+            break
+    rx = 0.0
+    for i in range(mx):
+        if xmode[i] == 0 and abs(sigma[s0 + i]) > rx:
+            rx = abs(sigma[s0 + i])
+    resid = rx if rx > res_resid else res_resid
+    gmax = 1.0
+    for i in range(m):
+        if abs(g[i]) > gmax:
+            gmax = abs(g[i])
+    lim = 100 * tol if 100 * tol > 1e-9 * gmax else 1e-9 * gmax
+    conv = conv and rx <= lim and res_conv
+    if not have_res:
+        elim = True
+    return (True, lam, sigma, res_modes, res_act, xmode, its, resid, conv, elim,
+            (last, its, seen, nseen, Gs, gs, cur_lam0, cur_modes0, cur_has))
