@@ -39,6 +39,7 @@ from .collision_derivatives import box_corners, patch_distances, segments_parall
 from .frames import tangent_frames
 from .pinviews import gather_placements, placement_view
 from .model import SimModel
+from .convex_support import SMOOTH_KINDS, shape_of, solve
 from .collision_kernels import BROAD_SLACK as _BROAD_SLACK, KIND_CODES, detect_closed_form
 from .plane_contacts import ANALYTIC_KINDS, cylinder_box_face, shape_points
 
@@ -388,6 +389,20 @@ class CollisionDriver:
                                         float(sh[ic].halfLength),
                                         np.asarray(sh[ib].halfSide, float).copy(), ib == 0)
         self.cylinder_face_pairs: set = set()
+        # pairs with a cylinder or an ellipsoid, or a sphere with a mesh (no plane): coal's
+        # single contact point refined to the exact optimum of the distance problem
+        # (convex_support), whose derivatives are closed form
+        self._convex = {}
+        for k in range(len(p)):
+            ka, kb = kinds[int(p[k, 0])], kinds[int(p[k, 1])]
+            if "plane" in (ka, kb):
+                continue
+            if {ka, kb} & set(SMOOTH_KINDS) or {ka, kb} == {"sphere", "mesh"}:
+                sa, sb = shape_of(self.sm, int(p[k, 0])), shape_of(self.sm, int(p[k, 1]))
+                if sa.ok and sb.ok:
+                    self._convex[k] = (int(p[k, 0]), int(p[k, 1]), sa, sb)
+        self.convex_pairs: dict = {}
+        self._convex_n: dict = {}          # pair -> its last refined normal
 
         for k in range(len(p)):
             ca, cb = core(int(p[k, 0])), core(int(p[k, 1]))
@@ -493,6 +508,19 @@ class CollisionDriver:
         pairs the normal snapped to the exact separating axis (about the same witness midpoint);
         the point is the witness on the plane for a shape on a plane (``side`` 1 or 2), else the
         midpoint."""
+        cv = self._convex.get(k)
+        if cv is not None and not side:
+            ga, gb, sa, sb = cv
+            Ma, Mb = gdata.oMg[ga], gdata.oMg[gb]
+            try:
+                out = solve(sa, Ma.rotation, Ma.translation, sb, Mb.rotation, Mb.translation, n,
+                            np.asarray(p1, float), np.asarray(p2, float), self._convex_n.get(k))
+            except (np.linalg.LinAlgError, FloatingPointError, ValueError, ZeroDivisionError):
+                out = None                   # (coal's point stands; its derivative: the fallback)
+            if out is not None:
+                n, _, p1, p2, tol = out
+                self.convex_pairs[k] = tol
+                self._convex_n[k] = n
         if k in self._box_box:
             snap = self._snap(k, gdata, n, float(n @ (p2 - p1)))
             if snap is not None:
@@ -587,6 +615,7 @@ class CollisionDriver:
         # box-box pairs whose patch points carry their own distances (derivatives read it)
         per_point = self.per_point_pairs = set()
         self.cylinder_face_pairs = set()
+        self.convex_pairs = {}          # pair -> feature tolerance of its refined point
         for k, mk in zip(cand.tolist(), margin[cand].tolist()):
             if analytic[k]:
                 self._plane_pair(k, gdata, mk, rows_pair, rows_pt, rows_pos, rows_n, rows_d)

@@ -1,0 +1,384 @@
+"""Exact single-point contacts between smooth or mixed convex primitives and their closed-form
+derivatives, from the optimality conditions of the distance problem written with support
+functions (issue 16; the differentiable-collision paper's idea: differentiate the optimality
+conditions of the convex problem, not the algorithm that solved it).
+
+For convex A (geom 1) and B (geom 2) with support functions h_A, h_B, the signed distance is
+``d = max_{|n| = 1} f(n)``, ``f(n) = -h_A(n) - h_B(-n)`` (separated and penetrating alike;
+n from A to B). At the maximizer the witness points are support points, p1 of A along n and p2
+of B along -n, and ``p2 - p1 = d n``.
+
+Each side's support near the current normal is described by a *feature*:
+
+* a smooth support point ``f(m)`` (m the side's outward direction) with the Hessian H of its
+  support function (``df = H dm``, ``H m = 0``): a sphere (``t + r m``, ``H = r (I - m m^T)``),
+  an ellipsoid (``t + E m / sqrt(m^T E m)``, ``H = E / s - E m m^T E / s^3``), a capsule's end
+  (the axis end ``+ r m``), a tilted cylinder's rim point (``t +- h a + r e / |e|``,
+  ``e = m - (a.m) a``, ``H = r (I - a a^T - u u^T) / |e|``), a polytope vertex (``H = 0``);
+* plus free directions U (body-fixed, orthonormal) along which the witness slides where the
+  support set is not one point: an edge of a box or mesh, the side line of a capsule or a
+  cylinder (one direction), a face of a box or mesh or a cylinder's cap (two). The witness is
+  ``f(m) + sum_i s_i u_i``.
+
+With the unknowns x = (dn in a tangent basis E of n, the slides ds of A and dt of B, dd) the
+conditions ``z = p2 - p1 = d n`` and ``n . u = 0`` for every free direction differentiate to
+
+    (K + d I) dn + U_A ds - U_B dt + n dd = dz_q          (K = H_A + H_B)
+    u . dn = -n . du                                       (each free direction)
+
+where ``dz_q`` is the motion of the witnesses with their bodies at fixed normal
+(``J_pt(p) - H (w x m)``, w the body's angular velocity Jacobian) and ``du = w x u``. The same
+square system is the Newton step of the conditions themselves: ``refine`` uses it to make the
+narrow phase's (coal's GJK/EPA) witness points and normal exact to rounding, so the collision
+output is a smooth function of the poses that these derivatives describe exactly.
+
+Configurations outside this description return None (the caller keeps coal's output and its
+finite-difference fallback): a face against a face or an edge parallel to it (a contact patch),
+parallel edges, features that the tolerances cannot decide, a swept-sphere radius.
+"""
+from __future__ import annotations
+
+import coal
+import numpy as np
+
+# angular tolerance deciding a cylinder's cap face or side line, a capsule's side, and the
+# fraction of a polytope's size within which vertices form its support set (loose: the feature
+# the Newton refinement starts from; the converged answer is verified tightly)
+FEATURE_TOL = 1e-6
+# the tolerances tried in turn: a loose one first (a cap or a face the narrow phase's normal
+# misses by its own error, ~1e-5 rad for curved shapes), then a tight one (a rim point or a
+# vertex close to a face's normal: the loose face's optimum fails the verification)
+TOLERANCES = (1e-4, 1e-10)
+# the refined normal agrees with the narrow phase's to this (1 - cos), the point to this
+# fraction of the pair's size
+# (coal's EPA normal of two penetrating ellipsoids is off by up to ~1e-2 rad, its witness points
+# by ~1e-3 of their size: the refinement starts there and must find the optimum nearby)
+AGREE_COS = 1e-2
+AGREE_POS = 1e-2
+NEWTON_ITERS = 40
+MAX_TURN = 0.2          # rad: the largest turn of the normal in one Newton step
+
+SMOOTH_KINDS = ("cylinder", "ellipsoid")
+
+
+def _skew(x):
+    return np.array([[0.0, -x[2], x[1]], [x[2], 0.0, -x[0]], [-x[1], x[0], 0.0]])
+
+
+def _tangent(n):
+    h = np.array([1.0, 0.0, 0.0]) if abs(n[0]) < 0.9 else np.array([0.0, 1.0, 0.0])
+    e1 = np.cross(n, h)
+    e1 /= np.linalg.norm(e1)
+    return np.stack([e1, np.cross(n, e1)], axis=1)          # (3, 2)
+
+
+class Shape:
+    """A convex primitive in its own frame: kind and parameters (from a coal geometry)."""
+
+    def __init__(self, geometry):
+        g = geometry
+        sw = g.getSweptSphereRadius() if hasattr(g, "getSweptSphereRadius") else 0.0
+        self.ok = sw == 0.0
+        self.V = None
+        if isinstance(g, coal.Sphere):
+            self.kind, self.r = "sphere", float(g.radius)
+            self.size = 2 * self.r
+        elif isinstance(g, coal.Ellipsoid):
+            self.kind, self.radii = "ellipsoid", np.asarray(g.radii, float).copy()
+            self.size = 2 * float(self.radii.max())
+        elif isinstance(g, coal.Capsule):
+            self.kind, self.r, self.h = "capsule", float(g.radius), float(g.halfLength)
+            self.size = 2 * (self.r + self.h)
+        elif isinstance(g, coal.Cylinder):
+            self.kind, self.r, self.h = "cylinder", float(g.radius), float(g.halfLength)
+            self.size = 2 * max(self.r, self.h)
+        elif isinstance(g, coal.Box):
+            self.kind = "polytope"
+            self.V = np.array([[sx, sy, sz] for sx in (-1.0, 1.0) for sy in (-1.0, 1.0)
+                               for sz in (-1.0, 1.0)]) * np.asarray(g.halfSide, float)
+        elif isinstance(g, coal.ConvexBase):
+            self.kind = "polytope"
+            self.V = np.asarray(g.points(), float).reshape(-1, 3).copy()
+        else:
+            self.kind, self.ok = "other", False
+        if self.V is not None:
+            self.size = float(np.ptp(self.V, axis=0).max()) if len(self.V) else 0.0
+            self.ok = self.ok and len(self.V) > 0
+
+
+class Feature:
+    """Support feature of a placed shape along the outward direction m: smooth point f, world
+    Hessian H, free directions U (k, 3) and an extent test for a witness on it."""
+
+    __slots__ = ("f", "H", "U", "key", "inside")
+
+    def __init__(self, f, H, U, key, inside):
+        self.f, self.H, self.U, self.key, self.inside = f, H, U, key, inside
+
+
+def feature(shape: Shape, R, t, m, tol=FEATURE_TOL):
+    """The support feature of ``shape`` placed at (R, t) along the unit direction m, or None."""
+    k = shape.kind
+    Z = np.zeros((0, 3))
+    if not np.all(np.isfinite(m)):
+        return None
+    if k == "sphere":
+        return Feature(t + shape.r * m, shape.r * (np.eye(3) - np.outer(m, m)), Z, ("p",),
+                       lambda p: True)
+    if k == "ellipsoid":
+        E = (R * shape.radii ** 2) @ R.T
+        y = E @ m
+        s = float(np.sqrt(m @ y))
+        return Feature(t + y / s, E / s - np.outer(y, y) / s ** 3, Z, ("p",), lambda p: True)
+    if k in ("capsule", "cylinder"):
+        a = R[:, 2]
+        am = float(a @ m)
+        e = m - am * a
+        ne = float(np.linalg.norm(e))
+        r, h = shape.r, shape.h
+        if k == "capsule":
+            H = r * (np.eye(3) - np.outer(m, m))
+            if abs(am) * h > tol * shape.size:
+                return Feature(t + np.sign(am) * h * a + r * m, H, Z, ("end", np.sign(am)),
+                               lambda p: True)
+            return Feature(t + r * m, H, a[None], ("side",),
+                           lambda p: abs(a @ (p - t)) <= h * (1 + 1e-9))
+        if ne < tol:                                   # a cap face
+            c = t + np.sign(am) * h * a
+            return Feature(c, np.zeros((3, 3)), np.stack([R[:, 0], R[:, 1]]), ("cap", np.sign(am)),
+                           lambda p: np.linalg.norm(p - c - a * (a @ (p - c))) <= r * (1 + 1e-9))
+        u = e / ne
+        H = r * (np.eye(3) - np.outer(a, a) - np.outer(u, u)) / ne
+        if abs(am) < tol:                              # the side line
+            return Feature(t + r * u, H, a[None], ("side",),
+                           lambda p: abs(a @ (p - t)) <= h * (1 + 1e-9))
+        return Feature(t + np.sign(am) * h * a + r * u, H, Z, ("rim", np.sign(am)), lambda p: True)
+    if k == "polytope":
+        X = shape.V @ R.T + t
+        hx = X @ m
+        S = np.flatnonzero(hx.max() - hx <= tol * max(shape.size, 1e-300))
+        P = X[S]
+        if len(S) == 1:
+            return Feature(P[0], np.zeros((3, 3)), Z, ("v", int(S[0])), lambda p: True)
+        D = P[1:] - P[0]
+        _, sv, Vt = np.linalg.svd(D, full_matrices=False)
+        rank = int(np.sum(sv > 1e-9 * max(shape.size, 1e-300)))
+        if rank == 1:
+            u = Vt[0]
+            lo, hi = float((P @ u).min()), float((P @ u).max())
+            L = hi - lo
+            return Feature(P[0], np.zeros((3, 3)), u[None], ("e",) + tuple(S.tolist()),
+                           lambda p: lo - 1e-9 * L <= p @ u <= hi + 1e-9 * L)
+        if rank == 2:
+            U = Vt[:2]
+            Q = (P - P[0]) @ U.T
+
+            def inside(p, Q=Q, U=U, o=P[0]):
+                x = (p - o) @ U.T
+                from scipy.spatial import ConvexHull
+                hull = ConvexHull(Q)
+                eq = hull.equations
+                return bool(np.all(eq[:, :2] @ x + eq[:, 2] <= 1e-9 * max(shape.size, 1e-300)))
+            return Feature(P[0], np.zeros((3, 3)), U, ("f",) + tuple(S.tolist()), inside)
+        return None
+    return None
+
+
+def _system(FA, FB, n, d):
+    """The square matrix M of the conditions' linearization (see the module docstring) and the
+    tangent basis E: unknowns (dn in E (2), ds (kA), dt (kB), dd)."""
+    E = _tangent(n)
+    kA, kB = len(FA.U), len(FB.U)
+    m = 3 + kA + kB
+    M = np.zeros((m, m))
+    K = FA.H + FB.H + d * np.eye(3)
+    M[:3, :2] = K @ E
+    if kA:
+        M[:3, 2:2 + kA] = FA.U.T
+    if kB:
+        M[:3, 2 + kA:2 + kA + kB] = -FB.U.T
+    M[:3, -1] = n
+    U = np.concatenate([FA.U, FB.U])
+    M[3:, :2] = U @ E
+    return M, E, U
+
+
+class _Side:
+    def __init__(self, shape, R, t):
+        self.shape, self.R, self.t = shape, R, t
+
+
+def _witnesses(FA, FB, sA, sB):
+    p1 = FA.f + (sA @ FA.U if len(FA.U) else 0.0)
+    p2 = FB.f + (sB @ FB.U if len(FB.U) else 0.0)
+    return p1, p2
+
+
+def surface_normal(shape: Shape, R, t, p):
+    """Outward unit normal of a smooth shape's surface at (near) its point p, or None where the
+    shape has no unique normal there (polytopes, a cylinder's rim)."""
+    x = R.T @ (p - t)
+    if shape.kind == "sphere":
+        g = x
+    elif shape.kind == "ellipsoid":
+        g = x / shape.radii ** 2
+    elif shape.kind == "capsule":
+        g = x - np.array([0.0, 0.0, min(max(x[2], -shape.h), shape.h)])
+    elif shape.kind == "cylinder":
+        rho = float(np.hypot(x[0], x[1]))
+        side, cap = abs(rho - shape.r), abs(abs(x[2]) - shape.h)
+        if min(side, cap) > 1e-3 * shape.size or abs(side - cap) < 1e-3 * shape.size:
+            return None
+        g = np.array([x[0], x[1], 0.0]) if side < cap else np.array([0.0, 0.0, np.sign(x[2])])
+    else:
+        return None
+    ng = float(np.linalg.norm(g))
+    return R @ (g / ng) if ng > 0.0 else None
+
+
+def solve(shapeA, RA, tA, shapeB, RB, tB, n, p1, p2, previous=None):
+    """``solve_at`` with the feature tolerances of TOLERANCES in turn (the first that gives a
+    verified optimum), started from the narrow phase's normal, then (where that one is poor:
+    coal's EPA normal of two barely penetrating ellipsoids can be off by 0.5 rad while its
+    witness points are right) from the surface normals at its witness points: (n, d, p1, p2,
+    tol) or None. ``previous``: the pair's normal at the previous call (a start where the
+    narrow phase failed)."""
+    p1, p2 = np.asarray(p1, float), np.asarray(p2, float)
+    starts = [(np.asarray(n, float), True)]
+    mA, mB = surface_normal(shapeA, RA, tA, p1), surface_normal(shapeB, RB, tB, p2)
+    if mA is not None:
+        starts.append((mA, False))
+    if mB is not None:
+        starts.append((-mB, False))
+    reach = 10.0 * (shapeA.size + shapeB.size)
+    if not (np.all(np.isfinite(np.concatenate([n, p1, p2, p2 - p1])))
+            and np.linalg.norm(p1 - tA) < reach and np.linalg.norm(p2 - tB) < reach):
+        # the narrow phase failed (coal's EPA returns an infinite depth now and then): start
+        # from the direction between the centres, without agreement to check
+        c = tB - tA
+        starts = [(c / np.linalg.norm(c), False)]
+        if previous is not None:
+            starts.insert(0, (previous, False))
+        p1 = p2 = np.full(3, np.nan)
+    for tol in TOLERANCES:
+        for m, check_normal in starts:
+            out = solve_at(shapeA, RA, tA, shapeB, RB, tB, m, p1, p2, tol, check_normal)
+            if out is not None:
+                return out[:4] + (tol,)
+    return None
+
+
+def solve_at(shapeA, RA, tA, shapeB, RB, tB, n, p1, p2, tol, check_normal=True):
+    """Refine the witness points p1 (on A), p2 (on B) and the normal n (A to B) of a single
+    point contact to the exact optimum; returns (n, d, p1, p2, FA, FB) or None where the
+    configuration is not one this module describes or the refinement does not agree with the
+    starting point."""
+    if not (shapeA.ok and shapeB.ok):
+        return None
+    n = np.asarray(n, float) / np.linalg.norm(n)
+    n0, mid0 = n.copy(), 0.5 * (p1 + p2)
+    size = max(shapeA.size, shapeB.size)
+    FA, FB = feature(shapeA, RA, tA, n, tol), feature(shapeB, RB, tB, -n, tol)
+    if FA is None or FB is None or len(FA.U) + len(FB.U) > 2:
+        return None
+    keys = (FA.key, FB.key)
+    start_ok = bool(np.all(np.isfinite(p1)) and np.all(np.isfinite(p2)))
+    if start_ok:
+        sA = FA.U @ (p1 - FA.f) if len(FA.U) else np.zeros(0)
+        sB = FB.U @ (p2 - FB.f) if len(FB.U) else np.zeros(0)
+        d = float(n @ (p2 - p1))
+    else:
+        sA, sB = np.zeros(len(FA.U)), np.zeros(len(FB.U))
+        d = float(n @ (FB.f - FA.f))
+    stable = 0
+    for it in range(NEWTON_ITERS):
+        q1, q2 = _witnesses(FA, FB, sA, sB)
+        U = np.concatenate([FA.U, FB.U])
+        res = np.concatenate([q2 - q1 - d * n, -(U @ n)])     # (M x = -r in M's signs)
+        M, E, _ = _system(FA, FB, n, d)
+        try:
+            dx = np.linalg.solve(M, res)
+        except np.linalg.LinAlgError:
+            return None
+        kA = len(FA.U)
+        if not np.all(np.isfinite(dx)):
+            return None
+        turn = float(np.linalg.norm(dx[:2]))
+        if turn > MAX_TURN:                     # (far from the optimum: a damped step)
+            dx = dx * (MAX_TURN / turn)
+            stable = -1
+        n = n + E @ dx[:2]
+        n /= np.linalg.norm(n)
+        sA = sA + dx[2:2 + kA]
+        sB = sB + dx[2 + kA:-1]
+        d = d + dx[-1]
+        q1, q2 = _witnesses(FA, FB, sA, sB)
+        FA, FB = feature(shapeA, RA, tA, n, tol), feature(shapeB, RB, tB, -n, tol)
+        if FA is None or FB is None or len(FA.U) + len(FB.U) > 2:
+            return None
+        if (FA.key, FB.key) != keys:
+            # another feature pair: continue from the current witnesses on the new features
+            keys, stable = (FA.key, FB.key), 0
+            sA = FA.U @ (q1 - FA.f) if len(FA.U) else np.zeros(0)
+            sB = FB.U @ (q2 - FB.f) if len(FB.U) else np.zeros(0)
+            continue
+        stable += 1
+        if np.abs(dx).max() <= 1e-15 * max(size, 1.0) and stable > 1:
+            break
+    q1, q2 = _witnesses(FA, FB, sA, sB)
+    res = np.concatenate([q2 - q1 - d * n, np.concatenate([FA.U, FB.U]) @ n])
+    if not np.all(np.isfinite(res)) or np.abs(res).max() > 1e-12 * max(size, 1.0):
+        return None
+    # the answer is the optimum of this feature pair: the witnesses on the features, agreeing
+    # with the narrow phase's
+    if not (FA.inside(q1) and FB.inside(q2)):
+        return None
+    # a local maximum of f over the normals the features allow (penetrating pairs: not a
+    # saddle of the separating function): (K + d I) positive on the tangents that keep n . u = 0
+    M, E, U = _system(FA, FB, n, d)
+    T = E
+    if len(U):
+        _, sv, Vt = np.linalg.svd(U @ E)
+        T = E @ Vt[int(np.sum(sv > 1e-12)):].T
+    if T.shape[1]:
+        w = np.linalg.eigvalsh(T.T @ (FA.H + FB.H + d * np.eye(3)) @ T)
+        if w.min() <= 0.0:
+            return None
+    if start_ok and ((check_normal and 1.0 - float(n @ n0) > AGREE_COS)
+                     or np.linalg.norm(0.5 * (q1 + q2) - mid0) > AGREE_POS * size
+                     or abs(d - float(n0 @ (p2 - p1))) > AGREE_POS * size):
+        return None
+    return n, float(d), q1, q2, FA, FB
+
+
+def derivatives(FA, FB, n, d, p1, p2, JA, oA, JB, oB):
+    """(dp (3, nv), dn (3, nv), dd (nv,)) of the contact point (the witness midpoint), the
+    normal and the signed distance, from the features at the optimum and the joint Jacobians
+    J (6, nv, LOCAL_WORLD_ALIGNED, zeros for the world) and origins o of the two bodies."""
+    WA, WB = JA[3:], JB[3:]
+    dP1 = JA[:3] - _skew(p1 - oA) @ WA + FA.H @ _skew(n) @ WA      # J_pt - H (w x n)
+    dP2 = JB[:3] - _skew(p2 - oB) @ WB - FB.H @ _skew(n) @ WB      # m_B = -n
+    M, E, U = _system(FA, FB, n, d)
+    kA, kB = len(FA.U), len(FB.U)
+    nv = JA.shape[1]
+    rhs = np.zeros((M.shape[0], nv))
+    rhs[:3] = dP2 - dP1
+    for i in range(kA):
+        rhs[3 + i] = -n @ (-_skew(FA.U[i]) @ WA)
+    for j in range(kB):
+        rhs[3 + kA + j] = -n @ (-_skew(FB.U[j]) @ WB)
+    x = np.linalg.solve(M, rhs)
+    Dn = E @ x[:2]
+    Dd = x[-1]
+    dp1 = dP1 + FA.H @ Dn + (FA.U.T @ x[2:2 + kA] if kA else 0.0)
+    dp2 = dP2 - FB.H @ Dn + (FB.U.T @ x[2 + kA:2 + kA + kB] if kB else 0.0)
+    return 0.5 * (dp1 + dp2), Dn, Dd
+
+
+def shape_of(owner, g: int) -> Shape:
+    """The Shape of geom g of ``owner`` (a Simulator or SimModel: its geom_model), cached on it."""
+    cache = owner.__dict__.setdefault("_convex_shapes", {})
+    s = cache.get(g)
+    if s is None:
+        s = cache[g] = Shape(owner.geom_model.geometryObjects[g].geometry)
+    return s
