@@ -1082,3 +1082,32 @@ def convex_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list:
     JB, oB = (kin.J[j2], kin.o[j2]) if j2 else (np.zeros((6, nv)), np.zeros(3))
     dp[k], dn[k], dd[k] = _convex_derivatives(FA, FB, n, d, p1, p2, JA, oA, JB, oB)
     return []
+
+
+def face_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list:
+    """Closed-form dp, dn, dd for the rows of a pair whose points the driver found lying on a
+    cylinder's cap or a mesh facet (``collision_driver``'s ``face_pairs``;
+    ``convex_support.face_derivatives``). Returns the rows it could not do."""
+    from .convex_support import face_derivatives, shape_of
+    pair = int(c.pair[rows[0]])
+    gf, go, kinds = sim.collision.face_pairs[pair]
+    first = int(c.geom1[rows[0]]) == gf
+    jf, jo = (j1, j2) if first else (j2, j1)
+    nv = kin.nv
+    JF, oF = (kin.J[jf], kin.o[jf]) if jf else (np.zeros((6, nv)), np.zeros(3))
+    JO, oO = (kin.J[jo], kin.o[jo]) if jo else (np.zeros((6, nv)), np.zeros(3))
+    so = shape_of(sim, go)
+    Mo = sim.geom_data.oMg[go]
+    sgn = 1.0 if first else -1.0
+    undone = []
+    for k in rows:
+        kind = kinds.get(int(c.point[k]))
+        if kind is None:
+            undone += _undone([k], "face: unknown point")
+            continue
+        n = sgn * np.asarray(c.normal[k], float)
+        d = float(c.dist[k])
+        x = np.asarray(c.pos[k], float) + d * n
+        Dp, Dn, Dd = face_derivatives(so, Mo.rotation, Mo.translation, n, kind, x, d, JF, oF, JO, oO)
+        dp[k], dn[k], dd[k] = Dp, sgn * Dn, Dd
+    return undone

@@ -39,7 +39,7 @@ from .collision_derivatives import box_corners, patch_distances, segments_parall
 from .frames import tangent_frames
 from .pinviews import gather_placements, placement_view
 from .model import SimModel
-from .convex_support import SMOOTH_KINDS, shape_of, solve
+from .convex_support import FACE_ID_BASE, SMOOTH_KINDS, face_contact, shape_of, solve
 from .collision_kernels import BROAD_SLACK as _BROAD_SLACK, KIND_CODES, detect_closed_form
 from .plane_contacts import ANALYTIC_KINDS, cylinder_box_face, shape_points
 
@@ -402,6 +402,21 @@ class CollisionDriver:
                 if sa.ok and sb.ok:
                     self._convex[k] = (int(p[k, 0]), int(p[k, 1]), sa, sb)
         self.convex_pairs: dict = {}
+        # pairs of a cylinder with a box, a mesh, a capsule or a cylinder: a shape lying on a
+        # cylinder's cap or a cylinder on a mesh facet, in closed form (convex_support.face_contact)
+        self._face = {}
+        for k in range(len(p)):
+            ga, gb = int(p[k, 0]), int(p[k, 1])
+            ka, kb = kinds[ga], kinds[gb]
+            if "cylinder" not in (ka, kb) or not {ka, kb} <= {"cylinder", "box", "mesh", "capsule"}:
+                continue
+            sa, sb = shape_of(self.sm, ga), shape_of(self.sm, gb)
+            if not (sa.ok and sb.ok):
+                continue
+            tries = [(f, o) for f, o in ((ga, gb), (gb, ga))
+                     if kinds[f] == "cylinder" or (kinds[f] == "mesh" and kinds[o] == "cylinder")]
+            self._face[k] = [(f, o, shape_of(self.sm, f), shape_of(self.sm, o), f == ga) for f, o in tries]
+        self.face_pairs: dict = {}
         self._convex_n: dict = {}          # pair -> its last refined normal
 
         for k in range(len(p)):
@@ -560,6 +575,35 @@ class CollisionDriver:
         rows_d += height.tolist()
         return True
 
+    def _face_contact(self, k, gdata, margin, rows_pair, rows_pt, rows_pos, rows_n, rows_d) -> bool:
+        """Closed-form points of pair k where a shape lies on a cylinder's cap or a cylinder on
+        a mesh facet (convex_support.face_contact; of the faces tried, the one with the larger
+        separation); False where neither is the contact feature (coal decides)."""
+        best = None
+        for gf, go, sf, so, first in self._face[k]:
+            Mf, Mo = gdata.oMg[gf], gdata.oMg[go]
+            try:
+                out = face_contact(sf, Mf.rotation, Mf.translation, so, Mo.rotation, Mo.translation,
+                                   margin, self.max_points)
+            except (np.linalg.LinAlgError, FloatingPointError, ValueError):
+                out = None
+            if out is not None and (best is None or out[-1] > best[0][-1]):
+                best = (out, gf, go, first)
+        if best is None:
+            return False
+        (n, fi, x, height, ids, kinds, _), gf, go, first = best
+        pid = (FACE_ID_BASE * (1 + fi) + ids).tolist()
+        self.face_pairs[k] = (gf, go, dict(zip(pid, kinds.tolist())))
+        m = len(pid)
+        if not m:
+            return True
+        rows_pair += [k] * m
+        rows_pt += pid
+        rows_pos.extend(x - height[:, None] * n)
+        rows_n += [n if first else -n] * m
+        rows_d += height.tolist()
+        return True
+
     def _narrow_tables(self, gdata: pin.GeometryData):
         """References to gdata's per-pair request/result objects (looked up once per gdata)."""
         if self._gdata is not gdata:
@@ -616,12 +660,16 @@ class CollisionDriver:
         per_point = self.per_point_pairs = set()
         self.cylinder_face_pairs = set()
         self.convex_pairs = {}          # pair -> feature tolerance of its refined point
+        self.face_pairs = {}            # pair -> (face geom, other geom, {point id: kind})
         for k, mk in zip(cand.tolist(), margin[cand].tolist()):
             if analytic[k]:
                 self._plane_pair(k, gdata, mk, rows_pair, rows_pt, rows_pos, rows_n, rows_d)
                 continue
             if k in self._cyl_box and self._cylinder_box(k, gdata, mk, rows_pair, rows_pt,
                                                          rows_pos, rows_n, rows_d):
+                continue
+            if k in self._face and self._face_contact(k, gdata, mk, rows_pair, rows_pt, rows_pos,
+                                                      rows_n, rows_d):
                 continue
             req = reqs[k]
             req.security_margin = mk

@@ -382,3 +382,124 @@ def shape_of(owner, g: int) -> Shape:
     if s is None:
         s = cache[g] = Shape(owner.geom_model.geometryObjects[g].geometry)
     return s
+
+
+# -- a shape lying on a face: a cylinder's cap or a convex mesh's face ---------------------------
+# ids of the points of a face contact: the candidate's own id (a polytope vertex, a capsule end
+# 0/1, plane_contacts.cylinder_points' ids) plus FACE_ID_BASE times (1 + the face's index)
+FACE_ID_BASE = 1000
+
+
+def face_planes(shape: Shape):
+    """Candidate faces of a shape in its own frame: (normals (f, 3), offsets (f,), hull
+    equations or None) — a cylinder's two caps, a polytope's hull facets (merged by normal);
+    None for other shapes."""
+    if shape.kind == "cylinder":
+        N = np.array([[0.0, 0.0, -1.0], [0.0, 0.0, 1.0]])
+        return N, np.array([shape.h, shape.h]), None
+    if shape.kind == "polytope":
+        cache = getattr(shape, "_faces", None)
+        if cache is None:
+            from scipy.spatial import ConvexHull
+            eq = ConvexHull(shape.V).equations
+            keep = []
+            for e in eq:
+                if not any(float(e[:3] @ k[:3]) > 1.0 - 1e-9 for k in keep):
+                    keep.append(e)
+            keep = np.array(keep)
+            cache = shape._faces = (keep[:, :3].copy(), -keep[:, 3].copy(), keep)
+        return cache
+    return None
+
+
+def shape_candidates(shape: Shape, R, t, n):
+    """Points of a shape (world, (k, 3)) that can touch a plane with normal n (out of the plane,
+    towards the shape) and their ids and kinds (0: body-fixed, 1: a capsule end moved by -r n,
+    2: a tilted cylinder's lowest rim point): polytope vertices, capsule ends, cylinder rim
+    points (plane_contacts.cylinder_points); None for smooth shapes (one point: the single-point
+    route)."""
+    if shape.kind == "polytope":
+        X = shape.V @ R.T + t
+        return X, np.arange(len(X)), np.zeros(len(X), dtype=np.int64)
+    if shape.kind == "capsule":
+        a = R[:, 2]
+        X = np.stack([t - shape.h * a, t + shape.h * a]) - shape.r * n
+        return X, np.arange(2), np.ones(2, dtype=np.int64)
+    if shape.kind == "cylinder":
+        from .plane_contacts import CYLINDER_LOWEST_ID, cylinder_points
+        X, ids = cylinder_points(shape.r, shape.h, R, t, n)
+        return X, ids, np.where(ids >= CYLINDER_LOWEST_ID, 2, 0).astype(np.int64)
+    return None
+
+
+def face_contact(shapeF, RF, tF, shapeO, RO, tO, margin, max_points):
+    """Shape O lying on a face of shape F (a cylinder's cap, a convex mesh's facet), in closed
+    form where that face is the contact feature: the face whose plane O is highest above
+    (separating axis among F's faces), with every candidate point of O within ``margin`` of
+    the plane projecting inside the face (the cap's disc, the facet's polygon): (n (out of F),
+    face index, points x on O (k, 3), heights (k,), ids, kinds, separation) with at most max_points points
+    (the lowest), or None where it is not (the narrow phase decides)."""
+    planes = face_planes(shapeF)
+    if planes is None or not (shapeF.ok and shapeO.ok):
+        return None
+    N, off, eq = planes
+    best, bi, bx = -np.inf, -1, None
+    for i in range(len(N)):
+        n = RF @ N[i]
+        cand = shape_candidates(shapeO, RO, tO, n)
+        if cand is None:
+            return None
+        x = cand[0]
+        height = float((x @ n).min()) - (float(n @ tF) + off[i])
+        if height > best:
+            best, bi, bx = height, i, cand
+    n = RF @ N[bi]
+    offset = float(n @ tF) + off[bi]
+    x, ids, kinds = bx
+    height = x @ n - offset
+    if best < -0.25 * shapeF.size:
+        return None
+    sel = np.flatnonzero(height < margin)
+    if len(sel) > max_points:
+        sel = sel[np.argsort(height[sel], kind="stable")[:max_points]]
+    # every point over the face
+    loc = (x[sel] - height[sel, None] * n - tF) @ RF              # projections, F's frame
+    tol = 1e-9 * shapeF.size
+    if shapeF.kind == "cylinder":
+        if np.any(np.hypot(loc[:, 0], loc[:, 1]) > shapeF.r - tol):
+            return None
+    else:
+        others = np.flatnonzero(np.abs(eq[:, :3] @ N[bi] - 1.0) > 1e-9)
+        if np.any(loc @ eq[others, :3].T + eq[others, 3] > -tol):
+            return None
+    return n, bi, x[sel], height[sel], ids[sel], kinds[sel], best
+
+
+def face_derivatives(shapeO, RO, tO, n, kind, x, d, JF, oF, JO, oO):
+    """(dp, dn, dd) of one point of a face contact: x the witness on O (its kind: 0 body-fixed,
+    1 a capsule end, 2 a tilted cylinder's lowest rim point), d its height above F's face plane,
+    n the face normal (out of F; turns with F: dn = w_F x n); p = x - d n on the face moves with
+    F: dd = n . (dx - dX_F(p)), dp = dx - n dd - d dn. J, o: joint Jacobians (6, nv, zeros for
+    the world) and origins of F's and O's bodies."""
+    WF, WO = JF[3:], JO[3:]
+    Dn = -_skew(n) @ WF
+    if kind == 1:                                   # capsule end: the end point - r n
+        end = x + shapeO.r * n
+        dx = JO[:3] - _skew(end - oO) @ WO - shapeO.r * Dn
+    elif kind == 2:                                 # the lowest rim point c - r u of a cap
+        a = RO[:, 2]
+        na = float(n @ a)
+        e = n - na * a
+        ne = float(np.linalg.norm(e))
+        u = e / ne
+        c = x + shapeO.r * u
+        da = -_skew(a) @ WO
+        de = Dn - np.outer(a, a @ Dn + n @ da) - na * da
+        du = (de - np.outer(u, u @ de)) / ne
+        dx = JO[:3] - _skew(c - oO) @ WO - shapeO.r * du
+    else:
+        dx = JO[:3] - _skew(x - oO) @ WO
+    p = x - d * n
+    dXf = JF[:3] - _skew(p - oF) @ WF
+    dd = n @ (dx - dXf)
+    return dx - np.outer(n, dd) - d * Dn, Dn, dd

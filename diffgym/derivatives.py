@@ -56,7 +56,7 @@ import pinocchio as pin
 
 from . import derivative_kernels as K
 from .collision_derivatives import (POLYTOPE_KINDS, capsule_pair, convex_pair,  # noqa: F401
-                                    cylinder_box_pair, polytope_pair, polytope_pairs)
+                                    cylinder_box_pair, face_pair, polytope_pair, polytope_pairs)
 from .collision_driver import tighten_requests
 from .constraint import baumgarte_gain
 from .plane_contacts import CYLINDER_LOWEST_ID, ellipsoid_directions
@@ -566,11 +566,15 @@ def geometry_derivatives(sim, kin: _Kin, cons) -> tuple[np.ndarray, np.ndarray, 
     cylbox: dict = {}
     convex: dict = {}
     convex_pairs = getattr(sim.collision, "convex_pairs", ())
+    face_pairs = getattr(sim.collision, "face_pairs", ())
+    faces: dict = {}
     for k, (g1, g2) in enumerate(zip(c.geom1.tolist(), c.geom2.tolist())):
         k1, k2 = geoms[g1].kind, geoms[g2].kind
         j1, j2 = int(gjoint[g1]), int(gjoint[g2])
         if int(c.pair[k]) in convex_pairs:
             convex.setdefault(int(c.pair[k]), (j1, j2, []))[2].append(k)
+        elif int(c.pair[k]) in face_pairs:
+            faces.setdefault(int(c.pair[k]), (j1, j2, []))[2].append(k)
         elif {k1, k2} == {"cylinder", "box"}:
             cylbox.setdefault(int(c.pair[k]), (j1, j2, []))[2].append(k)
         elif not closed_form_pair(k1, j1 == 0, k2, j2 == 0):
@@ -613,7 +617,7 @@ def geometry_derivatives(sim, kin: _Kin, cons) -> tuple[np.ndarray, np.ndarray, 
         except (np.linalg.LinAlgError, FloatingPointError, ValueError, ZeroDivisionError):
             fallback += [k for _, _, rows in polytope.values() for k in rows]   # (degenerate)
     for route, groups in ((capsule_pair, capsules), (cylinder_box_pair, cylbox),
-                          (convex_pair, convex)):
+                          (convex_pair, convex), (face_pair, faces)):
         for j1, j2, rows in groups.values():
             try:
                 with np.errstate(divide="raise", invalid="raise", over="raise"):
