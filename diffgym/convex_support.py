@@ -65,11 +65,18 @@ def _skew(x):
     return np.array([[0.0, -x[2], x[1]], [x[2], 0.0, -x[0]], [-x[1], x[0], 0.0]])
 
 
+def _cross(a, b):
+    return np.array([a[1] * b[2] - a[2] * b[1], a[2] * b[0] - a[0] * b[2], a[0] * b[1] - a[1] * b[0]])
+
+
 def _tangent(n):
-    h = np.array([1.0, 0.0, 0.0]) if abs(n[0]) < 0.9 else np.array([0.0, 1.0, 0.0])
-    e1 = np.cross(n, h)
-    e1 /= np.linalg.norm(e1)
-    return np.stack([e1, np.cross(n, e1)], axis=1)          # (3, 2)
+    """(3, 2) orthonormal basis of the plane normal to the unit vector n."""
+    e1 = np.array([0.0, -n[2], n[1]]) if abs(n[0]) < 0.9 else np.array([n[2], 0.0, -n[0]])
+    e1 /= np.sqrt(e1 @ e1)
+    E = np.empty((3, 2))
+    E[:, 0] = e1
+    E[:, 1] = _cross(n, e1)
+    return E
 
 
 class Shape:
@@ -163,23 +170,17 @@ def feature(shape: Shape, R, t, m, tol=FEATURE_TOL):
         D = P[1:] - P[0]
         _, sv, Vt = np.linalg.svd(D, full_matrices=False)
         rank = int(np.sum(sv > 1e-9 * max(shape.size, 1e-300)))
-        if rank == 1:
-            u = Vt[0]
-            lo, hi = float((P @ u).min()), float((P @ u).max())
-            L = hi - lo
-            return Feature(P[0], np.zeros((3, 3)), u[None], ("e",) + tuple(S.tolist()),
-                           lambda p: lo - 1e-9 * L <= p @ u <= hi + 1e-9 * L)
-        if rank == 2:
-            U = Vt[:2]
-            Q = (P - P[0]) @ U.T
+        _, _, eq = face_planes(shape)
+        tol_in = 1e-9 * max(shape.size, 1e-300)
 
-            def inside(p, Q=Q, U=U, o=P[0]):
-                x = (p - o) @ U.T
-                from scipy.spatial import ConvexHull
-                hull = ConvexHull(Q)
-                eq = hull.equations
-                return bool(np.all(eq[:, :2] @ x + eq[:, 2] <= 1e-9 * max(shape.size, 1e-300)))
-            return Feature(P[0], np.zeros((3, 3)), U, ("f",) + tuple(S.tolist()), inside)
+        def inside(p, R=R, t=t, eq=eq):
+            # on the support plane, a point of the polytope is a point of its support feature
+            x = R.T @ (p - t)
+            return bool(np.all(eq[:, :3] @ x + eq[:, 3] <= tol_in))
+        if rank == 1:
+            return Feature(P[0], np.zeros((3, 3)), Vt[0][None], ("e",) + tuple(S.tolist()), inside)
+        if rank == 2:
+            return Feature(P[0], np.zeros((3, 3)), Vt[:2], ("f",) + tuple(S.tolist()), inside)
         return None
     return None
 
