@@ -1096,8 +1096,8 @@ def face_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list:
     nv = kin.nv
     JF, oF = (kin.J[jf], kin.o[jf]) if jf else (np.zeros((6, nv)), np.zeros(3))
     JO, oO = (kin.J[jo], kin.o[jo]) if jo else (np.zeros((6, nv)), np.zeros(3))
-    so = shape_of(sim, go)
-    Mo = sim.geom_data.oMg[go]
+    so, sf = shape_of(sim, go), shape_of(sim, gf)
+    Mo, Mf = sim.geom_data.oMg[go], sim.geom_data.oMg[gf]
     sgn = 1.0 if first else -1.0
     undone = []
     for k in rows:
@@ -1108,6 +1108,11 @@ def face_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list:
         n = sgn * np.asarray(c.normal[k], float)
         d = float(c.dist[k])
         x = np.asarray(c.pos[k], float) + d * n
-        Dp, Dn, Dd = face_derivatives(so, Mo.rotation, Mo.translation, n, kind, x, d, JF, oF, JO, oO)
+        centre = None
+        if kind == 3:                  # (the centre of the cap under the crossing point)
+            a = Mf.rotation[:, 2]
+            centre = Mf.translation + np.sign(float(n @ a)) * sf.h * a
+        Dp, Dn, Dd = face_derivatives(so, Mo.rotation, Mo.translation, n, kind, x, d, JF, oF, JO,
+                                      oO, centre, getattr(sf, "r", 0.0))
         dp[k], dn[k], dd[k] = Dp, sgn * Dn, Dd
     return undone

@@ -16,7 +16,12 @@
   cylinders and ellipsoids on a plane, and a cylinder on the face of a box
   (``cylinder_box_face``: 4 rim points of a cap lying flat, the two ends of a side-lying
   cylinder's line contact, a tilted cap's lowest rim point; coal where the cylinder is over an
-  edge or a corner of the box).
+  edge or a corner of the box); (``convex_support.face_contact``) a box, mesh, capsule or
+  cylinder lying on a cylinder's cap and a cylinder on a mesh facet;
+* single points of pairs with a cylinder or an ellipsoid, and of a sphere with a mesh: coal's
+  witness points and normal refined to the exact optimum of the distance problem
+  (``convex_support.solve``; coal's EPA normal of penetrating ellipsoids is off by up to 0.5
+  rad), kept only where verified.
 
 The margin of a pair is ``base_margin + dt^2 |gravity| + dt * (speed bound of geom 1 + speed
 bound of geom 2)``.

@@ -457,9 +457,34 @@ def face_contact(shapeF, RF, tF, shapeO, RO, tO, margin, max_points):
     n = RF @ N[bi]
     offset = float(n @ tF) + off[bi]
     x, ids, kinds = bx
-    height = x @ n - offset
     if best < -0.25 * shapeF.size:
         return None
+    if shapeF.kind == "cylinder" and shapeO.kind == "capsule":
+        # a capsule on a cap: its lowered axis segment clipped by the cap's disc (an end inside
+        # the disc, or the crossing of the segment's projection with the rim circle: kind 3)
+        c = tF + off[bi] * n
+        A, u = x[0], x[1] - x[0]
+        T = np.eye(3) - np.outer(n, n)
+        y0, tu = T @ (A - c), T @ u
+        qa, qb, qc = tu @ tu, 2.0 * (y0 @ tu), y0 @ y0 - shapeF.r ** 2
+        disc = qb * qb - 4.0 * qa * qc
+        if qa <= 1e-24 * shapeF.size ** 2 or disc <= 0.0:
+            return None
+        sq = np.sqrt(disc)
+        s_lo, s_hi = (-qb - sq) / (2.0 * qa), (-qb + sq) / (2.0 * qa)
+        pts, pid, pk = [], [], []
+        for sv, end in ((s_lo, 0), (s_hi, 1)):
+            if 0.0 <= sv <= 1.0:
+                pts.append(A + sv * u); pid.append(2 + end); pk.append(3)
+            elif (sv < 0.0) == (end == 0):
+                pts.append(x[end]); pid.append(end); pk.append(1)
+        if len(pts) != 2 or s_lo > 1.0 or s_hi < 0.0:
+            return None
+        x, ids, kinds = np.array(pts), np.array(pid), np.array(pk, dtype=np.int64)
+        height = x @ n - offset
+        sel = np.flatnonzero(height < margin)
+        return n, bi, x[sel], height[sel], ids[sel], kinds[sel], best
+    height = x @ n - offset
     sel = np.flatnonzero(height < margin)
     if len(sel) > max_points:
         sel = sel[np.argsort(height[sel], kind="stable")[:max_points]]
@@ -476,15 +501,30 @@ def face_contact(shapeF, RF, tF, shapeO, RO, tO, margin, max_points):
     return n, bi, x[sel], height[sel], ids[sel], kinds[sel], best
 
 
-def face_derivatives(shapeO, RO, tO, n, kind, x, d, JF, oF, JO, oO):
+def face_derivatives(shapeO, RO, tO, n, kind, x, d, JF, oF, JO, oO, centre=None, radius=0.0):
     """(dp, dn, dd) of one point of a face contact: x the witness on O (its kind: 0 body-fixed,
-    1 a capsule end, 2 a tilted cylinder's lowest rim point), d its height above F's face plane,
+    1 a capsule end, 2 a tilted cylinder's lowest rim point, 3 a capsule's axis crossing the rim
+    circle of the cap (``centre``, ``radius``)), d its height above F's face plane,
     n the face normal (out of F; turns with F: dn = w_F x n); p = x - d n on the face moves with
     F: dd = n . (dx - dX_F(p)), dp = dx - n dd - d dn. J, o: joint Jacobians (6, nv, zeros for
     the world) and origins of F's and O's bodies."""
     WF, WO = JF[3:], JO[3:]
     Dn = -_skew(n) @ WF
-    if kind == 1:                                   # capsule end: the end point - r n
+    if kind == 3:
+        # a capsule's lowered axis crossing the rim circle of a cap (centre, radius): x = A +
+        # s u - r n with |T (A + s u - c)| = radius, T = I - n n^T; s by implicit differentiation
+        a = RO[:, 2]
+        u = 2.0 * shapeO.h * a
+        A = tO - shapeO.h * a
+        sv = float(u @ (x + shapeO.r * n - A)) / float(u @ u)
+        y = A + sv * u - centre
+        w = y - (n @ y) * n
+        dA = JO[:3] - _skew(A - oO) @ WO
+        du = -_skew(u) @ WO
+        dc = JF[:3] - _skew(centre - oF) @ WF
+        ds = ((w @ Dn) * (n @ y) - w @ (dA + sv * du - dc)) / float(w @ u)
+        dx = dA + sv * du + np.outer(u, ds) - shapeO.r * Dn
+    elif kind == 1:                                   # capsule end: the end point - r n
         end = x + shapeO.r * n
         dx = JO[:3] - _skew(end - oO) @ WO - shapeO.r * Dn
     elif kind == 2:                                 # the lowest rim point c - r u of a cap

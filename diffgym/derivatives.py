@@ -32,9 +32,12 @@ axis segment), for every pair of boxes and convex meshes, a capsule with either,
 capsule-capsule (``collision_derivatives``: feature by feature, patches included; the polytope
 pairs of a step in one compiled call, ``polytope_pairs``), and for a cylinder on a box face,
 static or moving (``collision_derivatives.cylinder_box_pair``: the rows the driver found on the
-face; a cylinder over a box's edge or corner keeps coal's point). Every other pair (cylinders
-and ellipsoids off the plane and box faces, a sphere with a cylinder, an ellipsoid or a mesh,
-anything on a moving plane, ...) falls back to a central difference of the collision output alone (``_collision_fd``, step
+face), for single-point contacts of cylinders and ellipsoids with every primitive and of a
+sphere with a mesh (``collision_derivatives.convex_pair``: the driver's refined point, the
+implicit derivative of the distance problem's optimality conditions, ``convex_support``) and for
+shapes lying on a cylinder's cap or a cylinder on a mesh facet (``collision_derivatives.face_pair``).
+Every other configuration (a shape over a cap's rim or across several mesh facets with several
+points, parallel capsules, anything on a moving plane, ...) falls back to a central difference of the collision output alone (``_collision_fd``, step
 ``collision_fd_eps``), never of the dynamics, counted in ``fallback_counts`` with a warning
 once per pair of kinds; ``closed_form_pair`` says which. ``tests/test_gradients.py`` and
 ``tests/test_collision_derivatives.py`` check both routes against central differences of the

@@ -55,6 +55,7 @@ TOP = {"sphere": 'type="sphere" size="0.08"',
        "ellipsoid": 'type="ellipsoid" size="0.1 0.07 0.05"',
        "mesh": 'type="mesh" mesh="poly"'}
 BASE = {"sphere": 'type="sphere" size="0.2" pos="0 0 -0.2"',
+        "capsule": 'type="capsule" size="0.1 0.4" pos="0 0 -0.1" euler="0 90 0"',
         "box": 'type="box" size="0.4 0.4 0.1" pos="0 0 -0.1"',
         "cylinder": 'type="cylinder" size="0.3 0.1" pos="0 0 -0.1"',
         "ellipsoid": 'type="ellipsoid" size="0.4 0.3 0.1" pos="0 0 -0.1"',
@@ -88,6 +89,7 @@ CASES = [
     ("cylinder", "capsule", TILTED, 0.02),     # capsule lying on a cap (its two ends)
     ("flat", "cylinder", UPRIGHT, 0.02),       # cap on a mesh facet
     ("flat", "cylinder", TILTED, 0.02),        # cylinder on its side on a mesh facet
+    ("capsule", "cylinder", UPRIGHT, 0.02),    # a cap on a capsule: the axis clipped by the rim
 ]
 FACE_CASES = CASES[15:]
 
