@@ -56,7 +56,9 @@ TOLERANCES = (1e-4, 1e-10)
 AGREE_COS = 1e-2
 AGREE_POS = 1e-2
 NEWTON_ITERS = 40
-MAX_TURN = 0.2          # rad: the largest turn of the normal in one Newton step
+MAX_TURN = 0.2
+# a refined depth beyond this fraction of the smaller shape's size is checked from other starts
+DEEP = 0.05          # rad: the largest turn of the normal in one Newton step
 
 SMOOTH_KINDS = ("cylinder", "ellipsoid")
 
@@ -254,22 +256,49 @@ def solve(shapeA, RA, tA, shapeB, RB, tB, n, p1, p2, previous=None):
     reach = 10.0 * (shapeA.size + shapeB.size)
     if not (np.all(np.isfinite(np.concatenate([n, p1, p2, p2 - p1])))
             and np.linalg.norm(p1 - tA) < reach and np.linalg.norm(p2 - tB) < reach):
-        # the narrow phase failed (coal's EPA returns an infinite depth now and then): start
-        # from the direction between the centres, without agreement to check
+        # the narrow phase failed (coal's EPA returns witness points of 1e307 now and then):
+        # nothing to agree with; the signed distance is the largest value of the separating
+        # function, so the largest verified local maximum from several starts (the previous
+        # normal, the direction between the centres, the axes of both bodies) is the answer
         c = tB - tA
-        starts = [(c / np.linalg.norm(c), False)]
+        starts = [c / np.linalg.norm(c)] + [sg * R[:, i] for R in (RA, RB) for i in range(3)
+                                            for sg in (1.0, -1.0)]
         if previous is not None:
-            starts.insert(0, (previous, False))
-        p1 = p2 = np.full(3, np.nan)
+            starts.insert(0, previous)
+        nan = np.full(3, np.nan)
+        best = None
+        for tol in TOLERANCES:
+            for m in starts:
+                out = solve_at(shapeA, RA, tA, shapeB, RB, tB, m, nan, nan, tol, False)
+                if out is not None and (best is None or out[1] > best[1] + 1e-12):
+                    best = out[:4] + (tol,)
+            if best is not None:
+                return best
+        return None
+    best = None
     for tol in TOLERANCES:
-        for m, check_normal in starts:
-            out = solve_at(shapeA, RA, tA, shapeB, RB, tB, m, p1, p2, tol, check_normal)
-            if out is not None:
-                return out[:4] + (tol,)
-    return None
+        out = solve_at(shapeA, RA, tA, shapeB, RB, tB, starts[0][0], p1, p2, tol, True)
+        if out is not None:
+            best = out[:4] + (tol,)
+            break
+    # coal's EPA also stops at another local maximum of the separating function now and then
+    # (an ellipsoid resting on a flat ellipsoid got the normal through the far side, a depth of
+    # 0.25 m, and was pushed through): where the answer is deep, new, or missing, the other
+    # starts (the previous normal, the surface normals at coal's witnesses) run as well and the
+    # largest verified value, the signed distance by definition, is kept
+    if best is not None and best[1] > -DEEP * min(shapeA.size, shapeB.size) and (
+            previous is None or float(best[0] @ previous) > np.cos(0.05)):
+        return best
+    others = [m for m, _ in starts[1:]] + ([previous] if previous is not None else [])
+    for tol in TOLERANCES:
+        for m in others:
+            out = solve_at(shapeA, RA, tA, shapeB, RB, tB, m, p1, p2, tol, False, False)
+            if out is not None and (best is None or out[1] > best[1] + 1e-12):
+                best = out[:4] + (tol,)
+    return best
 
 
-def solve_at(shapeA, RA, tA, shapeB, RB, tB, n, p1, p2, tol, check_normal=True):
+def solve_at(shapeA, RA, tA, shapeB, RB, tB, n, p1, p2, tol, check_normal=True, agree=True):
     """Refine the witness points p1 (on A), p2 (on B) and the normal n (A to B) of a single
     point contact to the exact optimum; returns (n, d, p1, p2, FA, FB) or None where the
     configuration is not one this module describes or the refinement does not agree with the
@@ -345,7 +374,7 @@ def solve_at(shapeA, RA, tA, shapeB, RB, tB, n, p1, p2, tol, check_normal=True):
         w = np.linalg.eigvalsh(T.T @ (FA.H + FB.H + d * np.eye(3)) @ T)
         if w.min() <= 0.0:
             return None
-    if start_ok and ((check_normal and 1.0 - float(n @ n0) > AGREE_COS)
+    if start_ok and agree and ((check_normal and 1.0 - float(n @ n0) > AGREE_COS)
                      or np.linalg.norm(0.5 * (q1 + q2) - mid0) > AGREE_POS * size
                      or abs(d - float(n0 @ (p2 - p1))) > AGREE_POS * size):
         return None
