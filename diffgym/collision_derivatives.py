@@ -1070,7 +1070,7 @@ def convex_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list:
     Ma, Mb = sim.geom_data.oMg[g1], sim.geom_data.oMg[g2]
     n = np.asarray(c.normal[k], float)
     d = float(c.dist[k])
-    tol = sim.collision.convex_pairs[int(c.pair[k])]     # (the driver's feature tolerance)
+    tol = c.convex_pairs[int(c.pair[k])]        # (the detect pass's feature tolerance)
     FA = feature(sa, Ma.rotation, Ma.translation, n, tol)
     FB = feature(sb, Mb.rotation, Mb.translation, -n, tol)
     if FA is None or FB is None or len(FA.U) + len(FB.U) > 2:
@@ -1090,7 +1090,7 @@ def face_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list:
     ``convex_support.face_derivatives``). Returns the rows it could not do."""
     from .convex_support import face_derivatives, shape_of
     pair = int(c.pair[rows[0]])
-    gf, go, kinds = sim.collision.face_pairs[pair]
+    gf, go, kinds = c.face_pairs[pair]
     first = int(c.geom1[rows[0]]) == gf
     jf, jo = (j1, j2) if first else (j2, j1)
     nv = kin.nv

@@ -731,7 +731,12 @@ class CollisionDriver:
             pair = np.array(rows_pair, dtype=np.int64)
             blocks.append((pair, np.array(rows_pt, dtype=np.int64), np.array(rows_pos).reshape(-1, 3),
                            np.array(rows_n).reshape(-1, 3), np.array(rows_d, dtype=float), None))
-        return self._assemble(blocks)
+        out = self._assemble(blocks)
+        if out is not self._empty:
+            # the routes of this pass's rows, carried by the contacts themselves (a later
+            # detect pass, at another pose, must not change how these rows are differentiated)
+            out.convex_pairs, out.face_pairs = self.convex_pairs, self.face_pairs
+        return out
 
     def _assemble(self, blocks: list) -> Contacts:
         """Contacts from row blocks (pair, point, pos, normal, dist, frames or None), ordered by

@@ -568,8 +568,8 @@ def geometry_derivatives(sim, kin: _Kin, cons) -> tuple[np.ndarray, np.ndarray, 
     capsules: dict = {}
     cylbox: dict = {}
     convex: dict = {}
-    convex_pairs = getattr(sim.collision, "convex_pairs", ())
-    face_pairs = getattr(sim.collision, "face_pairs", ())
+    convex_pairs = getattr(c, "convex_pairs", {})     # (set by the detect pass of these rows)
+    face_pairs = getattr(c, "face_pairs", {})
     faces: dict = {}
     for k, (g1, g2) in enumerate(zip(c.geom1.tolist(), c.geom2.tolist())):
         k1, k2 = geoms[g1].kind, geoms[g2].kind
