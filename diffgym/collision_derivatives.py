@@ -1053,3 +1053,66 @@ def cylinder_box_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> 
                                    B.point(p))
         dp[k], dn[k], dd[k] = Dp, sgn * Dn, Dd
     return undone
+
+
+# -- smooth and mixed convex primitives (cylinder, ellipsoid, sphere-mesh): convex_support -------
+def convex_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list:
+    """Closed-form dp, dn, dd for the single contact row of a pair whose point the driver
+    refined to the exact optimum of the distance problem (``collision_driver``'s
+    ``convex_pairs``; ``convex_support``): implicit differentiation of the optimality
+    conditions at the features of the two supports. Returns the rows it could not do."""
+    from .convex_support import derivatives as _convex_derivatives, feature, shape_of
+    if len(rows) != 1:
+        return _undone(rows, "convex: several points")
+    k = rows[0]
+    g1, g2 = int(c.geom1[k]), int(c.geom2[k])
+    sa, sb = shape_of(sim, g1), shape_of(sim, g2)
+    Ma, Mb = sim.geom_data.oMg[g1], sim.geom_data.oMg[g2]
+    n = np.asarray(c.normal[k], float)
+    d = float(c.dist[k])
+    tol = c.convex_pairs[int(c.pair[k])]        # (the detect pass's feature tolerance)
+    FA = feature(sa, Ma.rotation, Ma.translation, n, tol)
+    FB = feature(sb, Mb.rotation, Mb.translation, -n, tol)
+    if FA is None or FB is None or len(FA.U) + len(FB.U) > 2:
+        return _undone(rows, "convex: features undecided")
+    p1 = c.pos[k] - 0.5 * d * n
+    p2 = c.pos[k] + 0.5 * d * n
+    nv = kin.nv
+    JA, oA = (kin.J[j1], kin.o[j1]) if j1 else (np.zeros((6, nv)), np.zeros(3))
+    JB, oB = (kin.J[j2], kin.o[j2]) if j2 else (np.zeros((6, nv)), np.zeros(3))
+    dp[k], dn[k], dd[k] = _convex_derivatives(FA, FB, n, d, p1, p2, JA, oA, JB, oB)
+    return []
+
+
+def face_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list:
+    """Closed-form dp, dn, dd for the rows of a pair whose points the driver found lying on a
+    cylinder's cap or a mesh facet (``collision_driver``'s ``face_pairs``;
+    ``convex_support.face_derivatives``). Returns the rows it could not do."""
+    from .convex_support import face_derivatives, shape_of
+    pair = int(c.pair[rows[0]])
+    gf, go, kinds = c.face_pairs[pair]
+    first = int(c.geom1[rows[0]]) == gf
+    jf, jo = (j1, j2) if first else (j2, j1)
+    nv = kin.nv
+    JF, oF = (kin.J[jf], kin.o[jf]) if jf else (np.zeros((6, nv)), np.zeros(3))
+    JO, oO = (kin.J[jo], kin.o[jo]) if jo else (np.zeros((6, nv)), np.zeros(3))
+    so, sf = shape_of(sim, go), shape_of(sim, gf)
+    Mo, Mf = sim.geom_data.oMg[go], sim.geom_data.oMg[gf]
+    sgn = 1.0 if first else -1.0
+    undone = []
+    for k in rows:
+        kind = kinds.get(int(c.point[k]))
+        if kind is None:
+            undone += _undone([k], "face: unknown point")
+            continue
+        n = sgn * np.asarray(c.normal[k], float)
+        d = float(c.dist[k])
+        x = np.asarray(c.pos[k], float) + d * n
+        centre = None
+        if kind == 3:                  # (the centre of the cap under the crossing point)
+            a = Mf.rotation[:, 2]
+            centre = Mf.translation + np.sign(float(n @ a)) * sf.h * a
+        Dp, Dn, Dd = face_derivatives(so, Mo.rotation, Mo.translation, n, kind, x, d, JF, oF, JO,
+                                      oO, centre, getattr(sf, "r", 0.0))
+        dp[k], dn[k], dd[k] = Dp, sgn * Dn, Dd
+    return undone

@@ -16,7 +16,12 @@
   cylinders and ellipsoids on a plane, and a cylinder on the face of a box
   (``cylinder_box_face``: 4 rim points of a cap lying flat, the two ends of a side-lying
   cylinder's line contact, a tilted cap's lowest rim point; coal where the cylinder is over an
-  edge or a corner of the box).
+  edge or a corner of the box); (``convex_support.face_contact``) a box, mesh, capsule or
+  cylinder lying on a cylinder's cap and a cylinder on a mesh facet;
+* single points of pairs with a cylinder or an ellipsoid, and of a sphere with a mesh: coal's
+  witness points and normal refined to the exact optimum of the distance problem
+  (``convex_support.solve``; coal's EPA normal of penetrating ellipsoids is off by up to 0.5
+  rad), kept only where verified.
 
 The margin of a pair is ``base_margin + dt^2 |gravity| + dt * (speed bound of geom 1 + speed
 bound of geom 2)``.
@@ -39,6 +44,7 @@ from .collision_derivatives import box_corners, patch_distances, segments_parall
 from .frames import tangent_frames
 from .pinviews import gather_placements, placement_view
 from .model import SimModel
+from .convex_support import FACE_ID_BASE, SMOOTH_KINDS, face_contact, shape_of, solve
 from .collision_kernels import BROAD_SLACK as _BROAD_SLACK, KIND_CODES, detect_closed_form
 from .plane_contacts import ANALYTIC_KINDS, cylinder_box_face, shape_points
 
@@ -388,6 +394,35 @@ class CollisionDriver:
                                         float(sh[ic].halfLength),
                                         np.asarray(sh[ib].halfSide, float).copy(), ib == 0)
         self.cylinder_face_pairs: set = set()
+        # pairs with a cylinder or an ellipsoid, or a sphere with a mesh (no plane): coal's
+        # single contact point refined to the exact optimum of the distance problem
+        # (convex_support), whose derivatives are closed form
+        self._convex = {}
+        for k in range(len(p)):
+            ka, kb = kinds[int(p[k, 0])], kinds[int(p[k, 1])]
+            if "plane" in (ka, kb):
+                continue
+            if {ka, kb} & set(SMOOTH_KINDS) or {ka, kb} == {"sphere", "mesh"}:
+                sa, sb = shape_of(self.sm, int(p[k, 0])), shape_of(self.sm, int(p[k, 1]))
+                if sa.ok and sb.ok:
+                    self._convex[k] = (int(p[k, 0]), int(p[k, 1]), sa, sb)
+        self.convex_pairs: dict = {}
+        # pairs of a cylinder with a box, a mesh, a capsule or a cylinder: a shape lying on a
+        # cylinder's cap or a cylinder on a mesh facet, in closed form (convex_support.face_contact)
+        self._face = {}
+        for k in range(len(p)):
+            ga, gb = int(p[k, 0]), int(p[k, 1])
+            ka, kb = kinds[ga], kinds[gb]
+            if "cylinder" not in (ka, kb) or not {ka, kb} <= {"cylinder", "box", "mesh", "capsule"}:
+                continue
+            sa, sb = shape_of(self.sm, ga), shape_of(self.sm, gb)
+            if not (sa.ok and sb.ok):
+                continue
+            tries = [(f, o) for f, o in ((ga, gb), (gb, ga))
+                     if kinds[f] == "cylinder" or (kinds[f] == "mesh" and kinds[o] == "cylinder")]
+            self._face[k] = [(f, o, shape_of(self.sm, f), shape_of(self.sm, o), f == ga) for f, o in tries]
+        self.face_pairs: dict = {}
+        self._convex_n: dict = {}          # pair -> its last refined normal
 
         for k in range(len(p)):
             ca, cb = core(int(p[k, 0])), core(int(p[k, 1]))
@@ -493,6 +528,19 @@ class CollisionDriver:
         pairs the normal snapped to the exact separating axis (about the same witness midpoint);
         the point is the witness on the plane for a shape on a plane (``side`` 1 or 2), else the
         midpoint."""
+        cv = self._convex.get(k)
+        if cv is not None and not side:
+            ga, gb, sa, sb = cv
+            Ma, Mb = gdata.oMg[ga], gdata.oMg[gb]
+            try:
+                out = solve(sa, Ma.rotation, Ma.translation, sb, Mb.rotation, Mb.translation, n,
+                            np.asarray(p1, float), np.asarray(p2, float), self._convex_n.get(k))
+            except (np.linalg.LinAlgError, FloatingPointError, ValueError, ZeroDivisionError):
+                out = None                   # (coal's point stands; its derivative: the fallback)
+            if out is not None:
+                n, _, p1, p2, tol = out
+                self.convex_pairs[k] = tol
+                self._convex_n[k] = n
         if k in self._box_box:
             snap = self._snap(k, gdata, n, float(n @ (p2 - p1)))
             if snap is not None:
@@ -529,6 +577,35 @@ class CollisionDriver:
         rows_pt += ids.tolist()
         rows_pos.extend(x - height[:, None] * n)
         rows_n += [N] * m
+        rows_d += height.tolist()
+        return True
+
+    def _face_contact(self, k, gdata, margin, rows_pair, rows_pt, rows_pos, rows_n, rows_d) -> bool:
+        """Closed-form points of pair k where a shape lies on a cylinder's cap or a cylinder on
+        a mesh facet (convex_support.face_contact; of the faces tried, the one with the larger
+        separation); False where neither is the contact feature (coal decides)."""
+        best = None
+        for gf, go, sf, so, first in self._face[k]:
+            Mf, Mo = gdata.oMg[gf], gdata.oMg[go]
+            try:
+                out = face_contact(sf, Mf.rotation, Mf.translation, so, Mo.rotation, Mo.translation,
+                                   margin, self.max_points)
+            except (np.linalg.LinAlgError, FloatingPointError, ValueError):
+                out = None
+            if out is not None and (best is None or out[-1] > best[0][-1]):
+                best = (out, gf, go, first)
+        if best is None:
+            return False
+        (n, fi, x, height, ids, kinds, _), gf, go, first = best
+        pid = (FACE_ID_BASE * (1 + fi) + ids).tolist()
+        self.face_pairs[k] = (gf, go, dict(zip(pid, kinds.tolist())))
+        m = len(pid)
+        if not m:
+            return True
+        rows_pair += [k] * m
+        rows_pt += pid
+        rows_pos.extend(x - height[:, None] * n)
+        rows_n += [n if first else -n] * m
         rows_d += height.tolist()
         return True
 
@@ -587,12 +664,17 @@ class CollisionDriver:
         # box-box pairs whose patch points carry their own distances (derivatives read it)
         per_point = self.per_point_pairs = set()
         self.cylinder_face_pairs = set()
+        self.convex_pairs = {}          # pair -> feature tolerance of its refined point
+        self.face_pairs = {}            # pair -> (face geom, other geom, {point id: kind})
         for k, mk in zip(cand.tolist(), margin[cand].tolist()):
             if analytic[k]:
                 self._plane_pair(k, gdata, mk, rows_pair, rows_pt, rows_pos, rows_n, rows_d)
                 continue
             if k in self._cyl_box and self._cylinder_box(k, gdata, mk, rows_pair, rows_pt,
                                                          rows_pos, rows_n, rows_d):
+                continue
+            if k in self._face and self._face_contact(k, gdata, mk, rows_pair, rows_pt, rows_pos,
+                                                      rows_n, rows_d):
                 continue
             req = reqs[k]
             req.security_margin = mk
@@ -649,7 +731,12 @@ class CollisionDriver:
             pair = np.array(rows_pair, dtype=np.int64)
             blocks.append((pair, np.array(rows_pt, dtype=np.int64), np.array(rows_pos).reshape(-1, 3),
                            np.array(rows_n).reshape(-1, 3), np.array(rows_d, dtype=float), None))
-        return self._assemble(blocks)
+        out = self._assemble(blocks)
+        if out is not self._empty:
+            # the routes of this pass's rows, carried by the contacts themselves (a later
+            # detect pass, at another pose, must not change how these rows are differentiated)
+            out.convex_pairs, out.face_pairs = self.convex_pairs, self.face_pairs
+        return out
 
     def _assemble(self, blocks: list) -> Contacts:
         """Contacts from row blocks (pair, point, pos, normal, dist, frames or None), ordered by

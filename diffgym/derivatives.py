@@ -32,9 +32,12 @@ axis segment), for every pair of boxes and convex meshes, a capsule with either,
 capsule-capsule (``collision_derivatives``: feature by feature, patches included; the polytope
 pairs of a step in one compiled call, ``polytope_pairs``), and for a cylinder on a box face,
 static or moving (``collision_derivatives.cylinder_box_pair``: the rows the driver found on the
-face; a cylinder over a box's edge or corner keeps coal's point). Every other pair (cylinders
-and ellipsoids off the plane and box faces, a sphere with a cylinder, an ellipsoid or a mesh,
-anything on a moving plane, ...) falls back to a central difference of the collision output alone (``_collision_fd``, step
+face), for single-point contacts of cylinders and ellipsoids with every primitive and of a
+sphere with a mesh (``collision_derivatives.convex_pair``: the driver's refined point, the
+implicit derivative of the distance problem's optimality conditions, ``convex_support``) and for
+shapes lying on a cylinder's cap or a cylinder on a mesh facet (``collision_derivatives.face_pair``).
+Every other configuration (a shape over a cap's rim or across several mesh facets with several
+points, parallel capsules, anything on a moving plane, ...) falls back to a central difference of the collision output alone (``_collision_fd``, step
 ``collision_fd_eps``), never of the dynamics, counted in ``fallback_counts`` with a warning
 once per pair of kinds; ``closed_form_pair`` says which. ``tests/test_gradients.py`` and
 ``tests/test_collision_derivatives.py`` check both routes against central differences of the
@@ -55,8 +58,8 @@ import numpy as np
 import pinocchio as pin
 
 from . import derivative_kernels as K
-from .collision_derivatives import (POLYTOPE_KINDS, capsule_pair, cylinder_box_pair,  # noqa: F401
-                                    polytope_pair, polytope_pairs)
+from .collision_derivatives import (POLYTOPE_KINDS, capsule_pair, convex_pair,  # noqa: F401
+                                    cylinder_box_pair, face_pair, polytope_pair, polytope_pairs)
 from .collision_driver import tighten_requests
 from .constraint import baumgarte_gain
 from .plane_contacts import CYLINDER_LOWEST_ID, ellipsoid_directions
@@ -564,10 +567,18 @@ def geometry_derivatives(sim, kin: _Kin, cons) -> tuple[np.ndarray, np.ndarray, 
     polytope: dict = {}
     capsules: dict = {}
     cylbox: dict = {}
+    convex: dict = {}
+    convex_pairs = getattr(c, "convex_pairs", {})     # (set by the detect pass of these rows)
+    face_pairs = getattr(c, "face_pairs", {})
+    faces: dict = {}
     for k, (g1, g2) in enumerate(zip(c.geom1.tolist(), c.geom2.tolist())):
         k1, k2 = geoms[g1].kind, geoms[g2].kind
         j1, j2 = int(gjoint[g1]), int(gjoint[g2])
-        if {k1, k2} == {"cylinder", "box"}:
+        if int(c.pair[k]) in convex_pairs:
+            convex.setdefault(int(c.pair[k]), (j1, j2, []))[2].append(k)
+        elif int(c.pair[k]) in face_pairs:
+            faces.setdefault(int(c.pair[k]), (j1, j2, []))[2].append(k)
+        elif {k1, k2} == {"cylinder", "box"}:
             cylbox.setdefault(int(c.pair[k]), (j1, j2, []))[2].append(k)
         elif not closed_form_pair(k1, j1 == 0, k2, j2 == 0):
             fallback.append(k)
@@ -608,7 +619,8 @@ def geometry_derivatives(sim, kin: _Kin, cons) -> tuple[np.ndarray, np.ndarray, 
             fallback += polytope_pairs(sim, kin, c, list(polytope.values()), dp, dn, dd)
         except (np.linalg.LinAlgError, FloatingPointError, ValueError, ZeroDivisionError):
             fallback += [k for _, _, rows in polytope.values() for k in rows]   # (degenerate)
-    for route, groups in ((capsule_pair, capsules), (cylinder_box_pair, cylbox)):
+    for route, groups in ((capsule_pair, capsules), (cylinder_box_pair, cylbox),
+                          (convex_pair, convex), (face_pair, faces)):
         for j1, j2, rows in groups.values():
             try:
                 with np.errstate(divide="raise", invalid="raise", over="raise"):
