@@ -19,6 +19,10 @@
    recorded states of ``hopper``, ``go1`` and ``billiards`` (the scenarios of ``diffgym bench``,
    after ``--jac-warmup`` steps), blocks alternating exact / smooth / forward, ``--repeats``
    rounds, the median reported; the smooth mode's relaxed Newton iterations per step.
+3. **long_range against the scene's size.** Seconds per step with Jacobian in the exact and the
+   long_range mode on billiards with 16 and 64 balls (``billiards_mjcf``: the shipped table and
+   balls, the rack grown), at the same recorded states, and the potential's own share (its
+   evaluation and force derivative); the growth exponent in the number of balls.
 """
 from __future__ import annotations
 
@@ -186,6 +190,8 @@ def main(args) -> int:
     for name in ("hopper", "cartpole"):
         report_sweep(name)
     report_cost(min(states, 50), warmup, repeats)
+    print()
+    report_long_range((16, 64), states=min(states, 10), repeats=repeats)
     return 0
 
 
@@ -193,8 +199,8 @@ def main(args) -> int:
 def billiards_mjcf(n: int, dt: float = 0.04) -> str:
     """The billiards scene (``assets/billiards.xml``: pool balls of radius 28.6 mm, 0.17 kg, free
     joints, friction 0.2, four box cushions) with ``n`` balls: the cue ball at x = -0.5 and
-    ``n - 1`` balls in a triangle rack with the shipped rack's 0.5 mm gaps (rows grow along x)."""
-    r, gap = 0.0286, 0.0005
+    ``n - 1`` balls in a triangle rack with the shipped rack's 0.57 mm gaps (rows grow along x)."""
+    r, gap = 0.0286, 0.00057
     pitch = 2 * r + gap
     balls = [(-0.5, 0.0)]
     row = 0
