@@ -233,7 +233,12 @@ class LongRangePotential:
             idx.extend(dofs.tolist())
             ptr.append(len(idx))
         self.up_ptr = np.array(ptr, dtype=np.int64)
+        self.sp_ptr = np.zeros(nj + 1, dtype=np.int64)
+        self.sp_ptr[1:] = np.cumsum(self.support.sum(axis=1))
+        self.sp_idx = np.ascontiguousarray(np.nonzero(self.support)[1], dtype=np.int64)
         self.up_idx = np.array(idx, dtype=np.int64)
+        self._topology = (self.pair_ja, self.pair_jb, self.pair_plane, self.up_ptr, self.up_idx,
+                          self.support, self.sp_ptr, self.sp_idx, self.anc_dof)
         self.geoms = np.array(sorted(set(self.pair_a.tolist()) | set(self.pair_b.tolist())),
                               dtype=np.int64)
         self.geom_R = np.zeros((G, 3, 3))
@@ -258,8 +263,7 @@ class LongRangePotential:
         out = K.evaluate_pairs(self.node_c, self.node_r, self.node_k, self.roots, self.pair_a,
                                self.pair_b, self.pair_plane, R, t, self.scale, self.margin)
         Jw = np.ascontiguousarray(Jw, dtype=float)
-        tau, _ = K.assemble(*out[1:], self.pair_ja, self.pair_jb, self.pair_plane, self.up_ptr,
-                            self.up_idx, self.support, self.anc_dof, Jw, False)
+        tau, _ = K.assemble(*out[1:], *self._topology, Jw, False)
         self.last = (out, Jw)
         return float(out[0]), tau
 
@@ -279,8 +283,7 @@ class LongRangePotential:
         if self.last is None:
             return np.zeros((self.model.nv, self.model.nv))
         out, Jw = self.last
-        _, H = K.assemble(*out[1:], self.pair_ja, self.pair_jb, self.pair_plane, self.up_ptr,
-                          self.up_idx, self.support, self.anc_dof, Jw, True)
+        _, H = K.assemble(*out[1:], *self._topology, Jw, True)
         return H
 
 

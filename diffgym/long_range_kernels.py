@@ -247,10 +247,11 @@ def evaluate_pairs(node_c, node_r, node_k, roots, pair_a, pair_b, pair_plane,
 
 @njit
 def assemble(nrows, row_pair, ca, cb, e, dist, grad, nh, hi, hj, hv, pair_ja, pair_jb,
-             pair_plane, up_ptr, up_idx, support, anc_dof, Jw, derivative):
+             pair_plane, up_ptr, up_idx, support, sp_ptr, sp_idx, anc_dof, Jw, derivative):
     """The generalized force ``-dP/dq`` (nv,) and, with ``derivative``, its derivative (nv, nv)
     from the rows of ``evaluate_pairs``. ``up_ptr``/``up_idx``: per pair, the dofs that move
-    either geom (CSR); ``support[j, k]``: dof k moves joint j; ``anc_dof[i, k]``: joint(i) is
+    either geom (CSR); ``support[j, k]``: dof k moves joint j (``sp_ptr``/``sp_idx``: the same
+    as CSR rows); ``anc_dof[i, k]``: joint(i) is
     joint(k) or one of its ancestors; ``Jw`` the world joint Jacobians (6, nv)."""
     nv = Jw.shape[1]
     nj = support.shape[0]
@@ -362,16 +363,12 @@ def assemble(nrows, row_pair, ca, cb, e, dist, grad, nh, hi, hj, hv, pair_ja, pa
     # (3) per joint: the motion of the centres' Jacobians under fixed world forces,
     #     -Jang^T [g]x J_c summed over the joint's centres, and the motion of the joint's
     #     own Jacobian columns under the wrench W
-    cols = np.empty(nv, dtype=np.int64)
     for j in range(1, nj):
         if W[j, 0] == 0.0 and W[j, 1] == 0.0 and W[j, 2] == 0.0 and W[j, 3] == 0.0 \
                 and W[j, 4] == 0.0 and W[j, 5] == 0.0:
             continue
-        n = 0
-        for k in range(nv):
-            if support[j, k]:
-                cols[n] = k
-                n += 1
+        cols = sp_idx[sp_ptr[j]:sp_ptr[j + 1]]
+        n = cols.shape[0]
         fl0, fl1, fl2 = W[j, 0], W[j, 1], W[j, 2]
         fa0, fa1, fa2 = W[j, 3], W[j, 4], W[j, 5]
         for t2 in range(n):
@@ -399,7 +396,5 @@ def assemble(nrows, row_pair, ca, cb, e, dist, grad, nh, hi, hj, hv, pair_ja, pa
                     continue
                 K[k, i] += (a0 * Jw[0, k] + a1 * Jw[1, k] + a2 * Jw[2, k]
                             + (b0 + c0) * Jw[3, k] + (b1 + c1) * Jw[4, k] + (b2 + c2) * Jw[5, k])
-    for x in range(nv):
-        for y in range(nv):
-            K[x, y] = -K[x, y]
+    K *= -1.0
     return tau, K
