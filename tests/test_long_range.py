@@ -385,3 +385,19 @@ def test_bench_billiards_scene_grows_the_shipped_one():
         assert len(lr.pairs) == n * (n - 1) // 2 + 5 * n
         P, f = potential(sim, sim.q0)
         assert np.isfinite(P) and np.abs(f).max() > 0
+
+
+def test_trajopt_reachable_billiards_spots_have_a_known_solution():
+    """--billiards-spots reachable: the recorded shot solves the task in the exact simulator, the
+    trivial start does not, and the spots are the same for every mode (a long_range task's
+    spots come from the exact simulation too)."""
+    from diffgym.trajopt import Billiards
+    ex = Billiards("exact", 1, 100, "reachable")
+    loss, _, ok = ex.rollout(ex.shot, False)
+    assert ok and loss == 0.0
+    loss, _, ok = ex.rollout(ex.trivial, False)
+    assert not ok and loss > 0.0
+    lr = Billiards("long_range", 1, 100, "reachable")
+    np.testing.assert_array_equal(lr.spots, ex.spots)
+    with pytest.raises(ValueError, match="billiards spots"):
+        Billiards("exact", 1, 100, "anywhere")
