@@ -33,6 +33,10 @@ gradients.txt``, sections 4-5), on our rigid bodies and primitive shapes:
   pinocchio's tangent space) are returned; the simulator adds the force to the applied ones
   before ABA, so it enters the step and its derivative follows the ABA derivative chain like a
   joint spring's.
+- Evaluation and derivative run in ``diffgym.long_range_kernels`` (numba; ``DIFFGYM_JIT=0``
+  runs the same loops as Python): the trees are flattened into one node table at
+  construction; per step, the geoms' placements are read from pinocchio, the kernels walk the
+  pairs and assemble the force and its derivative on each row's own dofs.
 """
 from __future__ import annotations
 
@@ -47,19 +51,9 @@ from .gradient_modes import LongRange
 _MAX_PER_AXIS = 16
 
 
-def _phi(s: float):
-    """The quintic smoothstep and its first two derivatives at s (clamped to [0, 1])."""
-    if s <= 0.0:
-        return 0.0, 0.0, 0.0
-    if s >= 1.0:
-        return 1.0, 0.0, 0.0
-    s2 = s * s
-    return (s2 * s * (10.0 - 15.0 * s + 6.0 * s2), 30.0 * s2 * (1.0 - s) ** 2,
-            60.0 * s * (1.0 - s) * (1.0 - 2.0 * s))
-
-
 def centred(r, scale: float):
-    """``Pc(r) = scale (1 + r^-1/2)^2`` and its first two derivatives (r > 0, array or float)."""
+    """``Pc(r) = scale (1 + r^-1/2)^2`` and its first two derivatives (r > 0, array or float;
+    the kernels' ``_centred`` spells the same formulas for one float)."""
     r = np.asarray(r, dtype=float) if not isinstance(r, float) else r
     s = r ** -0.5
     p = scale * (1.0 + s) ** 2
