@@ -19,9 +19,14 @@
    recorded states of ``hopper``, ``go1`` and ``billiards`` (the scenarios of ``diffgym bench``,
    after ``--jac-warmup`` steps), blocks alternating exact / smooth / forward, ``--repeats``
    rounds, the median reported; the smooth mode's relaxed Newton iterations per step.
+3. **long_range against the scene's size.** Seconds per step with Jacobian in the exact and the
+   long_range mode on billiards with 16 and 64 balls (``billiards_mjcf``: the shipped table and
+   balls, the rack grown), at the same recorded states, and the potential's own share (its
+   evaluation and force derivative); the growth exponent in the number of balls.
 """
 from __future__ import annotations
 
+import math
 import time
 import warnings
 
@@ -185,4 +190,100 @@ def main(args) -> int:
     for name in ("hopper", "cartpole"):
         report_sweep(name)
     report_cost(min(states, 50), warmup, repeats)
+    print()
+    report_long_range((16, 64), states=min(states, 10), repeats=repeats)
     return 0
+
+
+# -- long_range: cost against the scene's size ---------------------------------------------------
+def billiards_mjcf(n: int, dt: float = 0.04) -> str:
+    """The billiards scene (``assets/billiards.xml``: pool balls of radius 28.6 mm, 0.17 kg, free
+    joints, friction 0.2, four box cushions) with ``n`` balls: the cue ball at x = -0.5 and
+    ``n - 1`` balls in a triangle rack with the shipped rack's 0.57 mm gaps (rows grow along x)."""
+    r, gap = 0.0286, 0.00057
+    pitch = 2 * r + gap
+    balls = [(-0.5, 0.0)]
+    row = 0
+    while len(balls) < n:
+        for k in range(row + 1):
+            if len(balls) == n:
+                break
+            balls.append((0.3 + row * pitch * math.sqrt(3) / 2, (k - row / 2) * pitch))
+        row += 1
+    half_x = max(1.4, balls[-1][0] + 0.3)
+    half_y = max(0.8, (row / 2) * pitch + 0.3)
+    bodies = "".join(
+        f'<body name="b{i}" pos="{x:.5f} {y:.5f} {r}"><freejoint/><geom name="b{i}" type="sphere" '
+        f'size="{r}" mass="0.17"/></body>' for i, (x, y) in enumerate(balls))
+    walls = "".join(
+        f'<geom name="cushion_{k}" type="box" pos="{px} {py} 0.05" size="{sx} {sy} 0.05"/>'
+        for k, (px, py, sx, sy) in enumerate(((0, half_y, half_x, 0.05), (0, -half_y, half_x, 0.05),
+                                              (half_x, 0, 0.05, half_y), (-half_x, 0, 0.05, half_y))))
+    return (f'<mujoco model="billiards{n}"><option timestep="{dt}" gravity="0 0 -9.81"/>'
+            '<default><geom friction="0.2"/></default><worldbody>'
+            f'<geom name="table" type="plane" size="{half_x} {half_y} 0.1"/>' + walls + bodies
+            + "</worldbody></mujoco>")
+
+
+def time_long_range(sizes=(16, 64), states: int = 20, warmup: int = 10, repeats: int = 3,
+                    scale: float = 1e-8):
+    """Per scene size n: seconds per step with Jacobian in the exact and the long_range mode at
+    the same recorded states of ``billiards_mjcf(n)`` (the cue ball sent at 2 m/s into the rack),
+    blocks alternating exact / long_range, median of ``repeats`` rounds; and the potential's own
+    share: its evaluation and its force derivative alone."""
+    from .gradient_modes import LongRange
+    rows = []
+    for n in sizes:
+        sim = Simulator.from_string(billiards_mjcf(n))
+        q, v = sim.q0.copy(), np.zeros(sim.nv)
+        v[0] = 2.0
+        zero = np.zeros(sim.nv)
+        lr_mode = LongRange(scale=scale)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", SolverWarning)
+            for _ in range(warmup):
+                q, v = sim.step(q, v, zero)
+            taken = []
+            for _ in range(states):
+                taken.append((q, v))
+                q, v = sim.step(q, v, zero)
+            for mode in (Exact(), lr_mode):              # untimed: set-up and compilation
+                sim.gradient = mode
+                sim.step(*taken[0], zero, jacobian=True)
+            times = {"exact": [], "long_range": [], "potential": []}
+            for _ in range(repeats):
+                for kind in ("exact", "long_range", "potential"):
+                    sim.gradient = lr_mode if kind != "exact" else Exact()
+                    sim.reset_warmstart()
+                    t0 = time.perf_counter()
+                    for qs, vs in taken:
+                        if kind == "potential":
+                            lr = sim.long_range
+                            sim._long_range_force(np.asarray(sim.data.J).reshape(6, sim.nv))
+                            lr.force_derivative()
+                        else:
+                            sim.step(qs, vs, zero, jacobian=True)
+                    times[kind].append((time.perf_counter() - t0) / states)
+            sim.gradient = Exact()
+        med = {k: float(np.median(t)) for k, t in times.items()}
+        rows.append((n, sim.nv, len(sim.long_range.pairs), med["exact"], med["long_range"],
+                     med["potential"]))
+    return rows
+
+
+def report_long_range(sizes=(16, 64), states: int = 20, repeats: int = 3) -> None:
+    rows = time_long_range(sizes, states=states, repeats=repeats)
+    print(f"cost of a step with Jacobian, long_range vs exact, billiards with n balls (cue ball at "
+          f"2 m/s into the rack), {states} recorded states, median of {repeats} rounds (blocks "
+          "alternate exact, long_range, potential alone)")
+    print(f"{'balls':>6} {'nv':>5} {'pairs':>6} {'exact (ms)':>11} {'long_range (ms)':>16} "
+          f"{'lr/exact':>9} {'potential+deriv (ms)':>21}")
+    for n, nv, p, te, tl, tp in rows:
+        print(f"{n:>6} {nv:>5} {p:>6} {1e3 * te:11.2f} {1e3 * tl:16.2f} {tl / te:9.2f} "
+              f"{1e3 * tp:21.3f}")
+    if len(rows) >= 2:
+        (n0, *_, te0, tl0, tp0), (n1, *_, te1, tl1, tp1) = rows[0], rows[-1]
+        k = math.log(n1 / n0)
+        print(f"scaling exponent in n ({n0} -> {n1}): exact {math.log(te1 / te0) / k:.2f}, "
+              f"long_range {math.log(tl1 / tl0) / k:.2f}, potential+derivative "
+              f"{math.log(tp1 / tp0) / k:.2f}")

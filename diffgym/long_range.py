@@ -33,6 +33,10 @@ gradients.txt``, sections 4-5), on our rigid bodies and primitive shapes:
   pinocchio's tangent space) are returned; the simulator adds the force to the applied ones
   before ABA, so it enters the step and its derivative follows the ABA derivative chain like a
   joint spring's.
+- Evaluation and derivative run in ``diffgym.long_range_kernels`` (numba; ``DIFFGYM_JIT=0``
+  runs the same loops as Python): the trees are flattened into one node table at
+  construction; per step, the geoms' placements are read from pinocchio, the kernels walk the
+  pairs and assemble the force and its derivative on each row's own dofs.
 """
 from __future__ import annotations
 
@@ -41,31 +45,15 @@ import math
 import numpy as np
 import pinocchio as pin
 
+from . import long_range_kernels as K
 from .gradient_modes import LongRange
 
 _MAX_PER_AXIS = 16
 
 
-def _cross_rows(c: np.ndarray, A: np.ndarray) -> np.ndarray:
-    """``c_m x A_m[:, n]`` for every m and column n: c (M, 3), A (M, 3, nv) -> (M, 3, nv)."""
-    c0, c1, c2 = c[:, 0, None], c[:, 1, None], c[:, 2, None]
-    a0, a1, a2 = A[:, 0], A[:, 1], A[:, 2]
-    return np.stack([c1 * a2 - c2 * a1, c2 * a0 - c0 * a2, c0 * a1 - c1 * a0], axis=1)
-
-
-def _phi(s: float):
-    """The quintic smoothstep and its first two derivatives at s (clamped to [0, 1])."""
-    if s <= 0.0:
-        return 0.0, 0.0, 0.0
-    if s >= 1.0:
-        return 1.0, 0.0, 0.0
-    s2 = s * s
-    return (s2 * s * (10.0 - 15.0 * s + 6.0 * s2), 30.0 * s2 * (1.0 - s) ** 2,
-            60.0 * s * (1.0 - s) * (1.0 - 2.0 * s))
-
-
 def centred(r, scale: float):
-    """``Pc(r) = scale (1 + r^-1/2)^2`` and its first two derivatives (r > 0, array or float)."""
+    """``Pc(r) = scale (1 + r^-1/2)^2`` and its first two derivatives (r > 0, array or float;
+    the kernels' ``_centred`` spells the same formulas for one float)."""
     r = np.asarray(r, dtype=float) if not isinstance(r, float) else r
     s = r ** -0.5
     p = scale * (1.0 + s) ** 2
@@ -204,184 +192,93 @@ class LongRangePotential:
         self.anc_dof = anc_j[dof_joint][:, dof_joint]       # [i, k]
         self.last = None
 
-    # -- evaluation ------------------------------------------------------------------------
-    def _pair(self, ta: Tree, Ma, I, tb: Tree | None, Mb, J, plane, rows, out):
-        """Potential of node I of ``ta`` against node J of ``tb`` (or the plane (n, offset)):
-        appends its distances to ``rows`` and returns (value, {row: dP/dr}, {(row, row): d2P})."""
-        ca = Ma[0] @ ta.centres[I] + Ma[1]
-        if tb is None:
-            n, off = plane
-            r = float(n @ ca) - off
-            cb = None
-            d1 = ta.radii[I]
-            kids_b = None
-        else:
-            cb = Mb[0] @ tb.centres[J] + Mb[1]
-            r = float(np.linalg.norm(ca - cb))
-            d1 = ta.radii[I] + tb.radii[J]
-            kids_b = tb.kids[J]
-        if r <= 0.0:
-            raise FloatingPointError(f"long_range potential: two bounding-sphere centres coincide "
-                                     f"(distance {r:.3g} m): the shapes interpenetrate")
-        m = len(rows)
-        rows.append((ca, cb, r))
-        leaf_a = ta.kids[I][0] < 0
-        leaf_b = tb is None or kids_b[0] < 0
-        p, dp, ddp = centred(r, self.scale)
-        d2 = (1.0 + self.margin) * d1
-        if (leaf_a and leaf_b) or r >= d2:
-            return p, {m: dp}, {(m, m): ddp}
-        ch_a = [I] if leaf_a else list(ta.kids[I])
-        ch_b = [J] if leaf_b else list(kids_b)
-        S, gS, hS = 0.0, {}, {}
-        for Ic in ch_a:
-            for Jc in ch_b:
-                v, g, h = self._pair(ta, Ma, Ic, tb, Mb, Jc, plane, rows, out)
-                S += v
-                for k, x in g.items():
-                    gS[k] = gS.get(k, 0.0) + x
-                for k, x in h.items():
-                    hS[k] = hS.get(k, 0.0) + x
-        if r <= d1:
-            # this node pair's distance still reported (gradient 0) for a uniform bookkeeping
-            return S, gS, hS
-        w = d2 - d1
-        f, f1, f2 = _phi((r - d1) / w)
-        f1, f2 = f1 / w, f2 / (w * w)
-        val = (1.0 - f) * S + f * p
-        g = {k: (1.0 - f) * x for k, x in gS.items()}
-        g[m] = f1 * (p - S) + f * dp
-        h = {k: (1.0 - f) * x for k, x in hS.items()}
-        h[(m, m)] = f2 * (p - S) + 2.0 * f1 * dp + f * ddp
-        for k, x in gS.items():
-            h[(m, k)] = h.get((m, k), 0.0) - f1 * x
-            h[(k, m)] = h.get((k, m), 0.0) - f1 * x
-        return val, g, h
+        self._flatten(nv, nj)
 
+    def _flatten(self, nv: int, nj: int) -> None:
+        """The kernels' arrays: every tree's nodes in one table, the pairs, their joints and the
+        dofs that move either of their geoms."""
+        base = {}
+        cs, rs, ks = [], [], []
+        n = 0
+        for g, t in self.trees.items():
+            base[g] = n
+            cs.append(t.centres)
+            rs.append(t.radii)
+            ks.append(np.where(t.kids >= 0, t.kids + n, -1))
+            n += len(t.radii)
+        G = len(self.kinds)
+        self.node_c = np.ascontiguousarray(np.concatenate(cs) if cs else np.zeros((0, 3)))
+        self.node_r = np.ascontiguousarray(np.concatenate(rs) if rs else np.zeros(0))
+        self.node_k = np.ascontiguousarray(np.concatenate(ks) if ks else np.zeros((0, 2), np.int64),
+                                           dtype=np.int64)
+        self.roots = np.full(G, -1, dtype=np.int64)
+        for g, t in self.trees.items():
+            self.roots[g] = base[g] + t.root
+        P = len(self.pairs)
+        self.pair_a = np.array([a for a, _ in self.pairs], dtype=np.int64).reshape(P)
+        self.pair_b = np.array([b for _, b in self.pairs], dtype=np.int64).reshape(P)
+        self.pair_plane = np.array([self.kinds[b] == "plane" for _, b in self.pairs],
+                                   dtype=np.bool_).reshape(P)
+        self.pair_ja = self.gjoint[self.pair_a].copy()
+        self.pair_jb = np.where(self.pair_plane, 0, self.gjoint[self.pair_b]).astype(np.int64)
+        ptr, idx = [0], []
+        for ja, jb in zip(self.pair_ja.tolist(), self.pair_jb.tolist()):
+            dofs = np.nonzero(self.support[ja] | self.support[jb])[0]
+            idx.extend(dofs.tolist())
+            ptr.append(len(idx))
+        self.up_ptr = np.array(ptr, dtype=np.int64)
+        self.sp_ptr = np.zeros(nj + 1, dtype=np.int64)
+        self.sp_ptr[1:] = np.cumsum(self.support.sum(axis=1))
+        self.sp_idx = np.ascontiguousarray(np.nonzero(self.support)[1], dtype=np.int64)
+        self.up_idx = np.array(idx, dtype=np.int64)
+        self._topology = (self.pair_ja, self.pair_jb, self.pair_plane, self.up_ptr, self.up_idx,
+                          self.support, self.sp_ptr, self.sp_idx, self.anc_dof)
+        self.geoms = np.array(sorted(set(self.pair_a.tolist()) | set(self.pair_b.tolist())),
+                              dtype=np.int64)
+        self.geom_R = np.zeros((G, 3, 3))
+        self.geom_t = np.zeros((G, 3))
+
+    # -- evaluation ------------------------------------------------------------------------
     def evaluate(self, data, geom_data, Jw: np.ndarray):
         """P and the generalized force ``-dP/dq`` (nv,) at the kinematics in ``data``/
         ``geom_data`` (forward kinematics and geometry placements updated) with ``Jw`` the
-        world-frame joint Jacobians (6, nv) of ``computeJointJacobians``."""
-        place = {}
-
-        def pose(g):
-            M = place.get(g)
-            if M is None:
-                o = geom_data.oMg[g]
-                M = place[g] = (np.array(o.rotation), np.array(o.translation))
-            return M
-
-        rows: list = []
-        owners: list = []
-        P = 0.0
-        grad: dict = {}
-        hess: dict = {}
-        for a, b in self.pairs:
-            ta = self.trees[a]
-            start = len(rows)
-            if self.kinds[b] == "plane":
-                Mb = pose(b)
-                n = Mb[0][:, 2].copy()
-                v, g, h = self._pair(ta, pose(a), ta.root, None, None, -1,
-                                     (n, float(n @ Mb[1])), rows, None)
-            else:
-                tb = self.trees[b]
-                v, g, h = self._pair(ta, pose(a), ta.root, tb, pose(b), tb.root, None, rows, None)
-            owners.extend([(a, b)] * (len(rows) - start))
-            P += v
-            grad.update(g)
-            hess.update(h)
+        world-frame joint Jacobians (6, nv) of ``computeJointJacobians``. The rows are kept for
+        ``force_derivative``."""
+        R, t = self.geom_R, self.geom_t
+        oMg = geom_data.oMg
+        for g in self.geoms.tolist():
+            o = oMg[g]
+            R[g] = o.rotation
+            t[g] = o.translation
         nv = Jw.shape[1]
-        M = len(rows)
-        tau = np.zeros(nv)
-        if M == 0:
+        if not len(self.pairs):
             self.last = None
-            return P, tau
-        ja = np.array([self.gjoint[a] for a, _ in owners], dtype=np.int64)
-        jb = np.array([self.gjoint[b] if self.kinds[b] != "plane" else 0 for _, b in owners],
-                      dtype=np.int64)
-        ca = np.array([r[0] for r in rows])
-        cb = np.array([r[1] if r[1] is not None else np.zeros(3) for r in rows])
-        plane = np.array([r[1] is None for r in rows])
-        dist = np.array([r[2] for r in rows])
-        E = np.zeros((M, 3))
-        for m, (a, b) in enumerate(owners):
-            if plane[m]:
-                E[m] = geom_data.oMg[b].rotation[:, 2]
-            else:
-                E[m] = (ca[m] - cb[m]) / dist[m]
-        a_m = np.zeros(M)
-        for k, x in grad.items():
-            a_m[k] = x
-        # point Jacobians of the centres (world frame): J_c = Jlin_j - [c]x Jang_j on j's support
-        Jl, Ja = Jw[:3], Jw[3:]
+            return 0.0, np.zeros(nv)
+        out = K.evaluate_pairs(self.node_c, self.node_r, self.node_k, self.roots, self.pair_a,
+                               self.pair_b, self.pair_plane, R, t, self.scale, self.margin)
+        Jw = np.ascontiguousarray(Jw, dtype=float)
+        tau, _ = K.assemble(*out[1:], *self._topology, Jw, False)
+        self.last = (out, Jw)
+        return float(out[0]), tau
 
-        def point_jac(js, cs):
-            S = self.support[js][:, None, :]                        # (M, 1, nv)
-            L = np.where(S, Jl[None], 0.0)
-            A = np.where(S, Ja[None], 0.0)
-            return L - _cross_rows(cs, A), A
+    @property
+    def rows(self) -> int:
+        """Node pairs visited at the last evaluation (terms of the hierarchical sum)."""
+        return 0 if self.last is None else int(self.last[0][1])
 
-        JA, AA = point_jac(ja, ca)
-        JB, AB = point_jac(jb, cb)
-        D = JA - np.where(plane[:, None, None], 0.0, JB)            # (M, 3, nv)
-        U = np.einsum("mk,mkn->mn", E, D)                            # dr_m/dq
-        tau = -(a_m @ U)
-        self.last = dict(rows=M, a=a_m, hess=hess, E=E, dist=dist, plane=plane, D=D, U=U,
-                         ja=ja, jb=jb, ca=ca, cb=cb, AA=AA, AB=AB, Jw=Jw.copy())
-        return P, tau
+    def hessian_entries(self):
+        """The nonzero second derivatives of P in the rows' distances at the last evaluation:
+        (i, j, value) arrays (repeated entries add)."""
+        (_, _, _, _, _, _, _, _, nh, hi, hj, hv), _ = self.last
+        return hi[:nh].copy(), hj[:nh].copy(), hv[:nh].copy()
 
     def force_derivative(self) -> np.ndarray:
         """d(-dP/dq)/dq (nv, nv, tangent space) at the last ``evaluate``."""
-        L = self.last
-        nv = self.model.nv
-        if L is None:
-            return np.zeros((nv, nv))
-        a, E, dist, plane, D, U = L["a"], L["E"], L["dist"], L["plane"], L["D"], L["U"]
-        M = len(a)
-        # (1) the turning of the direction: a_m D^T (I - e e^T) D / r (zero for a plane height)
-        w = np.where(plane, 0.0, a / dist)
-        Pm = np.eye(3)[None] - E[:, :, None] * E[:, None, :]
-        Df = D.reshape(3 * M, nv)
-        H = Df.T @ np.matmul(w[:, None, None] * Pm, D).reshape(3 * M, nv)
-        # (2) second derivatives of P in the distances
-        hs = L["hess"]
-        bi = np.fromiter((k[0] for k in hs), dtype=np.int64, count=len(hs))
-        bj = np.fromiter((k[1] for k in hs), dtype=np.int64, count=len(hs))
-        bx = np.fromiter(hs.values(), dtype=float, count=len(hs))
-        H += (U[bi] * bx[:, None]).T @ U[bj]              # U^T B U, B sparse
-        # (3) the motion of the Jacobians under fixed world forces g at the centres:
-        #     d(J_c^T g)/dq = Jang^T (-[g]x) J_c + (dJ_joint^T/dq) W,  W = (g, c x g)
-        Jw = L["Jw"]
-        W = np.zeros((self.model.njoints, 6))
-        for side, js, cs, A, sgn in (("a", L["ja"], L["ca"], L["AA"], 1.0),
-                                     ("b", L["jb"], L["cb"], L["AB"], -1.0)):
-            g = sgn * a[:, None] * E
-            if side == "b":
-                g = np.where(plane[:, None], 0.0, g)
-            # J_c of this side
-            S = self.support[js][:, None, :]
-            Jc = np.where(S, Jw[None, :3], 0.0) - _cross_rows(cs, A)
-            gx = _cross_rows(g, Jc)                                   # [g]x J_c
-            H -= A.reshape(3 * M, nv).T @ gx.reshape(3 * M, nv)
-            np.add.at(W, js, np.concatenate([g, np.cross(cs, g)], axis=1))
-        Vl, Va = Jw[:3], Jw[3:]                                       # columns S_k = (v_k, w_k)
-        for j in np.nonzero(np.abs(W).sum(axis=1))[0].tolist():
-            if j == 0:
-                continue
-            cols = np.nonzero(self.support[j])[0]
-            if not len(cols):
-                continue
-            v, wv = Vl[:, cols], Va[:, cols]
-            fl, fa = W[j, :3], W[j, 3:]
-            # K[k, i] = fl . (w_i x v_k + v_i x w_k) + fa . (w_i x w_k), for i turning k
-            # fl . (w_i x v_k) = v_k . (fl x w_i)
-            K = (np.cross(fl, wv, axisa=0, axisb=0) @ v                 # [i, k]: (fl x w_i).v_k
-                 + np.cross(fl, v, axisa=0, axisb=0) @ wv              # (fl x v_i).w_k
-                 + np.cross(fa, wv, axisa=0, axisb=0) @ wv)            # (fa x w_i).w_k
-            K = np.where(self.anc_dof[np.ix_(cols, cols)], K, 0.0)     # [i, k]
-            H[np.ix_(cols, cols)] += K.T                                # H[k, i]
-        return -H
+        if self.last is None:
+            return np.zeros((self.model.nv, self.model.nv))
+        out, Jw = self.last
+        _, H = K.assemble(*out[1:], *self._topology, Jw, True)
+        return H
 
 
 def potential(sim, q, derivative: bool = False):

@@ -10,6 +10,10 @@ Tasks (the paper's Table 3 settings by default):
   environment's reset with the task seed). Loss: the paper's
   ``sum_k ReLU(|x_k - x*_k|^2 - eps^2)`` over the two target balls, ``eps`` = the environment's
   success radius (5 cm). Adam, lr 3e-2, betas (0.3, 0.5), ``--iters`` (400) iterations.
+  The environment's spots are uniform on the table, so both targets are often out of reach of
+  any one shot (behind the cue ball, or on opposite sides); ``--billiards-spots reachable``
+  instead puts them where a random shot at the first target ball (1-3 m/s, within 3 degrees,
+  simulated in the exact mode) leaves the two target balls, so a solution is known to exist.
 - ``push``: receding horizon: at every executed frame (``--push-frames``, 200) the next
   ``--push-window`` (48) pose actions of the rod are optimized for ``--push-iters`` (50) Adam
   iterations (lr 1e-2, betas (0.3, 0.5)) on the window's loss ``ReLU(|box - target|^2 - eps^2)``
@@ -158,7 +162,7 @@ class Billiards:
     UPPER = np.array([-0.3, 0.6, 4.0, 4.0])
     lr = 3e-2
 
-    def __init__(self, mode, seed, steps):
+    def __init__(self, mode, seed, steps, spots: str = "uniform"):
         self.env = e = _make("DiffBilliards-v0", mode)
         e.reset(seed=seed)
         self.x0 = e.get_state()
@@ -167,6 +171,32 @@ class Billiards:
         self.steps = steps
         self.trivial = np.array([self.x0[0], self.x0[1], 0.0, 0.0])
         self.rng = np.random.default_rng(10_000 + seed)
+        self.shot = None
+        if spots == "reachable":
+            self.spots, self.shot = self._reachable_spots(seed, mode)
+        elif spots != "uniform":
+            raise ValueError(f"billiards spots must be 'uniform' or 'reachable', got {spots!r}")
+
+    def _reachable_spots(self, seed, mode):
+        """Spots one shot is known to reach: a random shot from the cue ball's start (speed 1-3
+        m/s, aimed within 3 degrees of the first target ball), simulated in the exact mode; the
+        two target balls' final positions, once both moved more than 2 eps (a shot that leaves
+        a target in place is drawn again). Returns (spots (2, 2), the shot (x0, y0, vx0, vy0))."""
+        rng = np.random.default_rng(30_000 + seed)
+        ex = self if mode == "exact" else Billiards("exact", seed, self.steps)
+        start = self.x0[7 * self.balls[:, None] + np.arange(2)]
+        for _ in range(200):
+            aim = start[0] - self.trivial[:2]
+            ang = math.atan2(aim[1], aim[0]) + math.radians(rng.uniform(-3.0, 3.0))
+            speed = rng.uniform(1.0, 3.0)
+            shot = np.array([self.trivial[0], self.trivial[1],
+                             speed * math.cos(ang), speed * math.sin(ang)])
+            ex.rollout(shot, False)
+            x = ex.env.get_state()
+            end = x[7 * self.balls[:, None] + np.arange(2)]
+            if np.all(np.linalg.norm(end - start, axis=1) > 2 * self.eps):
+                return end.copy(), shot
+        raise RuntimeError(f"billiards seed {seed}: no random shot moved both target balls")
 
     def sample(self):
         return self.rng.uniform(self.LOWER, self.UPPER)
@@ -205,7 +235,8 @@ class Billiards:
 
 def run_billiards(method, start, seed, args, log):
     mode = method_mode(method, args)
-    task = Billiards(mode, seed, args.billiards_steps)
+    spots = getattr(args, "billiards_spots", "uniform")
+    task = Billiards(mode, seed, args.billiards_steps, spots)
     hist = []
     t0 = time.perf_counter()
     budget = args.iters
@@ -254,7 +285,7 @@ def run_billiards(method, start, seed, args, log):
                 log(f"  billiards {start} {method} seed {seed} it {it}: loss {loss:.4g} |g| {np.linalg.norm(g):.3g}")
     wall = time.perf_counter() - t0
     # the best decision replayed in the exact simulator (a long_range loss is its own rollout's)
-    ex = task if mode == "exact" else Billiards("exact", seed, args.billiards_steps)
+    ex = task if mode == "exact" else Billiards("exact", seed, args.billiards_steps, spots)
     exact_loss, _, exact_ok = ex.rollout(best[1] if best[1] is not None else p, False)
     return dict(loss=best[0], success=best[2], wall=wall, rollouts=len(hist),
                 exact_loss=exact_loss, exact_success=exact_ok), hist
@@ -518,6 +549,10 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--seed0", type=int, default=0)
     p.add_argument("--iters", type=int, default=400, help="billiards: rollouts per run")
     p.add_argument("--billiards-steps", type=int, default=100)
+    p.add_argument("--billiards-spots", default="uniform", choices=("uniform", "reachable"),
+                   help="billiards: the environment's spots (uniform on the table: often out of "
+                        "reach of any one shot) or 'reachable': where a random shot at the first "
+                        "target ball puts the two target balls (a solution is known to exist)")
     p.add_argument("--samples", type=int, default=16, help="random-sampling start: samples")
     p.add_argument("--push-frames", type=int, default=200)
     p.add_argument("--push-window", type=int, default=48)

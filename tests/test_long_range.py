@@ -87,7 +87,8 @@ def test_force_and_its_derivative_match_central_differences():
         assert np.abs(f - f_fd).max() <= 1e-6 * np.abs(f).max()
         assert np.abs(K - K_fd).max() <= 1e-5 * np.abs(K).max()
         lr = sim._lr_probe
-        checked_blend += int(any(i != j for i, j in lr.last["hess"]))
+        hi, hj, _ = lr.hessian_entries()
+        checked_blend += int(np.any(hi != hj))
     assert checked_blend > 0          # some states had node pairs inside a blend zone
 
 
@@ -364,3 +365,39 @@ def test_push_trivial_start_gradient_passes_the_sticking_box_only_with_rho():
         _, G, _ = task.rollout(task.x, np.tile(task.hold, (12, 1)), True)
         grads[name] = np.abs(G).max()
     assert grads["smooth"] == 0.0 and grads["long_range"] < 1e-15 < 1e-10 < grads["rho"], grads
+
+
+def test_bench_billiards_scene_grows_the_shipped_one():
+    """diffgym bench --smooth's long_range rows: the n-ball table is the shipped one at n = 16
+    (same ball positions up to the rack's rounding), and every ball pair, ball-table and
+    ball-cushion pair carries a term."""
+    from diffgym.bench_smooth import billiards_mjcf
+    from diffgym.resources import asset_path
+    ours = Simulator.from_string(billiards_mjcf(16))
+    shipped = Simulator.from_file(asset_path("billiards.xml"))
+    a = ours.q0.reshape(-1, 7)[:, :3]
+    b = shipped.q0.reshape(-1, 7)[:, :3]
+    assert np.abs(np.sort(a, axis=0) - np.sort(b, axis=0)).max() < 1e-4
+    for n in (16, 40):
+        sim = Simulator.from_string(billiards_mjcf(n), gradient={"mode": "long_range"})
+        assert sim.nv == 6 * n
+        lr = LongRangePotential(sim, LongRange())
+        assert len(lr.pairs) == n * (n - 1) // 2 + 5 * n
+        P, f = potential(sim, sim.q0)
+        assert np.isfinite(P) and np.abs(f).max() > 0
+
+
+def test_trajopt_reachable_billiards_spots_have_a_known_solution():
+    """--billiards-spots reachable: the recorded shot solves the task in the exact simulator, the
+    trivial start does not, and the spots are the same for every mode (a long_range task's
+    spots come from the exact simulation too)."""
+    from diffgym.trajopt import Billiards
+    ex = Billiards("exact", 1, 100, "reachable")
+    loss, _, ok = ex.rollout(ex.shot, False)
+    assert ok and loss == 0.0
+    loss, _, ok = ex.rollout(ex.trivial, False)
+    assert not ok and loss > 0.0
+    lr = Billiards("long_range", 1, 100, "reachable")
+    np.testing.assert_array_equal(lr.spots, ex.spots)
+    with pytest.raises(ValueError, match="billiards spots"):
+        Billiards("exact", 1, 100, "anywhere")
