@@ -434,6 +434,9 @@ class CollisionDriver:
     def _placements(self, data: pin.Data) -> np.ndarray:
         """Joint placements (njoints, 12) of data: a view of its memory (pinviews), made once
         per Data, or a copy where no view can be made."""
+        oM = getattr(data, "oM", None)
+        if oM is not None:              # diffgym.trees.TreeData: gathered tree by tree
+            return oM
         v = self._views
         if v is None or v[0] is not data:
             view = placement_view(self.sm.model, data) if self._mj else None
