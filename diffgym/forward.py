@@ -667,11 +667,19 @@ class Simulator:
     # -- properties ------------------------------------------------------------------------
     @property
     def data(self) -> pin.Data:
-        """A pinocchio Data of the whole model. On a scene stepped tree by tree (diffgym.trees)
-        the step does not use it and it is made on first access (its size is cubic in nv)."""
+        """A pinocchio Data of the whole model, holding the kinematics (placements, velocities,
+        joint Jacobians) at the last step's (q, v). On a scene stepped tree by tree
+        (diffgym.trees) the step does not use it: it is made on first access (its size is cubic
+        in nv) and brought to the last step's (q, v) on the first access after each step."""
         d = self.__dict__.get("_data")
         if d is None:
             d = self.__dict__["_data"] = self.model.createData()
+        if self.__dict__.get("_trees") is not None and self.__dict__.get("_data_step") != self._nstep:
+            self.__dict__["_data_step"] = self._nstep
+            c = self.cache
+            if "q" in c:
+                pin.forwardKinematics(self.model, d, c["q"], c["v"])
+                pin.computeJointJacobians(self.model, d)
         return d
 
     @data.setter

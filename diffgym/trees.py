@@ -144,7 +144,7 @@ def block_mass_matrices(model: pin.Model, q: np.ndarray, max_group_nv: int | Non
             m = sub_model(model, j0, j1)
             jm0 = model.joints[j0]
             qg, v0 = q[jm0.idx_q:jm0.idx_q + m.nq], jm0.idx_v
-        M = pin.crba(m, m.createData(), qg)
+        M = np.reshape(pin.crba(m, m.createData(), qg), (m.nv, m.nv))
         yield v0, np.triu(M) + np.triu(M, 1).T
 
 
@@ -193,7 +193,7 @@ class TreeGroups:
             fk(g.model, g.data, q[g.q0:g.q1], v[g.v0:g.v1])
             if jacobians:
                 cjj(g.model, g.data)
-                J[:, g.v0:g.v1] = g.data.J
+                J[:, g.v0:g.v1] = g.data.J.reshape(6, -1)   # ((6,) when nv = 1)
         if not self._views_ready:
             self._make_views()
         for g in self.groups:
@@ -212,7 +212,7 @@ class TreeGroups:
             d = g.data
             pin.computeForwardKinematicsDerivatives(g.model, d, q[g.q0:g.q1], v[g.v0:g.v1],
                                                     a[g.v0:g.v1])
-            J[:, g.v0:g.v1] = d.J
+            J[:, g.v0:g.v1] = d.J.reshape(6, -1)
             for k in range(1, g.j1 - g.j0 + 1):
                 ov[g.j0 + k - 1] = d.ov[k].vector
         if not self._views_ready:
@@ -267,7 +267,8 @@ class TreeGroups:
         Minv = np.zeros((self.nv, self.nv), order="F")        # (pinocchio's layout)
         cm = pin.computeMinverse
         for g in self.groups:
-            Minv[g.v0:g.v1, g.v0:g.v1] = cm(g.model, g.data, q[g.q0:g.q1])
+            n = g.v1 - g.v0
+            Minv[g.v0:g.v1, g.v0:g.v1] = np.reshape(cm(g.model, g.data, q[g.q0:g.q1]), (n, n))
         return Minv
 
     def kinetic_and_gravity(self, q: np.ndarray, v: np.ndarray, v1: np.ndarray):
@@ -276,7 +277,8 @@ class TreeGroups:
         grav = np.empty(self.nv)
         for g in self.groups:
             qg = q[g.q0:g.q1]
-            M = pin.crba(g.model, g.data, qg)
+            n = g.v1 - g.v0
+            M = np.reshape(pin.crba(g.model, g.data, qg), (n, n))
             M = np.triu(M) + np.triu(M, 1).T
             a, b = v[g.v0:g.v1], v1[g.v0:g.v1]
             ke0 += 0.5 * float(a @ M @ a)
@@ -299,7 +301,8 @@ class TreeGroups:
                 fv[k] = pin.Force(fext[g.j0 + k - 1])
             s = slice(g.v0, g.v1)
             a, b, c = pin.computeABADerivatives(g.model, g.data, q[g.q0:g.q1], v[s], tau[s], fv)
-            ddq_dq[s, s], ddq_dv[s, s], Minv[s, s] = a, b, c
+            n = g.v1 - g.v0
+            ddq_dq[s, s], ddq_dv[s, s], Minv[s, s] = (np.reshape(x, (n, n)) for x in (a, b, c))
         return ddq_dq, ddq_dv, Minv
 
 
@@ -362,9 +365,11 @@ def joint_kinematics(tg: "TreeGroups", q: np.ndarray, v: np.ndarray, joints) -> 
         for j in js:
             jl = j - g.j0 + 1
             J = np.zeros((6, nv))
-            J[:, g.v0:g.v1] = pin.getJointJacobian(m, d, jl, pin.LOCAL_WORLD_ALIGNED)
+            J[:, g.v0:g.v1] = np.reshape(pin.getJointJacobian(m, d, jl, pin.LOCAL_WORLD_ALIGNED),
+                                         (6, -1))
             dV = np.zeros((6, nv))
-            dV[:, g.v0:g.v1] = pin.getJointVelocityDerivatives(m, d, jl, pin.WORLD)[0]
+            dV[:, g.v0:g.v1] = np.reshape(pin.getJointVelocityDerivatives(m, d, jl, pin.WORLD)[0],
+                                          (6, -1))
             out["J"][j], out["dV"][j] = J, dV
             out["omega"][j] = pin.getVelocity(m, d, jl, pin.WORLD).angular.copy()
             out["o"][j] = d.oMi[jl].translation.copy()
