@@ -39,6 +39,7 @@ from .collision_derivatives import box_corners, patch_distances, segments_parall
 from .frames import tangent_frames
 from .pinviews import gather_placements, placement_view
 from .model import SimModel
+from .pair_tables import NarrowPhase
 from .collision_kernels import BROAD_SLACK as _BROAD_SLACK, KIND_CODES, detect_closed_form
 from .plane_contacts import ANALYTIC_KINDS, cylinder_box_face, shape_points
 
@@ -536,14 +537,13 @@ class CollisionDriver:
         return True
 
     def _narrow_tables(self, gdata: pin.GeometryData):
-        """References to gdata's per-pair request/result objects (looked up once per gdata)."""
-        if self._gdata is not gdata:
-            self._gdata = gdata
-            self._reqs = list(gdata.collisionRequests)
-            tighten_requests(self._reqs)
-            self._cres = list(gdata.collisionResults)
-            self._pres = list(gdata.contactPatchResults)
-        return self._reqs, self._cres, self._pres
+        """The per-pair request/result objects of the narrow phase: coal's, made on a pair's
+        first test (diffgym.pair_tables; a GeometryData holds them for every pair, quadratic in
+        the number of bodies)."""
+        nph = self.__dict__.get("_narrow")
+        if nph is None:
+            nph = self._narrow = NarrowPhase(self.sm.geom_model, self.pairs, GJK_TOLERANCE)
+        return nph.requests, nph.results, nph.patch_results
 
     # -- the detection pass ----------------------------------------------------------------
     def detect(self, data: pin.Data, gdata: pin.GeometryData, dt: float,
@@ -599,9 +599,9 @@ class CollisionDriver:
                 continue
             req = reqs[k]
             req.security_margin = mk
-            if not pin.computeCollision(gm, gdata, k):
+            if not self._narrow.collide(k, gdata):        # (pinocchio.computeCollision)
                 continue
-            pin.computeContactPatch(gm, gdata, k)
+            self._narrow.patch(k, gdata)                  # (pinocchio.computeContactPatch)
             pres = pres_all[k]
             # a shape on a plane: the contact point is the witness on the plane (as the closed
             # forms: the points of a face on a plane are coplanar); otherwise the midpoint

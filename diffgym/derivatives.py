@@ -57,7 +57,6 @@ import pinocchio as pin
 from . import derivative_kernels as K
 from .collision_derivatives import (POLYTOPE_KINDS, capsule_pair, cylinder_box_pair,  # noqa: F401
                                     polytope_pair, polytope_pairs)
-from .collision_driver import tighten_requests
 from .constraint import baumgarte_gain
 from .plane_contacts import CYLINDER_LOWEST_ID, ellipsoid_directions
 from .pinviews import addr as _addr, gather_placements, placement_view, raw_rows as _raw_rows
@@ -667,7 +666,13 @@ def _collision_fd(sim, cons, idx, dp, dn, dd) -> None:
     else:
         data = model.createData()
     gdata = pin.GeometryData(sim.geom_model)
-    tighten_requests(gdata.collisionRequests)        # (as the narrow phase: see GJK_TOLERANCE)
+    # the narrow phase's per-pair coal objects (diffgym.pair_tables), this function's own
+    nph = sim.__dict__.get("_fd_narrow")
+    if nph is None:
+        from .collision_driver import GJK_TOLERANCE
+        from .pair_tables import NarrowPhase
+        nph = sim.__dict__["_fd_narrow"] = NarrowPhase(sim.geom_model, sim.sm.pairs,
+                                                       GJK_TOLERANCE)
     c = cons.contacts
     for i in range(sim.nv):
         outs = []
@@ -684,12 +689,11 @@ def _collision_fd(sim, cons, idx, dp, dn, dd) -> None:
             out = {}
             for k in idx:
                 pair = int(c.pair[k])
-                req = gdata.collisionRequests[pair]
+                req, cres, pres = nph.slot(pair)
                 req.security_margin = 1.0
                 req.enable_contact = True
-                pin.computeCollision(sim.geom_model, gdata, pair)
-                pin.computeContactPatch(sim.geom_model, gdata, pair)
-                pres = gdata.contactPatchResults[pair]
+                nph.collide(pair, gdata)
+                nph.patch(pair, gdata)
                 if pres.numContactPatches():
                     patch = pres.getContactPatch(0)
                     m = patch.size()
@@ -697,7 +701,7 @@ def _collision_fd(sim, cons, idx, dp, dn, dd) -> None:
                     P2 = np.array([patch.getPointShape2(t) for t in range(m)])
                     nrm = np.asarray(patch.getNormal()).copy()
                 else:
-                    ct = gdata.collisionResults[pair].getContact(0)
+                    ct = cres.getContact(0)
                     P1, P2 = ct.getNearestPoint1()[None], ct.getNearestPoint2()[None]
                     nrm = np.asarray(ct.normal).copy()
                 mid = 0.5 * (P1 + P2)

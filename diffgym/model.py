@@ -76,9 +76,14 @@ class SimModel:
     def __post_init__(self) -> None:
         check_inertia(self.model, self.source, self.joint_where)
         self.pairs = np.asarray(self.pairs, dtype=np.int64).reshape(-1, 2)
+        # the candidate pairs are registered in the GeometryModel (its GeometryData then holds
+        # per-pair coal objects, ~5.5 kB each: quadratic in the number of bodies) only up to
+        # pair_tables.REGISTER_PAIRS_MAX; the narrow phase makes its own per pair on first use
+        from .pair_tables import REGISTER_PAIRS_MAX
         self.geom_model.removeAllCollisionPairs()
-        for a, b in self.pairs:
-            self.geom_model.addCollisionPair(pin.CollisionPair(int(a), int(b)))
+        if len(self.pairs) <= REGISTER_PAIRS_MAX:
+            for a, b in self.pairs:
+                self.geom_model.addCollisionPair(pin.CollisionPair(int(a), int(b)))
         self.friction = np.array([g.friction for g in self.geoms], dtype=float)
         self.pair_friction = (
             np.maximum(self.friction[self.pairs[:, 0]], self.friction[self.pairs[:, 1]])
