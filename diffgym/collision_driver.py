@@ -390,8 +390,9 @@ class CollisionDriver:
                                         np.asarray(sh[ib].halfSide, float).copy(), ib == 0)
         self.cylinder_face_pairs: set = set()
 
+        cores = [core(g) for g in range(len(gm.geometryObjects))]  # (one per geom, shared)
         for k in range(len(p)):
-            ca, cb = core(int(p[k, 0])), core(int(p[k, 1]))
+            ca, cb = cores[int(p[k, 0])], cores[int(p[k, 1])]
             if ca is not None and cb is not None and (ca[0] != "capsule" or cb[0] != "capsule"):
                 self._box_box[k] = ((int(p[k, 0]),) + ca, (int(p[k, 1]),) + cb)
 
