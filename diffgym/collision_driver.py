@@ -544,6 +544,7 @@ class CollisionDriver:
         nph = self.__dict__.get("_narrow")
         if nph is None:
             nph = self._narrow = NarrowPhase(self.sm.geom_model, self.pairs, GJK_TOLERANCE)
+        nph.new_placements()                         # (once per detection pass)
         return nph.requests, nph.results, nph.patch_results
 
     # -- the detection pass ----------------------------------------------------------------

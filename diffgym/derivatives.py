@@ -687,6 +687,7 @@ def _collision_fd(sim, cons, idx, dp, dn, dd) -> None:
                 pin.framesForwardKinematics(model, data, qe)
                 pin.updateGeometryPlacements(model, data, sim.geom_model, gdata)
             out = {}
+            nph.new_placements()
             for k in idx:
                 pair = int(c.pair[k])
                 req, cres, pres = nph.slot(pair)

@@ -8,7 +8,7 @@ same coal objects (``coal.ComputeCollision`` / ``coal.ComputeContactPatch`` on t
 shapes, the requests pinocchio's GeometryData makes, with ``enable_contact`` and the driver's
 GJK/EPA tolerances) in a dict filled on a pair's first narrow-phase test and does what
 ``pinocchio.computeCollision`` / ``computeContactPatch`` do with them at the placements in
-``gdata.oMg``. A scene with more than :data:`REGISTER_PAIRS_MAX` candidate pairs does not
+``gdata.oMg`` (each geom's transform read once per :meth:`new_placements`). A scene with more than :data:`REGISTER_PAIRS_MAX` candidate pairs does not
 register them in its GeometryModel (``SimModel.pairs`` lists them), so its GeometryData
 carries no per-pair tables.
 """
@@ -37,6 +37,17 @@ class NarrowPhase:
         self.pairs = np.asarray(pairs, dtype=np.int64).reshape(-1, 2)
         self.tolerance = float(tolerance)
         self._slots: dict = {}
+        self._tfs: dict = {}         # geom -> coal transform at the current placements
+
+    def new_placements(self) -> None:
+        """Forget the transforms read from gdata.oMg (call whenever the placements change)."""
+        self._tfs.clear()
+
+    def _tf(self, gdata: pin.GeometryData, g: int) -> coal.Transform3s:
+        t = self._tfs.get(g)
+        if t is None:
+            t = self._tfs[g] = _tf(gdata.oMg[g])
+        return t
 
     def __len__(self) -> int:
         return len(self._slots)
@@ -68,15 +79,13 @@ class NarrowPhase:
         req, res, _, _, cc, _, a, b = self._slots[k]
         req.distance_upper_bound = req.security_margin + 1e-6      # (as pinocchio does)
         res.clear()
-        oMg = gdata.oMg
-        cc(_tf(oMg[a]), _tf(oMg[b]), req, res)
+        cc(self._tf(gdata, a), self._tf(gdata, b), req, res)
         return res.isCollision()
 
     def patch(self, k: int, gdata: pin.GeometryData) -> None:
         """pinocchio.computeContactPatch for pair k (after collide) at gdata.oMg."""
         _, res, pres, preq, _, cp, a, b = self._slots[k]
-        oMg = gdata.oMg
-        cp(_tf(oMg[a]), _tf(oMg[b]), res, preq, pres)
+        cp(self._tf(gdata, a), self._tf(gdata, b), res, preq, pres)
 
     # indexable columns, as a GeometryData's per-pair vectors: requests[k], results[k], ...
     @property
