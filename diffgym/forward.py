@@ -159,21 +159,27 @@ def _warn_unstable_dt(sim) -> None:
     if not (np.any(damping > 0) or stiff) or model.nv == 0:
         return
     try:
-        M = pin.crba(model, model.createData(), sim.q0)
-        M = np.triu(M) + np.triu(M, 1).T
-        L = np.linalg.cholesky(M)
-        Li = np.linalg.inv(L)
+        # M, D and K are block diagonal over the kinematic trees (D and K diagonal): the
+        # largest eigenvalue over the blocks (diffgym.trees; no whole-model pinocchio Data)
+        from .trees import block_mass_matrices
+        kdiag = np.zeros(model.nv)
+        for iv, (k, _) in stiff.items():
+            kdiag[iv] = k
+        lam_d = w2 = 0.0
+        for v0, M in block_mass_matrices(model, sim.q0):
+            sl = slice(v0, v0 + M.shape[0])
+            Li = np.linalg.inv(np.linalg.cholesky(M))
+            if np.any(damping[sl] > 0):
+                ev = np.linalg.eigvalsh(Li @ np.diag(damping[sl]) @ Li.T)
+                lam_d = max(lam_d, float(ev.max()))
+            if np.any(kdiag[sl]):
+                w2 = max(w2, float(np.linalg.eigvalsh(Li @ np.diag(kdiag[sl]) @ Li.T).max()))
         msgs = []
         if np.any(damping > 0):
-            lam_d = float(np.linalg.eigvalsh(Li @ np.diag(damping) @ Li.T).max())
             if dt * lam_d >= 2.0:
                 msgs.append(f"joint damping: dt * lambda_max(M^-1 D) = {dt * lam_d:.3g} >= 2 "
                             f"(stable below dt = {2.0 / lam_d:.3g} s)")
         if stiff:
-            K = np.zeros((model.nv, model.nv))
-            for iv, (k, _) in stiff.items():
-                K[iv, iv] = k
-            w2 = float(np.linalg.eigvalsh(Li @ K @ Li.T).max())
             if w2 > 0 and dt * np.sqrt(w2) >= 2.0:
                 msgs.append(f"joint stiffness: dt * omega_max = {dt * np.sqrt(w2):.3g} >= 2 "
                             f"(stable below dt = {2.0 / np.sqrt(w2):.3g} s)")

@@ -83,6 +83,8 @@ def tree_ranges(model: pin.Model) -> list[tuple[int, int]] | None:
     """The joint ranges [j0, j1) of the model's kinematic trees in order, or None where a
     tree's joints, configuration or velocity components are not contiguous."""
     nj = model.njoints
+    if any("Mimic" in model.joints[j].shortname() for j in range(1, nj)):
+        return None                           # (a mimic joint may couple trees)
     parents = [int(p) for p in model.parents]
     root = [0] * nj
     out: list[tuple[int, int]] = []
