@@ -158,3 +158,54 @@ def test_no_whole_model_data_for_a_pile(monkeypatch):
             q, v, _ = sim.step(q, v, np.zeros(sim.nv), jacobian=True)
     assert sim.last.num_contacts > 0
     assert sizes and max(sizes) <= trees_mod.MAX_GROUP_NV < sim.nv
+
+
+def test_narrow_phase_tables_equal_pinocchio():
+    """diffgym.pair_tables does what pinocchio.computeCollision / computeContactPatch do with a
+    GeometryData's per-pair objects: the same points, normals and depths, bit for bit."""
+    from diffgym.bench_scaling import boxes_mjcf
+    from diffgym.collision_driver import GJK_TOLERANCE, tighten_requests
+    from diffgym.pair_tables import NarrowPhase
+    sim = Simulator.from_string(boxes_mjcf(8))
+    m, gm = sim.model, sim.geom_model
+    d, gd = m.createData(), pin.GeometryData(gm)
+    tighten_requests(gd.collisionRequests)
+    nph = NarrowPhase(gm, sim.sm.pairs, GJK_TOLERANCE)
+    rng = np.random.default_rng(0)
+    hits = 0
+    for _ in range(8):
+        q = pin.integrate(m, sim.q0, 0.05 * rng.normal(size=m.nv))
+        pin.forwardKinematics(m, d, q)
+        pin.updateGeometryPlacements(m, d, gm, gd)
+        nph.new_placements()
+        for k in range(len(sim.sm.pairs)):
+            gd.collisionRequests[k].enable_contact = True
+            gd.collisionRequests[k].security_margin = 0.01
+            req, res, pres = nph.slot(k)
+            req.security_margin = 0.01
+            hit = pin.computeCollision(gm, gd, k)
+            assert nph.collide(k, gd) == hit
+            if not hit:
+                continue
+            hits += 1
+            pin.computeContactPatch(gm, gd, k)
+            nph.patch(k, gd)
+            a, b = gd.contactPatchResults[k], pres
+            assert a.numContactPatches() == b.numContactPatches()
+            if a.numContactPatches():
+                pa, pb = a.getContactPatch(0), b.getContactPatch(0)
+                assert pa.size() == pb.size()
+                assert np.array_equal(pa.getNormal(), pb.getNormal())
+                for i in range(pa.size()):
+                    assert np.array_equal(pa.getPointShape1(i), pb.getPointShape1(i))
+            ca, cb = gd.collisionResults[k].getContact(0), res.getContact(0)
+            assert np.array_equal(ca.normal, cb.normal)
+            assert ca.penetration_depth == cb.penetration_depth
+    assert hits > 20
+    # a scene of more candidate pairs than REGISTER_PAIRS_MAX keeps them out of the
+    # GeometryModel (its GeometryData then has no per-pair tables) and still collides
+    from diffgym.pair_tables import REGISTER_PAIRS_MAX
+    big = Simulator.from_string(boxes_mjcf(64))
+    assert len(big.sm.pairs) > REGISTER_PAIRS_MAX and len(big.geom_model.collisionPairs) == 0
+    big.step(big.q0, np.zeros(big.nv), np.zeros(big.nv))
+    assert big.last.num_contacts >= 4 * 64 and big.last.converged
