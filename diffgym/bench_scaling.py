@@ -18,6 +18,12 @@ states of each engine's own trajectory, again block by block. Times are medians 
 takes one step, minus the same process's peak after the imports (so the bytes the scene costs);
 the process's address space is capped, and a scene that cannot load under the cap is reported
 and not timed. ``islands``: mean independent problems per step (``sim.last.islands``).
+
+The memory table (``--load-ns``, default N = 16, 64, 256, 1000, each scene): per N a fresh
+capped process loads the scene (``load MB``: peak RSS above the imports after the load) and
+takes one step from rest (``peak MB``: after the step; ``load s``, ``step1 s``: their times,
+the first step including the load of cached compiled kernels), and the growth exponents of both
+memories over N (the issue's target: a 1,000-body scene in under 2 GB, memory about linear).
 """
 from __future__ import annotations
 
@@ -33,7 +39,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 NS = (4, 16, 64, 256)
-LOAD_NS = (50, 100, 200, 1000)
+LOAD_NS = (16, 64, 256, 1000)
 FD_EPS = 1e-6
 TARGET_GROWTH = 1.3
 TARGET_AT_64 = {"balls": 10.0, "boxes": 20.0}
@@ -221,7 +227,7 @@ def growth(ns, ts) -> float:
 
 # -- memory at load --------------------------------------------------------------------------
 _LOAD_CHILD = r"""
-import json, resource, sys
+import json, resource, sys, time, warnings
 import numpy as np
 import diffgym
 from diffgym.bench_scaling import SCENES
@@ -229,10 +235,17 @@ from diffgym.forward import Simulator
 import pinocchio
 Simulator.from_string(SCENES["balls"](2)).step  # imports of the step's modules
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+t0 = time.perf_counter()
 sim = Simulator.from_string(SCENES[sys.argv[1]](int(sys.argv[2])))
+t_load = time.perf_counter() - t0
+loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+warnings.simplefilter("ignore")
+t0 = time.perf_counter()
 sim.step(sim.q0, np.zeros(sim.nv), np.zeros(sim.nv))
+t_step = time.perf_counter() - t0
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(json.dumps({"base_kb": base, "peak_kb": peak, "nv": sim.nv}))
+print(json.dumps({"base_kb": base, "loaded_kb": loaded, "peak_kb": peak, "nv": sim.nv,
+                  "t_load": t_load, "t_step": t_step}))
 """
 
 
@@ -255,7 +268,9 @@ def load_memory(scene: str, n: int, limit_mb: float = 6000.0, timeout: float = 6
         tail = (p.stderr.strip().splitlines() or ["?"])[-1]
         return {"mb": float("nan"), "note": f"failed under a {limit_mb:.0f} MB cap: {tail[:120]}"}
     out = json.loads(p.stdout.strip().splitlines()[-1])
-    return {"mb": (out["peak_kb"] - out["base_kb"]) / 1024.0, "nv": out["nv"], "note": ""}
+    return {"mb": (out["peak_kb"] - out["base_kb"]) / 1024.0, "nv": out["nv"], "note": "",
+            "load_mb": (out["loaded_kb"] - out["base_kb"]) / 1024.0,
+            "t_load": out["t_load"], "t_step": out["t_step"]}
 
 
 # -- report ----------------------------------------------------------------------------------
@@ -351,15 +366,28 @@ def main(args) -> int:
     load_ns = list(LOAD_NS) if load_ns is None else load_ns
     if load_ns:
         print()
-        print("memory at load (a fresh process: load the rack of N balls, one step; peak RSS "
-              "above the imports)")
-        for n in load_ns:
-            r = load_memory("balls", n)
-            verdict = ""
-            if n >= 1000 and math.isfinite(r["mb"]):
-                verdict = f"  (target < {LOAD_TARGET_MB:.0f} MB: " + (
-                    "met)" if r["mb"] < LOAD_TARGET_MB else "NOT met)")
-            print(f"  N = {n:>5}: {_f(r['mb'], '.0f'):>7} MB {r['note']}{verdict}", flush=True)
+        print("memory at load (a fresh process per scene and N: load, then one step from rest; "
+              "peak RSS above the imports after the load and after the step; the first step's "
+              "time)")
+        print(f"  {'scene':<6} {'N':>5} {'nv':>6} {'load MB':>8} {'peak MB':>9} {'load s':>7} "
+              f"{'step1 s':>7}")
+        for s in scenes:
+            got = []
+            for n in load_ns:
+                r = load_memory(s, n)
+                got.append((n, r))
+                verdict = ""
+                if n >= 1000 and math.isfinite(r["mb"]):
+                    verdict = f"  (target < {LOAD_TARGET_MB:.0f} MB: " + (
+                        "met)" if r["mb"] < LOAD_TARGET_MB else "NOT met)")
+                print(f"  {s:<6} {n:>5} {r.get('nv', 0):>6} {_f(r.get('load_mb'), '.0f'):>8} "
+                      f"{_f(r['mb'], '.0f'):>9} {_f(r.get('t_load'), '.2f'):>7} "
+                      f"{_f(r.get('t_step'), '.2f'):>7} {r['note']}{verdict}", flush=True)
+            ok = [(n, r) for n, r in got if math.isfinite(r["mb"])]
+            print(f"  {s}: peak memory grows like N^"
+                  f"{_f(growth([n for n, _ in ok], [r.get('load_mb', float('nan')) for _, r in ok]), '.2f')}"
+                  f" at load, N^{_f(growth([n for n, _ in ok], [r['mb'] for _, r in ok]), '.2f')} "
+                  "with the first step (target: about linear)")
     import pinocchio
     try:
         import mujoco

@@ -45,6 +45,7 @@ from .frames import tangent_frames
 from .pinviews import gather_placements, placement_view
 from .model import SimModel
 from .convex_support import FACE_ID_BASE, SMOOTH_KINDS, face_contact, shape_of, solve
+from .pair_tables import NarrowPhase
 from .collision_kernels import BROAD_SLACK as _BROAD_SLACK, KIND_CODES, detect_closed_form
 from .plane_contacts import ANALYTIC_KINDS, cylinder_box_face, shape_points
 
@@ -424,8 +425,9 @@ class CollisionDriver:
         self.face_pairs: dict = {}
         self._convex_n: dict = {}          # pair -> its last refined normal
 
+        cores = [core(g) for g in range(len(gm.geometryObjects))]  # (one per geom, shared)
         for k in range(len(p)):
-            ca, cb = core(int(p[k, 0])), core(int(p[k, 1]))
+            ca, cb = cores[int(p[k, 0])], cores[int(p[k, 1])]
             if ca is not None and cb is not None and (ca[0] != "capsule" or cb[0] != "capsule"):
                 self._box_box[k] = ((int(p[k, 0]),) + ca, (int(p[k, 1]),) + cb)
 
@@ -469,6 +471,9 @@ class CollisionDriver:
     def _placements(self, data: pin.Data) -> np.ndarray:
         """Joint placements (njoints, 12) of data: a view of its memory (pinviews), made once
         per Data, or a copy where no view can be made."""
+        oM = getattr(data, "oM", None)
+        if oM is not None:              # diffgym.trees.TreeData: gathered tree by tree
+            return oM
         v = self._views
         if v is None or v[0] is not data:
             view = placement_view(self.sm.model, data) if self._mj else None
@@ -610,14 +615,14 @@ class CollisionDriver:
         return True
 
     def _narrow_tables(self, gdata: pin.GeometryData):
-        """References to gdata's per-pair request/result objects (looked up once per gdata)."""
-        if self._gdata is not gdata:
-            self._gdata = gdata
-            self._reqs = list(gdata.collisionRequests)
-            tighten_requests(self._reqs)
-            self._cres = list(gdata.collisionResults)
-            self._pres = list(gdata.contactPatchResults)
-        return self._reqs, self._cres, self._pres
+        """The per-pair request/result objects of the narrow phase: coal's, made on a pair's
+        first test (diffgym.pair_tables; a GeometryData holds them for every pair, quadratic in
+        the number of bodies)."""
+        nph = self.__dict__.get("_narrow")
+        if nph is None:
+            nph = self._narrow = NarrowPhase(self.sm.geom_model, self.pairs, GJK_TOLERANCE)
+        nph.new_placements()                         # (once per detection pass)
+        return nph.requests, nph.results, nph.patch_results
 
     # -- the detection pass ----------------------------------------------------------------
     def detect(self, data: pin.Data, gdata: pin.GeometryData, dt: float,
@@ -678,9 +683,9 @@ class CollisionDriver:
                 continue
             req = reqs[k]
             req.security_margin = mk
-            if not pin.computeCollision(gm, gdata, k):
+            if not self._narrow.collide(k, gdata):        # (pinocchio.computeCollision)
                 continue
-            pin.computeContactPatch(gm, gdata, k)
+            self._narrow.patch(k, gdata)                  # (pinocchio.computeContactPatch)
             pres = pres_all[k]
             # a shape on a plane: the contact point is the witness on the plane (as the closed
             # forms: the points of a face on a plane are coplanar); otherwise the midpoint

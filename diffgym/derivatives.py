@@ -303,7 +303,15 @@ def _frame_derivatives_rows(n: np.ndarray, dn: np.ndarray) -> np.ndarray:
 class _Kin:
     """Per-joint kinematic quantities at (q, v1) for the contacts' joints."""
 
-    def __init__(self, model, data, q, v1, joints):
+    def __init__(self, model, data, q, v1, joints, trees=None):
+        self.nv = model.nv
+        self._stacked = {}
+        if trees is not None:             # tree by tree (diffgym.trees): the same quantities
+            from .trees import joint_kinematics
+            k = joint_kinematics(trees, q, v1, joints)
+            self.J, self.dV, self.omega, self.o, self.R = (k["J"], k["dV"], k["omega"], k["o"],
+                                                           k["R"])
+            return
         pin.computeForwardKinematicsDerivatives(model, data, q, v1, np.zeros(model.nv))
         pin.computeJointJacobians(model, data, q)
         self.J = {}
@@ -320,8 +328,6 @@ class _Kin:
             self.omega[j] = pin.getVelocity(model, data, j, pin.WORLD).angular.copy()
             self.o[j] = data.oMi[j].translation.copy()
             self.R[j] = data.oMi[j].rotation.copy()
-        self.nv = model.nv
-        self._stacked = {}
 
     def point_jacobian(self, j: int, p: np.ndarray) -> np.ndarray:
         if j == 0:
@@ -662,26 +668,46 @@ def _note_fallback(sim, c, rows) -> None:
 def _collision_fd(sim, cons, idx, dp, dn, dd) -> None:
     """Central difference of the collision output alone for pairs without a closed form."""
     model, q = sim.model, sim.cache["q"]
-    data = model.createData()
+    trees = sim.__dict__.get("_trees")
+    if trees is not None:
+        # the simulator's kinematics arrays stay as the step left them: a TreeGroups of its own
+        fd_trees = sim.__dict__.get("_fd_trees")
+        if fd_trees is None:
+            from .trees import TreeGroups
+            fd_trees = sim.__dict__["_fd_trees"] = TreeGroups(model)
+        data = None
+    else:
+        data = model.createData()
     gdata = pin.GeometryData(sim.geom_model)
-    tighten_requests(gdata.collisionRequests)        # (as the narrow phase: see GJK_TOLERANCE)
+    # the narrow phase's per-pair coal objects (diffgym.pair_tables), this function's own
+    nph = sim.__dict__.get("_fd_narrow")
+    if nph is None:
+        from .collision_driver import GJK_TOLERANCE
+        from .pair_tables import NarrowPhase
+        nph = sim.__dict__["_fd_narrow"] = NarrowPhase(sim.geom_model, sim.sm.pairs,
+                                                       GJK_TOLERANCE)
     c = cons.contacts
     for i in range(sim.nv):
         outs = []
         for sgn in (1.0, -1.0):
             e = np.zeros(sim.nv)
             e[i] = sgn * collision_fd_eps
-            pin.framesForwardKinematics(model, data, pin.integrate(model, q, e))
-            pin.updateGeometryPlacements(model, data, sim.geom_model, gdata)
+            qe = pin.integrate(model, q, e)
+            if data is None:
+                fd_trees.kinematics(qe, np.zeros(sim.nv), jacobians=False)
+                fd_trees.geometry_placements(sim.geom_model, gdata)
+            else:
+                pin.framesForwardKinematics(model, data, qe)
+                pin.updateGeometryPlacements(model, data, sim.geom_model, gdata)
             out = {}
+            nph.new_placements()
             for k in idx:
                 pair = int(c.pair[k])
-                req = gdata.collisionRequests[pair]
+                req, cres, pres = nph.slot(pair)
                 req.security_margin = 1.0
                 req.enable_contact = True
-                pin.computeCollision(sim.geom_model, gdata, pair)
-                pin.computeContactPatch(sim.geom_model, gdata, pair)
-                pres = gdata.contactPatchResults[pair]
+                nph.collide(pair, gdata)
+                nph.patch(pair, gdata)
                 if pres.numContactPatches():
                     patch = pres.getContactPatch(0)
                     m = patch.size()
@@ -689,7 +715,7 @@ def _collision_fd(sim, cons, idx, dp, dn, dd) -> None:
                     P2 = np.array([patch.getPointShape2(t) for t in range(m)])
                     nrm = np.asarray(patch.getNormal()).copy()
                 else:
-                    ct = gdata.collisionResults[pair].getContact(0)
+                    ct = cres.getContact(0)
                     P1, P2 = ct.getNearestPoint1()[None], ct.getNearestPoint2()[None]
                     nrm = np.asarray(ct.normal).copy()
                 mid = 0.5 * (P1 + P2)
@@ -1038,7 +1064,9 @@ class _CompiledState:
         model = self.model = sim.model
         nv, nj = model.nv, model.njoints
         self.ok = getattr(model, "nvExtended", nv) == nv       # no mimic joints
-        data = self.data = model.createData()
+        # a scene of many trees: per-group pinocchio Data (diffgym.trees) instead of one
+        self.trees = trees = sim.__dict__.get("_trees")
+        data = self.data = model.createData() if trees is None else None
         self.zero = np.zeros(nv)
         # every joint a revolute or prismatic one (not unbounded) or a translation: the
         # configuration space is a vector space and dIntegrate is the identity
@@ -1055,6 +1083,18 @@ class _CompiledState:
         fv = self.fext_vec = pin.StdVec_Force()
         for _ in range(nj):
             fv.append(pin.Force.Zero())
+        self._init_views(trees)
+        self._init_tables(sim)
+
+    def _init_views(self, trees) -> None:
+        model, data = self.model, self.data
+        nv, nj = model.nv, model.njoints
+        fv = self.fext_vec
+        if trees is not None:    # the groups' arrays, gathered by TreeGroups: no views
+            self.gather, self.scatter, self.dirty = False, False, True
+            self.oM, self.ov = trees.kin.oM, trees.kin.ov
+            self.fext = np.zeros((nj, 6))
+            return
         # views of data.oMi (rotation column-major, translation), data.ov and the forces, checked
         # against pinocchio's accessors; where the layout differs, copies gathered per joint
         rng = np.random.default_rng(0)
@@ -1088,6 +1128,9 @@ class _CompiledState:
         self.scatter = fx is None
         self.fext = fx if fx is not None else np.zeros((nj, 6))
         self.dirty = True
+
+    def _init_tables(self, sim) -> None:
+        nv = self.model.nv
         # geometry: static planes, rolling radii, pairs the kernel's closed form covers
         geoms = sim.sm.geoms
         gj = self.gjoint = np.ascontiguousarray(sim.constraints.geom_joint, dtype=np.int64)
@@ -1152,9 +1195,13 @@ def _step_jacobian_compiled(sim, C=None, system=None) -> StepJacobian | None:
     model, data, dt = st.model, st.data, sim.dt
     q, v, v1 = C["q"], C["v"], C["v1"]
     cons, res = C["cons"], C["res"]
+    trees = st.trees
     if cons is not None:
-        pin.computeForwardKinematicsDerivatives(model, data, q, v1, st.zero)
-        JT = data.J.T                      # (nv, 6), C-ordered (data.J is column-major)
+        if trees is None:
+            pin.computeForwardKinematicsDerivatives(model, data, q, v1, st.zero)
+            JT = data.J.T                  # (nv, 6), C-ordered (data.J is column-major)
+        else:
+            JT = trees.kinematics_derivatives(q, v1, st.zero).J.T
         if JT.ndim == 1:                   # nv = 1: eigenpy gives the 6 x 1 matrix as a vector
             JT = JT.reshape(1, 6)
         c = cons.contacts
@@ -1171,7 +1218,7 @@ def _step_jacobian_compiled(sim, C=None, system=None) -> StepJacobian | None:
         corr, Dq, done = K.contact_terms(*args, False, *st.no_geo, *lims)
         if not done:           # pairs without a closed form in the kernel: geometry in Python
             gj = st.gjoint
-            kin = _Kin(model, data, q, v1, np.concatenate([gj[c.geom1], gj[c.geom2]]))
+            kin = _Kin(model, data, q, v1, np.concatenate([gj[c.geom1], gj[c.geom2]]), trees)
             geo = geometry_derivatives(sim, kin, cons)
             corr, Dq, done = K.contact_terms(*args, True, *geo, *lims)
         st.dirty = True
@@ -1192,8 +1239,13 @@ def _step_jacobian_compiled(sim, C=None, system=None) -> StepJacobian | None:
         Jc, G, lam, sigma, modes, act, mu = st.no_J, st.no_G, st.no_f, st.no_f, st.no_modes, \
             st.no_act, st.no_f
         bias_v = st.no_f
-    ddq_dq, ddq_dv, Minv = pin.computeABADerivatives(model, data, q, v,
-                                                     _joint_torques(sim, cons, res), st.fext_vec)
+    if trees is None:
+        ddq_dq, ddq_dv, Minv = pin.computeABADerivatives(model, data, q, v,
+                                                         _joint_torques(sim, cons, res),
+                                                         st.fext_vec)
+    else:
+        ddq_dq, ddq_dv, Minv = trees.aba_derivatives(q, v, _joint_torques(sim, cons, res),
+                                                     st.fext)
     ddq_dq = _with_long_range(sim, ddq_dq, Minv)
     v1dt = v1 * dt
     if st.eye is not None:                 # vector-space joints: integrate is q + dq

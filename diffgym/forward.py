@@ -27,6 +27,7 @@ from .solver_kernels import natres, solve_stage1
 from .frames import tangent_frames
 from .gradient_modes import gradient_mode
 from .impact_time import MAX_PASSES, consumed_time, displacement, impact_substep, impact_times
+from .trees import TreeGroups
 
 
 _add = np.add.reduce          # (ndarray.sum without its Python wrapper: the same sums)
@@ -178,16 +179,20 @@ def _warn_unstable_dt(sim) -> None:
     if not stiff or model.nv == 0:
         return
     try:
-        M = pin.crba(model, model.createData(), sim.q0)
-        M = np.triu(M) + np.triu(M, 1).T
-        L = np.linalg.cholesky(M)
-        Li = np.linalg.inv(L)
+        # M, D and K are block diagonal over the kinematic trees (D and K diagonal): the
+        # largest eigenvalue over the blocks (diffgym.trees; no whole-model pinocchio Data)
+        from .trees import block_mass_matrices
+        kdiag = np.zeros(model.nv)
+        for iv, (k, _) in stiff.items():
+            kdiag[iv] = k
+        w2 = 0.0
+        for v0, M in block_mass_matrices(model, sim.q0):
+            sl = slice(v0, v0 + M.shape[0])
+            if np.any(kdiag[sl]):
+                Li = np.linalg.inv(np.linalg.cholesky(M))
+                w2 = max(w2, float(np.linalg.eigvalsh(Li @ np.diag(kdiag[sl]) @ Li.T).max()))
         msgs = []
         if stiff:
-            K = np.zeros((model.nv, model.nv))
-            for iv, (k, _) in stiff.items():
-                K[iv, iv] = k
-            w2 = float(np.linalg.eigvalsh(Li @ K @ Li.T).max())
             if w2 > 0 and dt * np.sqrt(w2) >= 2.0:
                 msgs.append(f"joint stiffness: dt * omega_max = {dt * np.sqrt(w2):.3g} >= 2 "
                             f"(stable below dt = {2.0 / np.sqrt(w2):.3g} s)")
@@ -601,7 +606,13 @@ class Simulator:
         self.sm = sm
         self.model: pin.Model = _implicit_damping_model(sm)
         self.geom_model: pin.GeometryModel = sm.geom_model
-        self.data = self.model.createData()
+        # per-tree dynamics (diffgym.trees): a scene of many independent trees keeps one small
+        # pinocchio Data per group of trees (a whole-model Data is cubic in nv); None: one
+        # model, one Data (a single tree, or a small scene)
+        trees = TreeGroups(self.model)
+        self._trees = None if trees.single else trees
+        if self._trees is None:
+            self.data = self.model.createData()
         self.geom_data = pin.GeometryData(self.geom_model)
         for req in self.geom_data.collisionRequests:
             req.enable_contact = True
@@ -735,6 +746,27 @@ class Simulator:
         self.constraints.refresh_restitution()
 
     # -- properties ------------------------------------------------------------------------
+    @property
+    def data(self) -> pin.Data:
+        """A pinocchio Data of the whole model, holding the kinematics (placements, velocities,
+        joint Jacobians) at the last step's (q, v). On a scene stepped tree by tree
+        (diffgym.trees) the step does not use it: it is made on first access (its size is cubic
+        in nv) and brought to the last step's (q, v) on the first access after each step."""
+        d = self.__dict__.get("_data")
+        if d is None:
+            d = self.__dict__["_data"] = self.model.createData()
+        if self.__dict__.get("_trees") is not None and self.__dict__.get("_data_step") != self._nstep:
+            self.__dict__["_data_step"] = self._nstep
+            c = self.cache
+            if "q" in c:
+                pin.forwardKinematics(self.model, d, c["q"], c["v"])
+                pin.computeJointJacobians(self.model, d)
+        return d
+
+    @data.setter
+    def data(self, d: pin.Data) -> None:
+        self.__dict__["_data"] = d
+
     @property
     def dt(self) -> float:
         return float(self.sm.dt)
@@ -876,14 +908,19 @@ class Simulator:
         b_i)``) and a slack of half the kinetic energy before the step: a positive value flags
         an exploding step (0.0 otherwise). Called only when the speed jumped."""
         model, dt = self.model, self.dt
-        d = self.__dict__.get("_edata")
-        if d is None:
-            d = self._edata = model.createData()
-        M = pin.crba(model, d, q)
-        M = np.triu(M) + np.triu(M, 1).T
-        ke0 = 0.5 * float(v @ M @ v)
-        ke1 = 0.5 * float(v1 @ M @ v1)
-        work = dt * float(v1 @ (tau_total - pin.computeGeneralizedGravity(model, d, q)))
+        trees = self.__dict__.get("_trees")
+        if trees is not None:
+            ke0, ke1, grav = trees.kinetic_and_gravity(q, v, v1)
+            work = dt * float(v1 @ (tau_total - grav))
+        else:
+            d = self.__dict__.get("_edata")
+            if d is None:
+                d = self._edata = model.createData()
+            M = pin.crba(model, d, q)
+            M = np.triu(M) + np.triu(M, 1).T
+            ke0 = 0.5 * float(v @ M @ v)
+            ke1 = 0.5 * float(v1 @ M @ v1)
+            work = dt * float(v1 @ (tau_total - pin.computeGeneralizedGravity(model, d, q)))
         inj = 0.0
         if cons is not None and res is not None and len(res.lam):
             inj = float(np.maximum(0.0, -res.lam * cons.b).sum())
@@ -907,7 +944,8 @@ class Simulator:
         return ctx
 
     def _step(self, q, v, tau, jacobian: bool = False):
-        model, data, dt = self.model, self.data, self.dt
+        trees = self.__dict__.get("_trees")
+        model, data, dt = self.model, self.__dict__.get("_data"), self.dt
         nq, nv = model.nq, model.nv
         # Input checks. Fast path: float64 vectors of the right shapes whose sums are finite
         # (so every entry is) and unit quaternions; anything else takes the full checks, which
@@ -923,11 +961,16 @@ class Simulator:
             v = self._vector(v, nv, "v")
             tau = self._vector(tau, nv, "tau")
 
-        pin.forwardKinematics(model, data, q, v)
-        pin.updateGeometryPlacements(model, data, self.geom_model, self.geom_data)
-        # world-frame joint Jacobians at these placements (a copy: later calls reuse data.J)
-        pin.computeJointJacobians(model, data)
-        Jw = data.J.reshape(6, nv).copy()   # (eigenpy gives a (6,) vector when nv = 1)
+        if trees is not None:              # tree by tree (diffgym.trees)
+            data = trees.kinematics(q, v)
+            trees.geometry_placements(self.geom_model, self.geom_data)
+        else:
+            pin.forwardKinematics(model, data, q, v)
+            pin.updateGeometryPlacements(model, data, self.geom_model, self.geom_data)
+            # world-frame joint Jacobians at these placements (a copy: later calls reuse data.J)
+            pin.computeJointJacobians(model, data)
+        Jw = data.J.reshape(6, nv)          # (eigenpy gives a (6,) vector when nv = 1)
+        Jw = Jw.copy()
         contacts = self._last_contacts = self.collision.detect(data, self.geom_data, dt, v)
 
         ex = self.__dict__.get("_extra")
@@ -938,7 +981,8 @@ class Simulator:
         if self.gradient.name == "long_range":
             # the long-range barrier's generalized force enters the step (diffgym.long_range)
             tau_total = tau_total + self._long_range_force(Jw)
-        a_free = pin.aba(model, data, q, v, tau_total)
+        a_free = (pin.aba(model, data, q, v, tau_total) if trees is None
+                  else trees.aba(q, v, tau_total))
         v_free = v + dt * a_free
 
         cb = self.constraints
@@ -957,7 +1001,8 @@ class Simulator:
             cons = None                          # (no contact, no limit within reach)
         elif (nc or cb.has_limits) and type(solver) is NCPSolver and solver.settings.compiled:
             # the constrained part in one compiled call (limits, assembly, warm start, stage 1)
-            Minv = pin.computeMinverse(model, data, q)     # only its upper triangle is filled
+            # only its upper triangle is filled
+            Minv = pin.computeMinverse(model, data, q) if trees is None else trees.minverse(q)
             if nv == 1:
                 Minv = Minv.reshape(1, 1)
             frames = contacts.frames
@@ -996,7 +1041,8 @@ class Simulator:
             limits = cb.active_limits(q, v, dt)
             cons = None
             if nc or len(limits[0]):
-                Minv = pin.computeMinverse(model, data, q)
+                Minv = (pin.computeMinverse(model, data, q) if trees is None
+                        else trees.minverse(q))
                 if nv == 1:
                     Minv = Minv.reshape(1, 1)
                 cons, G, g, MJt, Minv = cb.assemble(Jw, contacts, limits, dt, Minv, v_free, v)
@@ -1062,10 +1108,11 @@ class Simulator:
         """The constrained velocity with the rows of :mod:`diffgym.equality` (equality
         constraints, dry friction, ball and tendon limits) after the contact and joint-limit
         rows: assembly of all rows, the mixed solve (``ExtraRows.solve``) and ``v1``."""
-        model, data, dt, nv = self.model, self.data, self.dt, self.model.nv
+        model, data, dt, nv = self.model, self.__dict__.get("_data"), self.dt, self.model.nv
         cb = self.constraints
         limits = cb.active_limits(q, v, dt)
-        Minv = pin.computeMinverse(model, data, q)
+        trees = self.__dict__.get("_trees")
+        Minv = pin.computeMinverse(model, data, q) if trees is None else trees.minverse(q)
         if nv == 1:
             Minv = Minv.reshape(1, 1)
         cons, G0, g0, MJt0, Ms = cb.assemble(Jw, contacts, limits, dt, Minv, v_free)
@@ -1121,7 +1168,7 @@ class Simulator:
                 or lr.margin != float(mode.margin)):      # (a new model, or a new scale/margin)
             from .long_range import LongRangePotential
             lr = self.long_range = LongRangePotential(self, mode)
-        lr.value, force = lr.evaluate(self.data, self.geom_data, Jw)
+        lr.value, force = lr.evaluate(self.__dict__.get("_data"), self.geom_data, Jw)
         return force
 
     @staticmethod

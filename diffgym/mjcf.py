@@ -951,11 +951,18 @@ class _MJCFBuilder:
         from .equality import ConstraintSpec, Connect, FixedTendon, JointCoupling, Weld
         spec = ConstraintSpec(frictionloss=dict(getattr(self, "frictionloss", {})),
                               ball_limits=list(getattr(self, "ball_limits", [])))
-        data = self.model.createData()
-        pin.forwardKinematics(self.model, data, q0)
+        from .trees import joint_placements
+        # the joints' placements at qpos0, only where an equality needs them (tree by tree:
+        # a whole-model pinocchio Data is cubic in nv)
+        oMi: list = []
+
+        def placement(jid):
+            if not oMi:
+                oMi.extend(joint_placements(self.model, q0))
+            return oMi[jid]
 
         def pose(body):          # the body frame in the world at qpos0
-            return data.oMi[body.jid] * body.placement
+            return placement(body.jid) * body.placement
 
         for sec in self.root.findall("equality"):
             for el in sec:
@@ -981,7 +988,7 @@ class _MJCFBuilder:
                         pw = P1.act(anchor)
                         spec.connects.append(Connect(name, b1.name, b2.name, b1.jid, b2.jid,
                                                      b1.placement.act(anchor),
-                                                     data.oMi[b2.jid].actInv(pw) if b2.jid
+                                                     placement(b2.jid).actInv(pw) if b2.jid
                                                      else pw))
                     else:
                         if float(a.get("torquescale", 1)) != 1:

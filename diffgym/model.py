@@ -76,9 +76,14 @@ class SimModel:
     def __post_init__(self) -> None:
         check_inertia(self.model, self.source, self.joint_where)
         self.pairs = np.asarray(self.pairs, dtype=np.int64).reshape(-1, 2)
+        # the candidate pairs are registered in the GeometryModel (its GeometryData then holds
+        # per-pair coal objects, ~5.5 kB each: quadratic in the number of bodies) only up to
+        # pair_tables.REGISTER_PAIRS_MAX; the narrow phase makes its own per pair on first use
+        from .pair_tables import REGISTER_PAIRS_MAX
         self.geom_model.removeAllCollisionPairs()
-        for a, b in self.pairs:
-            self.geom_model.addCollisionPair(pin.CollisionPair(int(a), int(b)))
+        if len(self.pairs) <= REGISTER_PAIRS_MAX:
+            for a, b in self.pairs:
+                self.geom_model.addCollisionPair(pin.CollisionPair(int(a), int(b)))
         self.friction = np.array([g.friction for g in self.geoms], dtype=float)
         self.pair_friction = (
             np.maximum(self.friction[self.pairs[:, 0]], self.friction[self.pairs[:, 1]])
@@ -117,22 +122,27 @@ def check_inertia(model: pin.Model, source: str = "<string>",
                              "inertia")
     if model.nv == 0:
         return
-    data = model.createData()
-    M = pin.crba(model, data, pin.neutral(model))
-    M = np.triu(M) + np.triu(M, 1).T
-    # the first velocity whose pivot vanishes names the joint (LDL^T without pivoting)
-    n = M.shape[0]
-    A = M.copy()
-    scale = max(float(np.max(np.abs(np.diag(M)))), 1e-300)
-    for i in range(n):
-        piv = A[i, i]
-        if not (np.isfinite(piv) and piv > 1e-12 * scale):
-            j = next(jj for jj in range(1, model.njoints)
-                     if model.joints[jj].idx_v <= i < model.joints[jj].idx_v + model.joints[jj].nv)
-            what = "a zero diagonal (no mass or inertia moves with it)" if M[i, i] <= 1e-12 * scale \
-                else "a singular mass matrix (its motion is carried by no inertia of its own)"
-            raise ModelError(f"{where.get(model.names[j], source)}: joint {model.names[j]!r} "
-                             f"(velocity {i}) has {what}: "
-                             f"give the body it moves a positive mass and inertia (M[{i},{i}] = "
-                             f"{M[i, i]:.3g})")
-        A[i + 1:, i + 1:] -= np.outer(A[i + 1:, i], A[i, i + 1:]) / piv
+    # M is block diagonal over the kinematic trees: each block on its own (diffgym.trees: a
+    # whole-model pinocchio Data is cubic in nv), the scale over the whole diagonal
+    from .trees import block_mass_matrices
+    blocks = list(block_mass_matrices(model, pin.neutral(model)))
+    scale = max(max(float(np.max(np.abs(np.diag(M)))) for _, M in blocks), 1e-300)
+    for v0, M in blocks:
+        # the first velocity whose pivot vanishes names the joint (LDL^T without pivoting)
+        n = M.shape[0]
+        A = M.copy()
+        for il in range(n):
+            i = v0 + il
+            piv = A[il, il]
+            if not (np.isfinite(piv) and piv > 1e-12 * scale):
+                j = next(jj for jj in range(1, model.njoints)
+                         if model.joints[jj].idx_v <= i < model.joints[jj].idx_v
+                         + model.joints[jj].nv)
+                what = ("a zero diagonal (no mass or inertia moves with it)"
+                        if M[il, il] <= 1e-12 * scale else
+                        "a singular mass matrix (its motion is carried by no inertia of its own)")
+                raise ModelError(f"{where.get(model.names[j], source)}: joint "
+                                 f"{model.names[j]!r} (velocity {i}) has {what}: give the body "
+                                 f"it moves a positive mass and inertia (M[{i},{i}] = "
+                                 f"{M[il, il]:.3g})")
+            A[il + 1:, il + 1:] -= np.outer(A[il + 1:, il], A[il, il + 1:]) / piv
