@@ -23,7 +23,7 @@ from .derivatives import step_jacobian
 from .jit import njit
 from .model import ModelError, SimModel
 from .solver import MODE_NAMES, SLIDING, STICKING, NCPSolver, SolverResult, SolverSettings
-from .solver_kernels import natres, solve_stage1
+from .solver_kernels import _NO_I, _NO_J, BODY_MIN_ROWS, island_body, natres, solve_stage1
 from .frames import tangent_frames
 from .gradient_modes import gradient_mode
 
@@ -203,17 +203,24 @@ class Contact:
 
 @njit
 def _solve_islands(G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mode_tol,
-                   newton_iter, mode_rounds, budget):
+                   newton_iter, mode_rounds, budget, J, Minv, tree_lo, tree_hi):
     """Stage 1 of the NCP solve island by island: the rows of different islands do not couple
     (their block of G is zero), so each island's problem (its contacts' rows, then its limits'
     rows, with their warm start) is solved on its own by ``solve_stage1`` and the results are
     scattered back. Returns (island_ok (nis,), lam, sigma, modes, lim_act, iterations (sum),
-    residual (max)); the rows of a failed island are left at zero for the later stages."""
+    residual (max)); the rows of a failed island are left at zero for the later stages.
+    An island of at least ``BODY_MIN_ROWS`` rows also gets its rows and mass matrix in body space
+    (``island_body``: J, Minv and the trees' dof ranges) for its large linear Newton steps."""
     m = G.shape[0]
     nl = m - 3 * nc
     if nis == 1:            # (one island: its rows are all rows, in order; no copies)
+        if m >= BODY_MIN_ROWS:
+            Jb, Mb, tlo, thi = island_body(J, Minv, tree_lo, tree_hi, np.arange(m))
+        else:
+            Jb, Mb, tlo, thi = _NO_J, _NO_J, _NO_I, _NO_I
         ok, lam, sigma, modes, lim_act, its, res = solve_stage1(
-            G, g, nc, mu, lam0, modes0, found, tol, mode_tol, newton_iter, mode_rounds, budget)
+            G, g, nc, mu, lam0, modes0, found, tol, mode_tol, newton_iter, mode_rounds, budget,
+            Jb, Mb, tlo, thi)
         island_ok = np.ones(1, dtype=np.bool_)
         if not ok:
             island_ok[0] = False
@@ -254,9 +261,13 @@ def _solve_islands(G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mo
                 modes0s[ncs + t] = modes0[nc + ls[lptr[s] + t]]
         else:
             lam0s, modes0s = np.zeros(0), np.zeros(0, dtype=np.int64)
+        if ms >= BODY_MIN_ROWS:
+            Jb, Mb, tlo, thi = island_body(J, Minv, tree_lo, tree_hi, rows[r0:r1])
+        else:
+            Jb, Mb, tlo, thi = _NO_J, _NO_J, _NO_I, _NO_I
         ok, lam_s, sigma_s, modes_s, lact_s, its_s, res_s = solve_stage1(
             Gs, gs, ncs, mus, lam0s, modes0s, found, tol, mode_tol, newton_iter, mode_rounds,
-            budget)
+            budget, Jb, Mb, tlo, thi)
         its += its_s
         if not ok:
             island_ok[s] = False
@@ -317,7 +328,7 @@ def _constrained_velocity(pos, frames, geom1, geom2, geom_joint, dist, mu, pair,
                 0, 0.0, v1, MJt, rest)
     island_ok, lam, sigma, modes, lim_act, its, res = _solve_islands(
         G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mode_tol, newton_iter,
-        mode_rounds, budget)
+        mode_rounds, budget, J, Minv, tree_lo, tree_hi)
     _add_impulses(v1, MJt, rt, lam, tree_hi)
     return (island_ok, isl_c, isl_l, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, lim_act,
             its, res, v1, MJt, rest)
