@@ -208,7 +208,8 @@ def _solve_islands(G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mo
     (their block of G is zero), so each island's problem (its contacts' rows, then its limits'
     rows, with their warm start) is solved on its own by ``solve_stage1`` and the results are
     scattered back. Returns (island_ok (nis,), lam, sigma, modes, lim_act, iterations (sum),
-    residual (max)); the rows of a failed island are left at zero for the later stages.
+    residual (max), how many islands stage 1b (the proximal iteration) solved); the rows of a
+    failed island are left at zero for the later stages.
     An island of at least ``BODY_MIN_ROWS`` rows also gets its rows and mass matrix in body space
     (``island_body``: J, Minv and the trees' dof ranges) for its large linear Newton steps."""
     m = G.shape[0]
@@ -218,15 +219,15 @@ def _solve_islands(G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mo
             Jb, Mb, tlo, thi = island_body(J, Minv, tree_lo, tree_hi, np.arange(m))
         else:
             Jb, Mb, tlo, thi = _NO_J, _NO_J, _NO_I, _NO_I
-        ok, lam, sigma, modes, lim_act, its, res = solve_stage1(
+        ok, lam, sigma, modes, lim_act, its, res, prox = solve_stage1(
             G, g, nc, mu, lam0, modes0, found, tol, mode_tol, newton_iter, mode_rounds, budget,
             Jb, Mb, tlo, thi)
         island_ok = np.ones(1, dtype=np.bool_)
         if not ok:
             island_ok[0] = False
             return (island_ok, np.zeros(m), np.zeros(m), np.zeros(nc, dtype=np.int64),
-                    np.zeros(nl, dtype=np.bool_), its, 0.0)
-        return island_ok, lam, sigma, modes, lim_act, its, res
+                    np.zeros(nl, dtype=np.bool_), its, 0.0, 0)
+        return island_ok, lam, sigma, modes, lim_act, its, res, prox
     lam = np.zeros(m)
     sigma = np.zeros(m)
     modes = np.zeros(nc, dtype=np.int64)
@@ -235,6 +236,7 @@ def _solve_islands(G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mo
     ptr, rows, cptr, cs, lptr, ls = island_rows(isl_c, isl_l, nis)
     its = 0
     res = 0.0
+    nprox = 0
     for s in range(nis):
         r0, r1 = ptr[s], ptr[s + 1]
         ms = r1 - r0
@@ -265,10 +267,11 @@ def _solve_islands(G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mo
             Jb, Mb, tlo, thi = island_body(J, Minv, tree_lo, tree_hi, rows[r0:r1])
         else:
             Jb, Mb, tlo, thi = _NO_J, _NO_J, _NO_I, _NO_I
-        ok, lam_s, sigma_s, modes_s, lact_s, its_s, res_s = solve_stage1(
+        ok, lam_s, sigma_s, modes_s, lact_s, its_s, res_s, prox = solve_stage1(
             Gs, gs, ncs, mus, lam0s, modes0s, found, tol, mode_tol, newton_iter, mode_rounds,
             budget, Jb, Mb, tlo, thi)
         its += its_s
+        nprox += prox
         if not ok:
             island_ok[s] = False
             continue
@@ -281,7 +284,7 @@ def _solve_islands(G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mo
             modes[cs[cptr[s] + t]] = modes_s[t]
         for t in range(nls):
             lim_act[ls[lptr[s] + t]] = lact_s[t]
-    return island_ok, lam, sigma, modes, lim_act, its, res
+    return island_ok, lam, sigma, modes, lim_act, its, res, nprox
 
 
 @njit
@@ -297,7 +300,7 @@ def _constrained_velocity(pos, frames, geom1, geom2, geom_joint, dist, mu, pair,
     stage 1 of the NCP solve per island (_solve_islands) and ``v1 = v_free + M^-1 J^T lam``.
 
     Returns (island_ok, isl_c, isl_l, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes,
-    lim_act, its, res, v1, MJt, rest) (each returned array costs a Python object: only those the step
+    lim_act, its, res, v1, MJt, rest, nprox) (each returned array costs a Python object: only those the step
     keeps); an island whose stage 1 failed has ``island_ok`` False (the caller runs the later
     stages on it); ``v1`` then holds only the other islands' impulses."""
     nc = pos.shape[0]
@@ -325,13 +328,13 @@ def _constrained_velocity(pos, frames, geom1, geom2, geom_joint, dist, mu, pair,
     if m == 0:
         return (np.ones(0, dtype=np.bool_), isl_c, isl_l, lim_idx, lim_dist, J, b, G, g,
                 np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.bool_),
-                0, 0.0, v1, MJt, rest)
-    island_ok, lam, sigma, modes, lim_act, its, res = _solve_islands(
+                0, 0.0, v1, MJt, rest, 0)
+    island_ok, lam, sigma, modes, lim_act, its, res, nprox = _solve_islands(
         G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mode_tol, newton_iter,
         mode_rounds, budget, J, Minv, tree_lo, tree_hi)
     _add_impulses(v1, MJt, rt, lam, tree_hi)
     return (island_ok, isl_c, isl_l, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, lim_act,
-            its, res, v1, MJt, rest)
+            its, res, v1, MJt, rest, nprox)
 
 
 @njit
@@ -900,7 +903,7 @@ class Simulator:
             w = self._warm
             st = solver.settings
             (island_ok, isl_c, isl_l, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, lim_act,
-             its, resid, v1, MJt, rest) = _constrained_velocity(
+             its, resid, v1, MJt, rest, nprox) = _constrained_velocity(
                 contacts.pos, frames, contacts.geom1, contacts.geom2, cb.geom_joint, contacts.dist,
                 contacts.mu, contacts.pair, contacts.point, Jw, cb.support, cb.sup_ptr,
                 cb.sup_idx, cb.joint_tree, cb.tree_lo, cb.tree_hi,
@@ -913,7 +916,8 @@ class Simulator:
                 cons = Constraints(J, b, nc, contacts.mu, frames, contacts, lim_idx, lim_dist,
                                    contacts.dist, rest if len(cb.pair_restitution) else None)
                 if island_ok.all():
-                    res = SolverResult(lam, sigma, modes, lim_act, its, resid, True, "newton")
+                    res = SolverResult(lam, sigma, modes, lim_act, its, resid, True,
+                                       "prox+newton" if nprox else "newton")
                 else:                              # (rare) stages 2-4 in Python, per island
                     res = self._solve_failed_islands(solver, G, g, cons, island_ok, isl_c, isl_l,
                                                      lam, sigma, modes, lim_act, its, resid, v)

@@ -1095,7 +1095,7 @@ class NCPSolver:
                     _sk._NO_J, _sk._NO_J, _sk._NO_I, _sk._NO_I)
                 if out[0]:
                     return SolverResult(out[1], out[2], out[3], out[4], out[5], out[6], True,
-                                        "newton")
+                                        "prox+newton" if out[7] else "newton")
         return self._solve(G, g, nc, mu, lam0, modes0, stage1=not s.compiled)
 
     def _solve(self, G, g, nc, mu, lam0, modes0, stage1=True):
@@ -1142,14 +1142,31 @@ class NCPSolver:
             lam, sigma, modes, lim_act, its, res = out
             return SolverResult(lam, sigma, modes, lim_act, its, res, True, "newton")
         its = s.newton_budget
+        # the warm start's modes led the iteration into a cycle: again from the cold start
+        # (given a warm start; solve_stage1 the same)
+        cold = (STICKING,) if lam0 is not None or modes0 is not None else ()
+        for md in (cold if stage1 else ()):
+            out = self._active_set(G, g, nc, mu,
+                                   np.where(g[2:k:3] >= 0.0, BREAKING, md).astype(np.int64),
+                                   g[k:] < 0.0, np.zeros(m), dG, dc, vscale, s.newton_budget)
+            if out is not None:
+                lam_c, sigma, modes_c, lim_act, its_c, res = out
+                return SolverResult(lam_c, sigma, modes_c, lim_act, its + its_c, res, True,
+                                    "newton")
+            its += s.newton_budget
+        if not stage1 and s.compiled:
+            # (solve_stage1 already tried the cold starts and stage 1b: their budgets, counted
+            # as here)
+            its += s.newton_budget * (len(cold) + 3)
         # stage 1b: proximal active-set Newton (regularized subproblems; see _proximal), from
-        # the warm start, then from a cold start
+        # the warm start, then from a cold start (compiled: part of solve_stage1, already run)
         approach = g[2:k:3] < 0.0
-        for start in ((modes, lim0, lam),
-                      (np.where(approach, STICKING, BREAKING).astype(np.int64), g[k:] < 0.0,
-                       np.zeros(m)),
-                      (np.where(approach, SLIDING, BREAKING).astype(np.int64), g[k:] < 0.0,
-                       np.zeros(m))):
+        starts = ((modes, lim0, lam),
+                  (np.where(approach, STICKING, BREAKING).astype(np.int64), g[k:] < 0.0,
+                   np.zeros(m)),
+                  (np.where(approach, SLIDING, BREAKING).astype(np.int64), g[k:] < 0.0,
+                   np.zeros(m)))
+        for start in (starts if stage1 or not s.compiled else ()):
             out = self._proximal(G, g, nc, mu, *start, dG, dc, vscale)
             if out is not None:
                 return SolverResult(*out[:4], its + out[4], out[5], True, "prox+newton")

@@ -927,8 +927,11 @@ def active_set(G, g, nc, mu, modes_in, lim_in, lam_in, dG, dc, zero, haszero, vs
 def solve_stage1(G, g, nc, mu, lam0, modes0, has_modes, tol, mode_tol, newton_iter,
                  mode_rounds, budget, Jb, Mb, tlo, thi):
     """The preamble of ``NCPSolver.solve`` (dG, dc, vscale, zero-diagonal rows, the warm start)
-    and stage 1. ``lam0`` empty: no warm start; ``has_modes`` False: no ``modes0``.
-    Returns ``active_set``'s tuple."""
+    and stage 1: the active set from the warm start, then (a warm start given) from the cold
+    start, then stage 1b (``proximal``) from the three starts of ``NCPSolver._solve``. ``lam0``
+    empty: no warm start; ``has_modes`` False: no ``modes0``; ``Jb``... (``island_body``; no
+    rows: none) for the body-space steps. Returns ``active_set``'s tuple and 1 if stage 1b
+    solved it (else 0)."""
     m = G.shape[0]
     k = 3 * nc
     nl = m - k
@@ -991,8 +994,114 @@ def solve_stage1(G, g, nc, mu, lam0, modes0, has_modes, tol, mode_tol, newton_it
         else:
             for j in range(nl):
                 lim0[j] = g[k + j] < 0.0
-    return active_set(G, g, nc, mu, modes, lim0, lam, dG, dc, zero, haszero, vscale, budget,
-                      tol, mode_tol, newton_iter, mode_rounds, Jb, Mb, tlo, thi)
+    out = active_set(G, g, nc, mu, modes, lim0, lam, dG, dc, zero, haszero, vscale, budget,
+                     tol, mode_tol, newton_iter, mode_rounds, Jb, Mb, tlo, thi)
+    if out[0]:
+        return out[0], out[1], out[2], out[3], out[4], out[5], out[6], 0
+    its = budget            # (a failed attempt counts its budget, as NCPSolver._solve)
+    # a warm start whose modes lead the iteration into a cycle (a contact switching back and
+    # forth between the previous step's mode and another): stage 1 again from the cold start
+    # (approaching contacts sticking, zero impulses; given a warm start). (A cold start with
+    # the approaching contacts sliding may end on a sliding contact that does not slip: its
+    # modes are not canonical; stage 1b's sliding start handles those.)
+    for start in range(0 if (lam0.shape[0] or has_modes) else 1, 1):
+        mc = np.empty(nc, np.int64)
+        for i in range(nc):
+            mc[i] = BREAKING if g[3 * i + 2] >= 0.0 else (STICKING if start == 0 else SLIDING)
+        lc = np.empty(nl, np.bool_)
+        for j in range(nl):
+            lc[j] = g[k + j] < 0.0
+        oc = active_set(G, g, nc, mu, mc, lc, np.zeros(m), dG, dc, zero, haszero, vscale, budget,
+                        tol, mode_tol, newton_iter, mode_rounds, Jb, Mb, tlo, thi)
+        if oc[0]:
+            return True, oc[1], oc[2], oc[3], oc[4], its + oc[5], oc[6], 0
+        its += budget
+    # stage 1b (NCPSolver._proximal): from the warm start, a cold all-sticking start and an
+    # all-sliding start (approaching contacts; limits whose free velocity closes them)
+    for start in range(3):
+        if start == 0:
+            m0 = modes
+            l0 = lim0
+            x0 = lam
+        else:
+            m0 = np.empty(nc, np.int64)
+            for i in range(nc):
+                m0[i] = (STICKING if start == 1 else SLIDING) if g[3 * i + 2] < 0.0 else BREAKING
+            l0 = np.empty(nl, np.bool_)
+            for j in range(nl):
+                l0[j] = g[k + j] < 0.0
+            x0 = np.zeros(m)
+        p = proximal(G, g, nc, mu, m0, l0, x0, dG, dc, zero, haszero, vscale, budget, tol,
+                     mode_tol, newton_iter, mode_rounds, Jb, Mb, tlo, thi)
+        if p[0]:
+            return True, p[1], p[2], p[3], p[4], its + p[5], p[6], 1
+        its += budget
+    return False, out[1], out[2], out[3], out[4], its, out[6], 0
+
+
+PROX_RHO = 1e-6         # stage 1b's proximal weight, relative to the mean Delassus diagonal
+PROX_OUTER = 8          # its outer (proximal-point) iterations at most
+
+
+@njit
+def proximal(G, g, nc, mu, modes, lim_act, lam, dG, dc, zero, haszero, vscale, budget, tol,
+             mode_tol, newton_iter, mode_rounds, Jb, Mb, tlo, thi):
+    """``NCPSolver._proximal`` (stage 1b): proximal-point iterations whose subproblems are the
+    NCPs of ``G + rho I`` and ``g - rho lam_k`` (unique impulses where contacts are redundant),
+    each solved by ``active_set`` from the previous modes; once the natural residual of the
+    original problem is within ``tol``, ``active_set`` on the original problem from those
+    modes (else ``_finish``). Returns ``active_set``'s tuple (found first)."""
+    m = G.shape[0]
+    k = 3 * nc
+    nl = m - k
+    rounds = nc + nl + 2
+    if mode_rounds > rounds:
+        rounds = mode_rounds
+    bud = 4 * rounds
+    if budget > bud:
+        bud = budget
+    s = 0.0
+    for i in range(m):
+        s += dG[i]
+    rho = PROX_RHO * s / m
+    Gr = G.copy()
+    dGr = np.empty(m)
+    for i in range(m):
+        Gr[i, i] += rho
+        dGr[i] = dG[i] + rho
+    dcr = np.empty(nc)
+    for i in range(nc):
+        dcr[i] = dc[i] + rho
+    gr = np.empty(m)
+    total = 0
+    lam = lam.copy()
+    # (the body-space step is for the singular original problem; the regularized one is
+    # not of the form J M^-1 J^T: its subproblems take the dense path)
+    for _ in range(PROX_OUTER):
+        for i in range(m):
+            gr[i] = g[i] - rho * lam[i]
+        out = active_set(Gr, gr, nc, mu, modes, lim_act, lam, dGr, dcr, zero, haszero, vscale,
+                         bud, tol, mode_tol, newton_iter, rounds, _NO_J, _NO_J, _NO_I, _NO_I)
+        total += out[5]
+        if not out[0]:
+            return False, lam, lam, modes, lim_act, total, _INF
+        lam = out[1]
+        modes = out[3]
+        lim_act = out[4]
+        sigma = np.empty(m)
+        _matvec(G, lam, g, sigma)
+        res = natres(lam, sigma, nc, mu, dc, dG)
+        if res <= tol:
+            o2 = active_set(G, g, nc, mu, modes, lim_act, lam, dG, dc, zero, haszero, vscale,
+                            bud, tol, mode_tol, newton_iter, rounds, Jb, Mb, tlo, thi)
+            if o2[0]:
+                return True, o2[1], o2[2], o2[3], o2[4], total + o2[5], o2[6]
+            f = _finish(G, g, nc, mu, modes, lim_act, lam, sigma, dG, dc, vscale, zero, haszero,
+                        tol, mode_tol, newton_iter, Jb, Mb, tlo, thi)
+            if f[0]:
+                return True, f[1], f[2], f[3], lim_act, total + f[4], f[5]
+            return True, lam, sigma, modes, lim_act, total, res
+    return False, lam, lam, modes, lim_act, total, _INF
 
 
 # -- the Newton step of a large linear active set, in body space -----------------------------
