@@ -36,7 +36,16 @@ Stages:
    re-activated when they can share the load; a sliding contact whose slip is below the mode
    tolerance is re-labelled sticking (its impulse is on the cone boundary, its velocity zero:
    both sets of mode equations hold), so the modes given to the implicit gradients are well
-   conditioned.
+   conditioned. If the iteration from the warm start fails (the previous step's modes can lead
+   it into a cycle), it runs again from the cold start (approaching contacts sticking, zero
+   impulses).
+
+   In a step (``forward._solve_islands``) an island of at least ``BODY_MIN_ROWS`` rows also
+   passes its rows ``J`` and mass matrix ``M`` in body space, and the compiled kernel takes the
+   linear steps of its large active sets as ``Gaa^+ r = J K^g M K^g J^T r`` with ``K = J^T J``
+   over the island's dofs (sparse envelope Cholesky, dependent dofs deflated; see
+   ``solver_kernels.body_factor``): the same minimum-norm least-squares solution as the dense
+   LU / rank test / SVD path, at the cost of the bodies' contact graph instead of O(m^3).
 1b. If that fails, **proximal active-set Newton** (``_proximal``): proximal-point iterations
    whose subproblems are the NCPs of ``G + rho I`` and ``g - rho lam_k`` (``rho = 1e-6`` of the
    mean Delassus diagonal), each solved by the same active-set kernel from the previous modes,
@@ -53,8 +62,9 @@ Stages:
    pinocchio ADMM runs, then our ADMM and projected Gauss-Seidel. If nothing reaches the
    tolerance, the best iterate is returned with ``converged = False``.
 
-Stage 1 runs compiled (``solver_kernels.py``, numba: a faithful port of ``_active_set`` and
-everything it calls, with a hand-written LU, LAPACK's Cholesky for the rank test, and a Jacobi
+Stages 1 and 1b run compiled in one call (``solver_kernels.solve_stage1``; ``_proximal`` below
+is the reference of ``solver_kernels.proximal``). Stage 1 runs compiled (``solver_kernels.py``,
+numba: a faithful port of ``_active_set`` and everything it calls, with a hand-written LU, LAPACK's Cholesky for the rank test, and a Jacobi
 SVD for the minimum-norm least squares of up to 32 unknowns); ``SolverSettings(compiled=False)``
 runs the Python implementation below, the reference ``tests/test_solver_kernels.py`` compares
 it with on recorded and random problems. Stages 2-4 are Python (rare).
