@@ -582,17 +582,22 @@ def _newton(G, g, nc, mu, modes, lim_act, lam, dc, vscale, max_its, anchored, mi
             its += 1
             if body:
                 # the minimum-norm least-squares step (or new iterate) by Gaa^+ in body space
-                if anchored:
-                    d = body_pinv(Ja, Mb, tlo, thi, perm, first, L, drop, N, Ainv, nz_ptr, nz, F)
+                r = np.empty(na)
+                for a in range(na):
+                    r[a] = F[a] if anchored else -ga[a]      # (Gaa x - F = -ga)
+                y = body_pinv(Ja, Mb, tlo, thi, perm, first, L, drop, N, Ainv, nz_ptr, nz, r)
+                # checked: the normal equations Ja^T (Gaa y - r) = 0 must hold (else the dense
+                # path: a dependent dof decided by rounding, an ill-conditioned K)
+                if _normal_ok(Gaa, Ja, nz_ptr, nz, y, r):
+                    if anchored:
+                        d = y
+                    else:
+                        d = np.empty(na)
+                        for a in range(na):
+                            d[a] = x[a] - y[a]
                 else:
-                    r = np.empty(na)
-                    for a in range(na):
-                        r[a] = -ga[a]      # Gaa x - F
-                    y = body_pinv(Ja, Mb, tlo, thi, perm, first, L, drop, N, Ainv, nz_ptr, nz, r)
-                    d = np.empty(na)
-                    for a in range(na):
-                        d[a] = x[a] - y[a]
-            else:
+                    body = False
+            if not body:
                 if deficient < 0:
                     deficient = 1 if _rank_deficient(Gaa) else 0
                 d = _lin_solve(Gaa, F, x, deficient == 1, anchored)
@@ -1120,8 +1125,8 @@ def proximal(G, g, nc, mu, modes, lim_act, lam, dG, dc, zero, haszero, vscale, b
 # a rack, one column of a pile) whose vanishing pivots are dropped (K^g: the inverse of the kept
 # block, zero on the dropped dofs; each dropped dof d gives the null vector e_d - K^g K e_d),
 # instead of the dense LU, rank test and SVD of the m x m Gaa.
-BODY_MIN_ROWS = 16      # islands and active sets at least this large use it
-BODY_DROP = 1e-10       # a pivot^2 below this times K's diagonal entry: a dependent dof
+BODY_MIN_ROWS = 256     # islands and active sets at least this large use it (see the README)
+BODY_DROP = 1e-13       # a pivot^2 below this times K's diagonal entry: a dependent dof
 BODY_MAX_NULL = 32      # more dependent dofs than this: the dense path
 
 
@@ -1326,6 +1331,32 @@ def body_factor(Ja, M, tlo, thi):
                 A[a, c] = s
         Ainv = np.linalg.inv(A)
     return ok, perm, first, L, drop, N, Ainv, nz_ptr, nz
+
+
+@njit
+def _normal_ok(Gaa, Ja, nz_ptr, nz, y, r):
+    """Whether ``Ja^T (Gaa y - r)`` vanishes against ``Ja^T r`` (to 1e-9, relative): the
+    least-squares optimality of ``body_pinv``'s solution."""
+    na, n = Ja.shape
+    e = np.empty(na)
+    _matvec(Gaa, y, r, e)           # Gaa y + r
+    t1 = np.zeros(n)
+    t2 = np.zeros(n)
+    for a in range(na):
+        ea = e[a] - 2.0 * r[a]      # Gaa y - r
+        ra = r[a]
+        for s in range(nz_ptr[a], nz_ptr[a + 1]):
+            c = nz[s]
+            t1[c] += Ja[a, c] * ea
+            t2[c] += Ja[a, c] * ra
+    m1 = 0.0
+    m2 = 0.0
+    for c in range(n):
+        if abs(t1[c]) > m1 or t1[c] != t1[c]:
+            m1 = abs(t1[c])
+        if abs(t2[c]) > m2:
+            m2 = abs(t2[c])
+    return m1 <= 1e-9 * m2 + 1e-300
 
 
 @njit

@@ -87,9 +87,9 @@ def _capture(sim, steps, v=None):
 
 @pytest.mark.parametrize("scene", ["balls", "boxes"])
 def test_rack_and_pile_converge_in_stage1_and_match_pinocchio_admm(scene):
-    """A rack of 36 touching balls (one island: more contact rows than dofs, and a
-    counter-rotating spin of neighbours no contact holds) and a pile of 16 boxes (4 islands,
-    4 redundant corners a face): every step converges in the compiled active-set Newton, the
+    """A rack of 36 touching balls (one island of 288 rows, more than its dofs, and a
+    counter-rotating spin of neighbours no contact holds: the body-space steps) and a pile of
+    16 boxes (4 islands, 4 redundant corners a face): every step converges in the compiled active-set Newton, the
     rack stays at rest, and the constraint velocities (unique, unlike the impulses) agree with
     pinocchio's ADMM on the same problem."""
     xml = balls_mjcf(36) if scene == "balls" else boxes_mjcf(16)
@@ -98,7 +98,8 @@ def test_rack_and_pile_converge_in_stage1_and_match_pinocchio_admm(scene):
     assert np.abs(v).max() < 1e-6
     G, g, nc, mu, lam, sigma, ok = steps[-1]
     assert ok.all()
-    assert G.shape[0] >= sk.BODY_MIN_ROWS
+    if scene == "balls":
+        assert G.shape[0] >= sk.BODY_MIN_ROWS           # (one island: the body-space steps)
     pin = NCPSolver()._pin_admm(G, g, nc, mu, np.zeros_like(lam), 1e-12, 20000)
     if pin is None:
         pytest.skip("pinocchio without ADMMConstraintSolver")
