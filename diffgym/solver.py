@@ -1154,7 +1154,8 @@ class NCPSolver:
         its = s.newton_budget
         # the warm start's modes led the iteration into a cycle: again from the cold start
         # (given a warm start; solve_stage1 the same)
-        cold = (STICKING,) if lam0 is not None or modes0 is not None else ()
+        cold = ((STICKING,) if _sk.COLD_RESTART and (lam0 is not None or modes0 is not None)
+                else ())
         for md in (cold if stage1 else ()):
             out = self._active_set(G, g, nc, mu,
                                    np.where(g[2:k:3] >= 0.0, BREAKING, md).astype(np.int64),
