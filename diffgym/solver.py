@@ -36,9 +36,8 @@ Stages:
    re-activated when they can share the load; a sliding contact whose slip is below the mode
    tolerance is re-labelled sticking (its impulse is on the cone boundary, its velocity zero:
    both sets of mode equations hold), so the modes given to the implicit gradients are well
-   conditioned. If the iteration from the warm start fails (the previous step's modes can lead
-   it into a cycle), it runs again from the cold start (approaching contacts sticking, zero
-   impulses).
+   conditioned. (A restart from the cold start where the warm start's modes cycle exists behind
+   ``solver_kernels.COLD_RESTART``, off; see the README.)
 
    In a step (``forward._solve_islands``) an island of at least ``BODY_MIN_ROWS`` rows also
    passes its rows ``J`` and mass matrix ``M`` in body space, and the compiled kernel takes the
