@@ -18,7 +18,8 @@ categories (a run can fail several):
 
 Runs are seeded: run ``i`` of seed ``s`` is the same scene whatever ``--n``. The table gives
 counts per shape and per rate, then solver statistics (worst residual, most iterations of a
-step, how many steps were solved by a fallback stage rather than the active-set Newton).
+step, how many steps were solved by a fallback stage rather than the active-set Newton from the
+warm or the cold start).
 """
 from __future__ import annotations
 
@@ -128,7 +129,7 @@ class RunResult:
     fails: set = field(default_factory=set)
     steps: int = 0
     nonconv_steps: int = 0
-    fallback_steps: int = 0      # steps solved after the warm-started active-set Newton
+    fallback_steps: int = 0      # steps solved after the active-set Newton (warm, then cold start)
     slow_steps: int = 0          # ... by the slow stages (ADMM, SSN, PGS), not the proximal one
     max_residual: float = 0.0
     max_iterations: int = 0
@@ -247,7 +248,7 @@ def format_report(results: list[RunResult], seconds: float) -> str:
     steps = sum(r.steps for r in results)
     parts.append(f"{len(results)} runs, {steps} steps in {seconds:.1f} s; counts are runs failing "
                  "each category (a run may fail several); fallback = steps solved by a stage after "
-                 "the warm-started active-set Newton / steps, slow = those solved by the ADMM, "
+                 "the active-set Newton (warm, then cold start) / steps, slow = those solved by the ADMM, "
                  "SSN or PGS stages (not the proximal one); max pen in m.")
     bad = [r for r in results if r.fails]
     if bad:

@@ -23,7 +23,7 @@ from .derivatives import step_jacobian
 from .jit import njit
 from .model import ModelError, SimModel
 from .solver import MODE_NAMES, SLIDING, STICKING, NCPSolver, SolverResult, SolverSettings
-from .solver_kernels import natres, solve_stage1
+from .solver_kernels import _NO_I, _NO_J, BODY_MIN_ROWS, island_body, natres, solve_stage1
 from .frames import tangent_frames
 from .gradient_modes import gradient_mode
 from .impact_time import MAX_PASSES, consumed_time, displacement, impact_substep, impact_times
@@ -223,23 +223,31 @@ class Contact:
 
 @njit
 def _solve_islands(G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mode_tol,
-                   newton_iter, mode_rounds, budget):
+                   newton_iter, mode_rounds, budget, J, Minv, tree_lo, tree_hi):
     """Stage 1 of the NCP solve island by island: the rows of different islands do not couple
     (their block of G is zero), so each island's problem (its contacts' rows, then its limits'
     rows, with their warm start) is solved on its own by ``solve_stage1`` and the results are
     scattered back. Returns (island_ok (nis,), lam, sigma, modes, lim_act, iterations (sum),
-    residual (max)); the rows of a failed island are left at zero for the later stages."""
+    residual (max), how many islands stage 1b (the proximal iteration) solved); the rows of a
+    failed island are left at zero for the later stages.
+    An island of at least ``BODY_MIN_ROWS`` rows also gets its rows and mass matrix in body space
+    (``island_body``: J, Minv and the trees' dof ranges) for its large linear Newton steps."""
     m = G.shape[0]
     nl = m - 3 * nc
     if nis == 1:            # (one island: its rows are all rows, in order; no copies)
-        ok, lam, sigma, modes, lim_act, its, res = solve_stage1(
-            G, g, nc, mu, lam0, modes0, found, tol, mode_tol, newton_iter, mode_rounds, budget)
+        if m >= BODY_MIN_ROWS:
+            Jb, Mb, tlo, thi = island_body(J, Minv, tree_lo, tree_hi, np.arange(m))
+        else:
+            Jb, Mb, tlo, thi = _NO_J, _NO_J, _NO_I, _NO_I
+        ok, lam, sigma, modes, lim_act, its, res, prox = solve_stage1(
+            G, g, nc, mu, lam0, modes0, found, tol, mode_tol, newton_iter, mode_rounds, budget,
+            Jb, Mb, tlo, thi)
         island_ok = np.ones(1, dtype=np.bool_)
         if not ok:
             island_ok[0] = False
             return (island_ok, np.zeros(m), np.zeros(m), np.zeros(nc, dtype=np.int64),
-                    np.zeros(nl, dtype=np.bool_), its, 0.0)
-        return island_ok, lam, sigma, modes, lim_act, its, res
+                    np.zeros(nl, dtype=np.bool_), its, 0.0, 0)
+        return island_ok, lam, sigma, modes, lim_act, its, res, prox
     lam = np.zeros(m)
     sigma = np.zeros(m)
     modes = np.zeros(nc, dtype=np.int64)
@@ -248,6 +256,7 @@ def _solve_islands(G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mo
     ptr, rows, cptr, cs, lptr, ls = island_rows(isl_c, isl_l, nis)
     its = 0
     res = 0.0
+    nprox = 0
     for s in range(nis):
         r0, r1 = ptr[s], ptr[s + 1]
         ms = r1 - r0
@@ -274,10 +283,15 @@ def _solve_islands(G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mo
                 modes0s[ncs + t] = modes0[nc + ls[lptr[s] + t]]
         else:
             lam0s, modes0s = np.zeros(0), np.zeros(0, dtype=np.int64)
-        ok, lam_s, sigma_s, modes_s, lact_s, its_s, res_s = solve_stage1(
+        if ms >= BODY_MIN_ROWS:
+            Jb, Mb, tlo, thi = island_body(J, Minv, tree_lo, tree_hi, rows[r0:r1])
+        else:
+            Jb, Mb, tlo, thi = _NO_J, _NO_J, _NO_I, _NO_I
+        ok, lam_s, sigma_s, modes_s, lact_s, its_s, res_s, prox = solve_stage1(
             Gs, gs, ncs, mus, lam0s, modes0s, found, tol, mode_tol, newton_iter, mode_rounds,
-            budget)
+            budget, Jb, Mb, tlo, thi)
         its += its_s
+        nprox += prox
         if not ok:
             island_ok[s] = False
             continue
@@ -290,7 +304,7 @@ def _solve_islands(G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mo
             modes[cs[cptr[s] + t]] = modes_s[t]
         for t in range(nls):
             lim_act[ls[lptr[s] + t]] = lact_s[t]
-    return island_ok, lam, sigma, modes, lim_act, its, res
+    return island_ok, lam, sigma, modes, lim_act, its, res, nprox
 
 
 @njit
@@ -306,7 +320,7 @@ def _constrained_velocity(pos, frames, geom1, geom2, geom_joint, dist, mu, pair,
     stage 1 of the NCP solve per island (_solve_islands) and ``v1 = v_free + M^-1 J^T lam``.
 
     Returns (island_ok, isl_c, isl_l, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes,
-    lim_act, its, res, v1, MJt, rest) (each returned array costs a Python object: only those the step
+    lim_act, its, res, v1, MJt, rest, nprox) (each returned array costs a Python object: only those the step
     keeps); an island whose stage 1 failed has ``island_ok`` False (the caller runs the later
     stages on it); ``v1`` then holds only the other islands' impulses."""
     nc = pos.shape[0]
@@ -334,13 +348,13 @@ def _constrained_velocity(pos, frames, geom1, geom2, geom_joint, dist, mu, pair,
     if m == 0:
         return (np.ones(0, dtype=np.bool_), isl_c, isl_l, lim_idx, lim_dist, J, b, G, g,
                 np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.bool_),
-                0, 0.0, v1, MJt, rest)
-    island_ok, lam, sigma, modes, lim_act, its, res = _solve_islands(
+                0, 0.0, v1, MJt, rest, 0)
+    island_ok, lam, sigma, modes, lim_act, its, res, nprox = _solve_islands(
         G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mode_tol, newton_iter,
-        mode_rounds, budget)
+        mode_rounds, budget, J, Minv, tree_lo, tree_hi)
     _add_impulses(v1, MJt, rt, lam, tree_hi)
     return (island_ok, isl_c, isl_l, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, lim_act,
-            its, res, v1, MJt, rest)
+            its, res, v1, MJt, rest, nprox)
 
 
 @njit
@@ -413,10 +427,10 @@ def _constrained_step(pos, frames, geom1, geom2, geom_joint, dist, mu, pair, poi
     from Python: the islands' labels and ``M^-1 J^T`` are left out; the rare step with a failed
     island calls ``_constrained_velocity`` again, a pure function of the same arguments, for
     them). Returns (all_ok, islands, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, lim_act,
-    its, res, v1, rest, verify residual, verify scale) (the last two 0.0 unless all_ok and
-    there are rows)."""
+    its, res, v1, rest, verify residual, verify scale, nprox) (the verify pair 0.0 unless
+    all_ok and there are rows; nprox: islands that took the compiled proximal stage 1b)."""
     (island_ok, isl_c, isl_l, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, lim_act,
-     its, res, v1, MJt, rest) = _constrained_velocity(
+     its, res, v1, MJt, rest, nprox) = _constrained_velocity(
         pos, frames, geom1, geom2, geom_joint, dist, mu, pair, point, Jw, support, sup_ptr,
         sup_idx, joint_tree, tree_lo, tree_hi, q, v, lim_q, lim_v, lim_bound, lim_sign,
         limit_margin, dt, erp, skin, Minv, v_free, warm, pair_w, point_w, lam_w, modes_w,
@@ -430,7 +444,7 @@ def _constrained_step(pos, frames, geom1, geom2, geom_joint, dist, mu, pair, poi
     if all_ok and G.shape[0]:
         r1, vs = _verify_velocity(J, b, v1, lam, pos.shape[0], mu, G)
     return (all_ok, island_ok.shape[0], lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, lim_act,
-            its, res, v1, rest, r1, vs)
+            its, res, v1, rest, r1, vs, nprox)
 
 
 @njit
@@ -1020,12 +1034,13 @@ class Simulator:
                     cb.restitution_thr(dt) if len(cb.pair_restitution) else 0.0)
             # (the solve and the check of its solution at v1 in one compiled call)
             (all_ok, nis, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, lim_act,
-             its, resid, v1, rest, r1, vs) = _constrained_step(*args)
+             its, resid, v1, rest, r1, vs, nprox) = _constrained_step(*args)
             if G.shape[0]:
                 cons = Constraints(J, b, nc, contacts.mu, frames, contacts, lim_idx, lim_dist,
                                    contacts.dist, rest if len(cb.pair_restitution) else None)
                 if all_ok:
-                    res = SolverResult(lam, sigma, modes, lim_act, its, resid, True, "newton")
+                    res = SolverResult(lam, sigma, modes, lim_act, its, resid, True,
+                                       "prox+newton" if nprox else "newton")
                     verified = r1 <= max(100.0 * solver.settings.tol, 1e-9 * vs)
                 else:                              # (rare) stages 2-4 in Python, per island
                     # (the islands and M^-1 J^T: the same pure call, which returns them)

@@ -36,7 +36,15 @@ Stages:
    re-activated when they can share the load; a sliding contact whose slip is below the mode
    tolerance is re-labelled sticking (its impulse is on the cone boundary, its velocity zero:
    both sets of mode equations hold), so the modes given to the implicit gradients are well
-   conditioned.
+   conditioned. (A restart from the cold start where the warm start's modes cycle exists behind
+   ``solver_kernels.COLD_RESTART``, off; see the README.)
+
+   In a step (``forward._solve_islands``) an island of at least ``BODY_MIN_ROWS`` rows also
+   passes its rows ``J`` and mass matrix ``M`` in body space, and the compiled kernel takes the
+   linear steps of its large active sets as ``Gaa^+ r = J K^g M K^g J^T r`` with ``K = J^T J``
+   over the island's dofs (sparse envelope Cholesky, dependent dofs deflated; see
+   ``solver_kernels.body_factor``): the same minimum-norm least-squares solution as the dense
+   LU / rank test / SVD path, at the cost of the bodies' contact graph instead of O(m^3).
 1b. If that fails, **proximal active-set Newton** (``_proximal``): proximal-point iterations
    whose subproblems are the NCPs of ``G + rho I`` and ``g - rho lam_k`` (``rho = 1e-6`` of the
    mean Delassus diagonal), each solved by the same active-set kernel from the previous modes,
@@ -53,8 +61,9 @@ Stages:
    pinocchio ADMM runs, then our ADMM and projected Gauss-Seidel. If nothing reaches the
    tolerance, the best iterate is returned with ``converged = False``.
 
-Stage 1 runs compiled (``solver_kernels.py``, numba: a faithful port of ``_active_set`` and
-everything it calls, with a hand-written LU, LAPACK's Cholesky for the rank test, and a Jacobi
+Stages 1 and 1b run compiled in one call (``solver_kernels.solve_stage1``; ``_proximal`` below
+is the reference of ``solver_kernels.proximal``). Stage 1 runs compiled (``solver_kernels.py``,
+numba: a faithful port of ``_active_set`` and everything it calls, with a hand-written LU, LAPACK's Cholesky for the rank test, and a Jacobi
 SVD for the minimum-norm least squares of up to 32 unknowns); ``SolverSettings(compiled=False)``
 runs the Python implementation below, the reference ``tests/test_solver_kernels.py`` compares
 it with on recorded and random problems. Stages 2-4 are Python (rare).
@@ -1054,7 +1063,8 @@ class NCPSolver:
                              np.ascontiguousarray(dc, dtype=np.float64),
                              np.zeros(m, dtype=np.bool_) if zero is None else zero,
                              zero is not None, float(vscale), int(budget), float(s.tol),
-                             float(s.mode_tol), int(s.newton_iter), int(rounds))
+                             float(s.mode_tol), int(s.newton_iter), int(rounds),
+                             _sk._NO_J, _sk._NO_J, _sk._NO_I, _sk._NO_I)
         if not out[0]:
             return None
         return out[1:]
@@ -1090,10 +1100,11 @@ class NCPSolver:
                 out = _sk.solve_stage1(
                     G, g, nc, mu, _EMPTY_F if lam0 is None else lam0,
                     _EMPTY_I if modes0 is None else modes0, modes0 is not None, s.tol,
-                    s.mode_tol, s.newton_iter, s.mode_rounds, s.newton_budget)
+                    s.mode_tol, s.newton_iter, s.mode_rounds, s.newton_budget,
+                    _sk._NO_J, _sk._NO_J, _sk._NO_I, _sk._NO_I)
                 if out[0]:
                     return SolverResult(out[1], out[2], out[3], out[4], out[5], out[6], True,
-                                        "newton")
+                                        "prox+newton" if out[7] else "newton")
         return self._solve(G, g, nc, mu, lam0, modes0, stage1=not s.compiled)
 
     def _solve(self, G, g, nc, mu, lam0, modes0, stage1=True):
@@ -1140,14 +1151,32 @@ class NCPSolver:
             lam, sigma, modes, lim_act, its, res = out
             return SolverResult(lam, sigma, modes, lim_act, its, res, True, "newton")
         its = s.newton_budget
+        # the warm start's modes led the iteration into a cycle: again from the cold start
+        # (given a warm start; solve_stage1 the same)
+        cold = ((STICKING,) if _sk.COLD_RESTART and (lam0 is not None or modes0 is not None)
+                else ())
+        for md in (cold if stage1 else ()):
+            out = self._active_set(G, g, nc, mu,
+                                   np.where(g[2:k:3] >= 0.0, BREAKING, md).astype(np.int64),
+                                   g[k:] < 0.0, np.zeros(m), dG, dc, vscale, s.newton_budget)
+            if out is not None:
+                lam_c, sigma, modes_c, lim_act, its_c, res = out
+                return SolverResult(lam_c, sigma, modes_c, lim_act, its + its_c, res, True,
+                                    "newton")
+            its += s.newton_budget
+        if not stage1 and s.compiled:
+            # (solve_stage1 already tried the cold starts and stage 1b: their budgets, counted
+            # as here)
+            its += s.newton_budget * (len(cold) + 3)
         # stage 1b: proximal active-set Newton (regularized subproblems; see _proximal), from
-        # the warm start, then from a cold start
+        # the warm start, then from a cold start (compiled: part of solve_stage1, already run)
         approach = g[2:k:3] < 0.0
-        for start in ((modes, lim0, lam),
-                      (np.where(approach, STICKING, BREAKING).astype(np.int64), g[k:] < 0.0,
-                       np.zeros(m)),
-                      (np.where(approach, SLIDING, BREAKING).astype(np.int64), g[k:] < 0.0,
-                       np.zeros(m))):
+        starts = ((modes, lim0, lam),
+                  (np.where(approach, STICKING, BREAKING).astype(np.int64), g[k:] < 0.0,
+                   np.zeros(m)),
+                  (np.where(approach, SLIDING, BREAKING).astype(np.int64), g[k:] < 0.0,
+                   np.zeros(m)))
+        for start in (starts if stage1 or not s.compiled else ()):
             out = self._proximal(G, g, nc, mu, *start, dG, dc, vscale)
             if out is not None:
                 return SolverResult(*out[:4], its + out[4], out[5], True, "prox+newton")
