@@ -300,6 +300,23 @@ def _frame_derivatives_rows(n: np.ndarray, dn: np.ndarray) -> np.ndarray:
     return np.stack([dt1, dt2, dn], axis=2)
 
 
+def relative_velocity(kin, j1s, j2s, p, v, dp):
+    """The velocity of contact points p on body 2 relative to body 1 (joints ``j1s``, ``j2s``; 0
+    the world) at joint velocity v, world axes, and its derivative with respect to q (tangent)
+    with the points moving as ``dp`` (nc, 3, nv). Returns (vrel (nc, 3), dvrel (nc, 3, nv))."""
+    nc, nv = p.shape[0], v.shape[0]
+    vrel = np.zeros((nc, 3))
+    dvrel = np.zeros((nc, 3, nv))
+    for js, sgn in ((j1s, -1.0), (j2s, 1.0)):
+        if not np.any(js):
+            continue
+        Jj, o, w, dV = kin.stacked(js)
+        Jp = Jj[:, :3] - _cross(p - o, Jj[:, 3:])
+        vrel += sgn * (Jp @ v)
+        dvrel += sgn * (dV[:, :3] - _cross(p, dV[:, 3:]) + _cross(w, dp))
+    return vrel, dvrel
+
+
 class _Kin:
     """Per-joint kinematic quantities at (q, v1) for the contacts' joints."""
 
@@ -1000,15 +1017,7 @@ def _step_jacobian_reference(sim, C=None, system=None) -> StepJacobian:
                 if data0 is None:
                     data0 = sim._ddata0 = model.createData()
                 kin0 = _Kin(model, data0, q, v, np.concatenate([j1s, j2s]))
-                vrel0 = np.zeros((nc, 3))
-                dvrel0 = np.zeros((nc, 3, nv))
-                for js, sgn in ((j1s, -1.0), (j2s, 1.0)):
-                    if not np.any(js):
-                        continue
-                    Jj, o, w, dV = kin0.stacked(js)
-                    Jp = Jj[:, :3] - _cross(p - o, Jj[:, 3:])
-                    vrel0 += sgn * (Jp @ v)
-                    dvrel0 += sgn * (dV[:, :3] - _cross(p, dV[:, 3:]) + _cross(w, dp))
+                vrel0, dvrel0 = relative_velocity(kin0, j1s, j2s, p, v, dp)
                 du = np.einsum("ka,kan->kn", R[:, :, 2], dvrel0)
                 if dR is not None:
                     du += np.einsum("kan,ka->kn", dR[:, :, 2], vrel0)

@@ -147,7 +147,7 @@ def consumed_time(passes) -> np.ndarray:
 
 def _time_derivatives(sim, cons, it: ImpactTimes, q, v):
     """(dt_k/dq, dt_k/dv) (nc, nv) of the interior impact times (zero rows elsewhere)."""
-    from .derivatives import _Kin, _cross, geometry_derivatives
+    from .derivatives import _Kin, geometry_derivatives, relative_velocity
     nc, nv = cons.nc, sim.nv
     Tq, Tv = np.zeros((nc, nv)), np.zeros((nc, nv))
     ks = np.flatnonzero(it.interior)
@@ -173,15 +173,7 @@ def _time_derivatives(sim, cons, it: ImpactTimes, q, v):
             pin.updateGeometryPlacements(model, data, sim.geom_model, sim.geom_data)
     p = c.pos
     n = cons.frames[:, :, 2]
-    vrel = np.zeros((nc, 3))
-    dvrel = np.zeros((nc, 3, nv))
-    for js, sgn in ((j1s, -1.0), (j2s, 1.0)):
-        if not np.any(js):
-            continue
-        Jj, o, w, dV = kin.stacked(js)
-        Jp = Jj[:, :3] - _cross(p - o, Jj[:, 3:])
-        vrel += sgn * (Jp @ v)
-        dvrel += sgn * (dV[:, :3] - _cross(p, dV[:, 3:]) + _cross(w, dp))
+    vrel, dvrel = relative_velocity(kin, j1s, j2s, p, v, dp)
     du = np.einsum("ka,kan->kn", n, dvrel) + np.einsum("kan,ka->kn", dn, vrel)
     d, u = np.asarray(cons.dist, dtype=float), it.u
     for k in ks.tolist():
