@@ -1,9 +1,9 @@
 """diffgym: Gymnasium environments on a differentiable simulator with unrelaxed frictional contact."""
-from .forward import Contact, SimulationError, Simulator, SolverWarning, StepInfo
-from .model import ModelError, SimModel
-from .unsupported import UnsupportedIgnoredWarning
+from .sim.forward import Contact, SimulationError, Simulator, SolverWarning, StepInfo
+from .sim.model import ModelError, SimModel
+from .sim.unsupported import UnsupportedIgnoredWarning
 from .gradcheck import GradientReport, JacobianMismatchError, check_step_jacobians
-from .gradient_modes import Exact, LongRange, Smooth, gradient_mode
+from .sim.gradient_modes import Exact, LongRange, Smooth, gradient_mode
 
 __version__ = "0.1.0"
 

@@ -69,9 +69,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .forward import Simulator, SolverWarning
+from .sim.forward import Simulator, SolverWarning
 from .resources import asset_path
-from .unsupported import UnsupportedIgnoredWarning
+from .sim.unsupported import UnsupportedIgnoredWarning
 
 MODELS = {
     "cartpole": "cartpole.xml",

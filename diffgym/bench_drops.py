@@ -142,7 +142,7 @@ class RunResult:
 def run_scene(scene: Scene, tol: float = 1e-9) -> RunResult:
     import pinocchio as pin
 
-    from .forward import Simulator
+    from .sim.forward import Simulator
 
     out = RunResult(scene)
     t0 = time.perf_counter()

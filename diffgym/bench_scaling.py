@@ -139,7 +139,7 @@ def _block(fn, count: int, budget: float) -> tuple[float, int]:
 
 def run_scene(scene: str, n: int, blocks: int = 3, steps: int = 50, jac_states: int = 5,
               warmup: int = 10, budget: float = 2.0, jacobian: bool = True) -> ScaleRow:
-    from .forward import Simulator, SolverWarning
+    from .sim.forward import Simulator, SolverWarning
     row = ScaleRow(scene, n)
     xml = SCENES[scene](n)
     sim = Simulator.from_string(xml)
@@ -231,7 +231,7 @@ import json, resource, sys, time, warnings
 import numpy as np
 import diffgym
 from diffgym.bench_scaling import SCENES
-from diffgym.forward import Simulator
+from diffgym.sim.forward import Simulator
 import pinocchio
 Simulator.from_string(SCENES["balls"](2)).step  # imports of the step's modules
 base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -32,8 +32,8 @@ import warnings
 
 import numpy as np
 
-from .forward import Simulator, SolverWarning
-from .gradient_modes import Exact, Smooth
+from .sim.forward import Simulator, SolverWarning
+from .sim.gradient_modes import Exact, Smooth
 from .resources import asset_path
 
 
@@ -231,7 +231,7 @@ def time_long_range(sizes=(16, 64), states: int = 20, warmup: int = 10, repeats:
     the same recorded states of ``billiards_mjcf(n)`` (the cue ball sent at 2 m/s into the rack),
     blocks alternating exact / long_range, median of ``repeats`` rounds; and the potential's own
     share: its evaluation and its force derivative alone."""
-    from .gradient_modes import LongRange
+    from .sim.gradient_modes import LongRange
     rows = []
     for n in sizes:
         sim = Simulator.from_string(billiards_mjcf(n))

@@ -6,7 +6,7 @@ suite domain XML (``dm_control/suite/*.xml`` as shipped: the suite's Python turn
 and example-robot-data robots (Talos, Solo12, ANYmal B and C, Panda, Go1, UR5).
 
 For each model: diffgym loads the file as is. If it refuses it (a ModelError naming what it does
-not simulate, :mod:`diffgym.unsupported`), the row says which keys, and the model is loaded
+not simulate, :mod:`diffgym.sim.unsupported`), the row says which keys, and the model is loaded
 again with ``ignore_unsupported=`` those keys to measure what the refused constructs change.
 Both engines then simulate it passively (zero control) for ``--seconds`` (3 s) from the same
 state, every velocity coordinate kicked to a value drawn uniformly in [-0.5, 0.5] (seed 0; a
@@ -114,8 +114,8 @@ class Row:
 
 
 def _load(path: str, name: str, ignore=None):
-    from .forward import Simulator
-    from .unsupported import UnsupportedIgnoredWarning
+    from .sim.forward import Simulator
+    from .sim.unsupported import UnsupportedIgnoredWarning
     kw = {}
     if path.endswith(".urdf") and name in FIXED_BASE:
         kw["floating_base"] = False
@@ -250,7 +250,7 @@ def compare(row: Row, sim, seconds: float, budget: float = math.inf) -> None:
 
 def run_one(group: str, name: str, path: str, seconds: float, budget: float = math.inf,
             simulate_all: bool = False) -> Row:
-    from .model import ModelError
+    from .sim.model import ModelError
     row = Row(group, name, path)
     t0 = time.perf_counter()
     try:

@@ -97,7 +97,7 @@ def _compile(args: argparse.Namespace) -> int:
     import gymnasium as gym
     import numpy as np
 
-    from . import jit
+    from .sim import jit
     if not jit.ENABLED:
         print("diffgym compile: DIFFGYM_JIT=0, nothing to compile", file=sys.stderr)
         return 0

@@ -10,7 +10,7 @@ import time
 
 import numpy as np
 
-from .forward import Simulator
+from .sim.forward import Simulator
 from .resources import asset_path
 
 SLIDING_BOX = """<mujoco><option timestep="0.002"/><worldbody>

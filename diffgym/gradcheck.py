@@ -445,7 +445,7 @@ def velocity_indeterminacy(sim) -> str:
     differences of the returned velocity do not converge as h shrinks). A singular mode system
     whose null directions leave the velocity alone (four sticking or purely sliding points)
     is determinate and is not reported."""
-    from . import derivatives as D
+    from .sim import derivatives as D
     C = sim.cache
     cons, res, G = C.get("cons"), C.get("res"), C.get("G")
     if cons is None or res is None or G is None or not getattr(cons, "m", 0) or not cons.nc:
@@ -567,7 +567,7 @@ def step_jacobian_errors(sim, q, v, tau, *, warm=None, tau_scale: float = 1.0,
     block-wise measure than the audit's, for tables of many states."""
     sim.set_warm_start_state(warm)
     sim.step(q, v, tau)
-    from .derivatives import step_jacobian
+    from .sim.derivatives import step_jacobian
     jac = step_jacobian(sim)
     errors = {k: np.inf for k in SIM_BLOCKS}
     one_sided = {k: 0.0 for k in SIM_BLOCKS}
@@ -714,7 +714,7 @@ def describe_modes_from(sig) -> str:
 
 
 def _unwrap(target):
-    from diffgym.forward import Simulator
+    from diffgym.sim.forward import Simulator
     if isinstance(target, Simulator):
         return target, "sim"
     env = getattr(target, "unwrapped", target)
@@ -787,7 +787,7 @@ def check_step_jacobians(target, *, states=None, actions=None, steps: int | None
     settings = _Settings(eps, tol, floor, adaptive)
     obj, kind = _unwrap(target)
     mode = getattr(obj if kind == "sim" else obj.sim, "gradient", None)
-    from .derivatives import relaxed_derivative
+    from .sim.derivatives import relaxed_derivative
     if mode is not None and relaxed_derivative(mode):
         # central differences of the step are the oracle of the modes whose Jacobian is the
         # step's: exact, and long_range without rho (its force is part of the step)
@@ -816,7 +816,7 @@ def check_step_jacobians(target, *, states=None, actions=None, steps: int | None
 
 
 def _check_sim(rep, settings, sim, states, actions, steps, max_states, rng, model, start):
-    from diffgym.forward import SimulationError
+    from diffgym.sim.forward import SimulationError
     nv = sim.nv
     if states is not None:
         items = []

@@ -23,7 +23,7 @@ Two pieces, used by ``scripts/inverse_cube.py``, ``scripts/inverse_go1_standing.
   solver warm start, so a rollout is a deterministic function of its inputs.
 
 A hard-contact rollout is piecewise smooth: its Jacobian is the one of the contact-mode
-sequence the rollout went through (``diffgym.derivatives``). Gauss-Newton converges
+sequence the rollout went through (``diffgym.sim.derivatives``). Gauss-Newton converges
 quadratically where the solution lies inside one such piece (for a zero-residual problem,
 like the ones here, the Gauss-Newton model is exact to first order).
 """

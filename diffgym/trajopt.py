@@ -434,7 +434,7 @@ def main(args: argparse.Namespace) -> int:
     if args.summarize:
         print(summarize(args.summarize))
         return 0
-    from .gradient_modes import gradient_mode
+    from .sim.gradient_modes import gradient_mode
     methods = []
     for m in args.modes.split(","):
         m = m.strip()
@@ -537,7 +537,7 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
     p.add_argument("--tasks", default="billiards,push", help="comma list of billiards, push")
     p.add_argument("--starts", default="trivial,sampling", help="comma list of trivial, sampling")
     p.add_argument("--modes", default="exact,long_range,smooth,cmaes",
-                   help="comma list of gradient modes (any name diffgym.gradient_modes knows), "
+                   help="comma list of gradient modes (any name diffgym.sim.gradient_modes knows), "
                         "long_range+smooth (long_range with its derivative through the relaxed "
                         "contact problem at --rho) and cmaes")
     p.add_argument("--scale", type=float, default=None,

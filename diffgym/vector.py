@@ -704,7 +704,7 @@ def make_vec(env_id: str, num_envs: int = 1, seed: int | None = None, num_worker
     :func:`default_num_workers`; 1: all copies in this process); ``start_method``: the
     multiprocessing start method of the worker processes. Other keywords go to ``gym.make``,
     e.g. ``gradient="smooth"`` (or ``{"mode": "smooth", "rho": 1e-3}``): the gradient mode of
-    every copy (``diffgym.gradient_modes``; the vector env's ``gradient`` attribute)."""
+    every copy (``diffgym.sim.gradient_modes``; the vector env's ``gradient`` attribute)."""
     import diffgym.envs  # noqa: F401  (registers the ids)
     if env_id not in gym.registry:
         raise gym.error.NameNotFound(f"unknown environment id {env_id!r}")

@@ -20,8 +20,8 @@ import gymnasium as gym
 import numpy as np
 import pinocchio as pin
 
-from diffgym.forward import SimulationError, Simulator
-from diffgym.gradient_modes import gradient_mode
+from diffgym.sim.forward import SimulationError, Simulator
+from diffgym.sim.gradient_modes import gradient_mode
 from diffgym.resources import asset_path
 
 _add = np.add.reduce
@@ -136,7 +136,7 @@ class DiffEnv(gym.Env):
     @property
     def gradient(self):
         """The gradient mode of the step Jacobians (``gym.make(id, gradient="smooth")``, a mapping
-        such as ``{"mode": "smooth", "rho": 1e-3}`` or a ``diffgym.gradient_modes`` instance)."""
+        such as ``{"mode": "smooth", "rho": 1e-3}`` or a ``diffgym.sim.gradient_modes`` instance)."""
         return self.sim.gradient
 
     # -- construction hooks -------------------------------------------------------------------

@@ -90,9 +90,9 @@ import warnings
 import numpy as np
 import pinocchio as pin
 
-from diffgym.forward import Simulator
+from diffgym.sim.forward import Simulator
 from diffgym.resources import asset_path
-from diffgym.unsupported import UnsupportedIgnoredWarning
+from diffgym.sim.unsupported import UnsupportedIgnoredWarning
 
 from .base import DiffEnv
 
@@ -177,7 +177,7 @@ class DiffGo1Env(DiffEnv):
         options.setdefault("dt", self.DT)
         options.setdefault("friction", self.FRICTION)
         # the URDF gives each joint 0.2 N m of dry friction (<dynamics friction>). diffgym
-        # simulates it (12 box-constrained rows, diffgym.equality; their mixed solve compiled,
+        # simulates it (12 box-constrained rows, diffgym.sim.equality; their mixed solve compiled,
         # their assembly in Python): measured 1.8x the time of an env step (10.0 vs 5.5 ms on a
         # loaded machine; 3.7x before that solve was compiled, and 4.0x with the Jacobian then),
         # for a difference of 1.4 cm in the base position after 3 s of random

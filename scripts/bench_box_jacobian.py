@@ -26,7 +26,7 @@ import warnings
 import numpy as np
 
 import diffgym
-from diffgym import derivatives
+from diffgym.sim import derivatives
 
 
 def column(n: int) -> str:

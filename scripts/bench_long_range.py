@@ -1,4 +1,4 @@
-"""How the cost of the long_range potential grows (diffgym.long_range): a benchmark table, not a
+"""How the cost of the long_range potential grows (diffgym.sim.long_range): a benchmark table, not a
 timed test.
 
 Part 1, resolution: two 20 cm cubes, each covered by k^3 leaf spheres (k per axis), near
@@ -21,8 +21,8 @@ import time
 import numpy as np
 
 from diffgym import Simulator
-from diffgym.gradient_modes import LongRange
-from diffgym.long_range import LongRangePotential, _leaves, potential  # noqa: F401
+from diffgym.sim.gradient_modes import LongRange
+from diffgym.sim.long_range import LongRangePotential, _leaves, potential  # noqa: F401
 
 
 def _timed(lr, sim, q, reps=3):

@@ -13,7 +13,7 @@ import warnings
 import numpy as np
 
 import diffgym
-from diffgym import derivatives
+from diffgym.sim import derivatives
 
 warnings.simplefilter("ignore")
 SCENE = """<mujoco><option timestep="0.01"/><worldbody>

@@ -10,7 +10,7 @@ a plane, 120 steps each with ``jacobian=True``. Prints the rows by reason
 """
 import sys
 import numpy as np, warnings, time, diffgym
-from diffgym import derivatives
+from diffgym.sim import derivatives
 warnings.simplefilter("ignore")
 rng = np.random.default_rng(1)
 def scene(seed):
@@ -36,6 +36,6 @@ for seed in range(3):
         steps += 1
         tot_rows += sim.last.num_contacts
         if not np.isfinite(jac.state).all(): bad += 1
-from diffgym import collision_derivatives as CD
+from diffgym.sim import collision_derivatives as CD
 print("fallback rows by reason", CD.fallback_reasons)
 print("steps", steps, "contact rows", tot_rows, "non-finite jac", bad, "fallback rows by kind", derivatives.fallback_counts, "%.1f s" % (time.perf_counter() - t0))

@@ -20,7 +20,7 @@ import numpy as np
 import gymnasium as gym
 
 import diffgym
-from diffgym import derivatives as D, forward as F, gradcheck
+from diffgym.sim import derivatives as D, forward as F, gradcheck
 from diffgym.envs import ENV_IDS  # noqa: F401
 
 _ORIG = (D._joint_torques, F._label_frictionless)

@@ -20,9 +20,9 @@ import warnings
 import numpy as np
 
 import diffgym
-from diffgym import derivatives
+from diffgym.sim import derivatives
 from diffgym.gradcheck import SIM_BLOCKS, step_differences
-from diffgym.derivatives import step_jacobian
+from diffgym.sim.derivatives import step_jacobian
 
 warnings.simplefilter("ignore")
 KINDS = ("sphere", "capsule", "box", "cylinder", "ellipsoid", "mesh")
@@ -157,7 +157,7 @@ def main():
                         line += f"   {err:.1e}  {one:.1e}  {','.join(sorted(set(sim.last.contact_modes)))}"
                     print(line, flush=True)
     print("fallback rows by kinds", derivatives.fallback_counts)
-    from diffgym import collision_derivatives as CD
+    from diffgym.sim import collision_derivatives as CD
     print("fallback rows by reason", CD.fallback_reasons)
     print(f"{time.perf_counter() - t0:.1f} s")
 

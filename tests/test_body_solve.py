@@ -9,10 +9,10 @@ import numpy as np
 import pytest
 
 import diffgym
-import diffgym.forward as fw
-from diffgym import solver_kernels as sk
+import diffgym.sim.forward as fw
+from diffgym.sim import solver_kernels as sk
 from diffgym.bench_scaling import balls_mjcf, boxes_mjcf
-from diffgym.solver import NCPSolver
+from diffgym.sim.solver import NCPSolver
 
 
 def _free_bodies_rows(rng, nb, floor_rows, null=None):

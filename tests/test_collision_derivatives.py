@@ -1,4 +1,4 @@
-"""Closed-form contact-geometry derivatives between polytopes (diffgym/collision_derivatives.py):
+"""Closed-form contact-geometry derivatives between polytopes (diffgym/sim/collision_derivatives.py):
 whole-step Jacobians against central differences of the whole step, at states the simulator
 visits (settled by stepping), with the finite-difference fallback forbidden.
 
@@ -10,7 +10,7 @@ import pinocchio as pin
 import pytest
 
 import diffgym
-from diffgym import derivatives
+from diffgym.sim import derivatives
 
 BLOCKS = ("dq_dq", "dq_dv", "dq_dtau", "dv_dq", "dv_dv", "dv_dtau")
 RTOL = 1e-6
@@ -282,7 +282,7 @@ def test_polytope_geometry_against_coal(ea, sa, pb, eb, sb):
                            np.concatenate([gj[c.geom1], gj[c.geom2]]))
     rows = list(range(cons.nc))
     dp, dn, dd = (np.zeros((cons.nc, 3, sim.nv)), np.zeros((cons.nc, 3, sim.nv)), np.zeros((cons.nc, sim.nv)))
-    from diffgym.collision_derivatives import polytope_pair
+    from diffgym.sim.collision_derivatives import polytope_pair
     assert polytope_pair(sim, kin, c, rows, int(gj[c.geom1[0]]), int(gj[c.geom2[0]]), dp, dn, dd) == []
     fp, fn, fd = np.zeros_like(dp), np.zeros_like(dn), np.zeros_like(dd)
     derivatives._collision_fd(sim, cons, rows, fp, fn, fd)

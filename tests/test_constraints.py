@@ -1,13 +1,13 @@
 """Issue 15: equality constraints (connect, weld, joint), joint dry friction (frictionloss),
 ball-joint limits and fixed tendons, against closed forms and MuJoCo, and their step
-Jacobians against central differences along rollouts (diffgym.equality)."""
+Jacobians against central differences along rollouts (diffgym.sim.equality)."""
 import numpy as np
 import pinocchio as pin
 import pytest
 
 import diffgym
 from diffgym.gradcheck import check_step_jacobians
-from diffgym.model import ModelError
+from diffgym.sim.model import ModelError
 
 
 def _link(name, pos, to, joint, inner=""):
@@ -513,7 +513,7 @@ def test_matches_mujoco(which):
 @pytest.mark.parametrize("which", ["loop", "weld", "couple", "poly", "friction", "ball", "tendon",
                                    "mixed"])
 def test_compiled_mixed_solve_follows_the_reference(which):
-    """The compiled mixed solve of the new rows (diffgym.equality_kernels, used by default)
+    """The compiled mixed solve of the new rows (diffgym.sim.equality_kernels, used by default)
     against the Python reference (``SolverSettings(compiled=False)``) on each element's
     rollout under random forces (bilateral, friction and unilateral rows; with contacts):
     the same trajectory and the same modes of the rows."""

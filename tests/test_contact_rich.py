@@ -9,9 +9,9 @@ import pytest
 
 import diffgym
 from diffgym import bench_drops
-from diffgym.forward import SimulationError, StabilityWarning
-from diffgym.model import ModelError
-from diffgym.solver import NCPSolver, SolverResult
+from diffgym.sim.forward import SimulationError, StabilityWarning
+from diffgym.sim.model import ModelError
+from diffgym.sim.solver import NCPSolver, SolverResult
 
 # the stages after the active-set Newton that are slow (thousands of iterations in Python or
 # pinocchio's ADMM); "prox+newton" is the regularized active-set Newton (a few Newton solves)

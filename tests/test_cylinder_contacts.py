@@ -16,7 +16,7 @@ import pinocchio as pin
 import pytest
 
 import diffgym
-from diffgym import derivatives
+from diffgym.sim import derivatives
 from diffgym.gradcheck import check_step_jacobians
 
 R_CYL, H_CYL = 0.1, 0.2          # radius, half length

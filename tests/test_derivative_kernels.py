@@ -7,8 +7,8 @@ import pinocchio as pin
 import pytest
 
 import diffgym
-from diffgym import derivative_kernels as K
-from diffgym import derivatives as D
+from diffgym.sim import derivative_kernels as K
+from diffgym.sim import derivatives as D
 from diffgym.resources import asset_path
 
 from test_gradients import BLOCKS, BOX, SHAPE, place_at_distance

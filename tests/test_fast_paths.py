@@ -10,8 +10,8 @@ import pinocchio as pin
 import pytest
 
 import diffgym
-from diffgym.collision_driver import CollisionDriver
-from diffgym.frames import tangent_frames
+from diffgym.sim.collision_driver import CollisionDriver
+from diffgym.sim.frames import tangent_frames
 from diffgym.resources import asset_path
 
 SHAPES = """<mujoco><option timestep="0.002"/><worldbody>
@@ -105,7 +105,7 @@ def test_lazy_step_info_fields_and_repr():
     info = sim.last
     cons, res = sim.cache["cons"], sim.cache["res"]
     assert info.num_contacts == cons.nc > 0
-    assert info.contact_modes == [diffgym.forward.MODE_NAMES[m] for m in res.modes]
+    assert info.contact_modes == [diffgym.sim.forward.MODE_NAMES[m] for m in res.modes]
     np.testing.assert_array_equal(info.contact_points, cons.contacts.pos)
     np.testing.assert_array_equal(info.contact_impulses, res.lam[:3 * cons.nc].reshape(-1, 3))
     np.testing.assert_array_equal(info.contact_impulses_world,
@@ -221,7 +221,7 @@ def test_fused_constrained_step_equals_the_stage_by_stage_one(model):
     """The step's single compiled call for limits, assembly, warm start and solve
     (forward._constrained_velocity) against the stage-by-stage path it stands in for (taken
     for a solver of any other type)."""
-    from diffgym.solver import NCPSolver
+    from diffgym.sim.solver import NCPSolver
 
     class Staged(NCPSolver):
         pass

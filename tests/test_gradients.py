@@ -209,7 +209,7 @@ def place_at_distance(sim, q, gap=-2e-5, pair=0):
     ('<geom type="box" size="0.1 0.15 0.2" friction="0.5"/>', "30 20 0", [0.3, 0.1, 0, 1.0, 0.5, 2.0]),
 ], ids=["cylinder-rim", "ellipsoid", "capsule", "box-corner"])
 def test_shape_on_plane_closed_form(geom, euler, v, monkeypatch):
-    from diffgym import derivatives
+    from diffgym.sim import derivatives
     monkeypatch.setattr(derivatives, "_collision_fd", lambda *a: pytest.fail("fallback used"))
     sim = diffgym.Simulator.from_string(SHAPE.format(
         ground='<geom type="plane" size="5 5 .1" friction="0.5"/>', euler=euler, geom=geom))
@@ -222,7 +222,7 @@ def test_shape_on_plane_closed_form(geom, euler, v, monkeypatch):
 def test_convex_mesh_on_plane_closed_form(tmp_path, monkeypatch):
     """A convex mesh (a tilted cube given as vertices and faces) sliding and spinning on one
     corner: the closed-form vertex route, checked against central differences of the step."""
-    from diffgym import derivatives
+    from diffgym.sim import derivatives
     monkeypatch.setattr(derivatives, "_collision_fd", lambda *a: pytest.fail("fallback used"))
     (tmp_path / "cube.obj").write_text(
         "".join(f"v {x} {y} {z}\n" for x in (-0.1, 0.1) for y in (-0.15, 0.15) for z in (-0.2, 0.2))
@@ -250,7 +250,7 @@ def test_collision_fd_fallback(ground, geom, euler, v, modes, points, monkeypatc
     """Pairs without closed-form geometry derivatives go through derivatives._collision_fd
     (a central difference of the collision output alone); the whole step Jacobian must still
     match central differences of the whole step, and must not without that term."""
-    from diffgym import derivatives
+    from diffgym.sim import derivatives
     calls = []
     real = derivatives._collision_fd
 
@@ -291,7 +291,7 @@ WALL = """<mujoco><option timestep="0.01"/><worldbody>
      list(2.0 * np.array([0.6, 0.5, 0.0]) - 0.2 * np.array([-0.5, 0.6, 0.7]) / np.sqrt(1.1)) + [0, 1.0, 0.5]),
 ], ids=["face", "edge", "corner"])
 def test_sphere_against_static_box_closed_form(centre, v, monkeypatch):
-    from diffgym import derivatives
+    from diffgym.sim import derivatives
     monkeypatch.setattr(derivatives, "_collision_fd", lambda *a: pytest.fail("fallback used"))
     sim = diffgym.Simulator.from_string(WALL)
     q = sim.q0
@@ -307,7 +307,7 @@ def test_sphere_against_static_box_closed_form(centre, v, monkeypatch):
 def test_moving_box_against_sphere_closed_form(region, monkeypatch):
     """A free box, turned at random, and a free ball (no gravity) pressed together: the contact
     on a face, an edge or a corner of the box; both bodies move."""
-    from diffgym import derivatives
+    from diffgym.sim import derivatives
     monkeypatch.setattr(derivatives, "_collision_fd", lambda *a: pytest.fail("fallback used"))
     sim = diffgym.Simulator.from_string("""<mujoco><option timestep="0.01" gravity="0 0 0"/><worldbody>
       <body name="ball" pos="1 0 0"><freejoint/><geom type="sphere" size="0.05" mass="0.3" friction="0.5"/></body>

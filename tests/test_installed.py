@@ -231,7 +231,7 @@ def test_read_only_installation_and_home(installed):
     xdg.mkdir()
     env = dict(installed["env"], HOME=str(home), XDG_CACHE_HOME=str(home / ".cache"))
     del env["NUMBA_CACHE_DIR"]
-    code = ("import gymnasium as gym, numpy as np, diffgym, diffgym.jit as j\n"
+    code = ("import gymnasium as gym, numpy as np, diffgym, diffgym.sim.jit as j\n"
             "e = gym.make('DiffCartPole-v0'); e.reset(seed=0); e.step(np.zeros(1))\n"
             "print(j.CACHE_MODE, j.CACHE_DIR)\n")
     for p in (home, purelib):

@@ -5,8 +5,8 @@ import pytest
 
 import diffgym
 from diffgym.bench_scaling import balls_mjcf, boxes_mjcf
-from diffgym.constraint import island_rows, row_islands
-from diffgym.solver import NCPSolver, SolverSettings
+from diffgym.sim.constraint import island_rows, row_islands
+from diffgym.sim.solver import NCPSolver, SolverSettings
 
 from test_gradients import assert_jacobian_matches
 

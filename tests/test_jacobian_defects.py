@@ -14,7 +14,7 @@ import pytest
 import gymnasium as gym
 
 import diffgym
-from diffgym import derivatives as D, gradcheck
+from diffgym.sim import derivatives as D, gradcheck
 from diffgym.envs import ENV_IDS  # noqa: F401  (registers the environments)
 
 BLOCKS = gradcheck.SIM_BLOCKS
@@ -154,7 +154,7 @@ def test_frictionless_balls_zero_slip_are_sliding():
 def test_frictionless_sticking_is_differentiated_as_a_ray(monkeypatch):
     """Without the relabelling, the same step has the solver's "sticking" label and the
     bonded derivative, which is wrong (so the test above cannot pass by accident)."""
-    from diffgym import forward
+    from diffgym.sim import forward
     sim, q, v, tau = _balls_touching()
     sim.reset_warmstart()
     _, _, good = sim.step(q, v, tau, jacobian=True)

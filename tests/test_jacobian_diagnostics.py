@@ -6,7 +6,7 @@ import pinocchio as pin
 import pytest
 
 import diffgym
-from diffgym import derivatives as D
+from diffgym.sim import derivatives as D
 
 BOX = """<mujoco><option timestep="0.01"/><worldbody><geom type="plane" size="5 5 .1" friction="0.5"/>
 <body name="box" pos="0 0 0.1"><freejoint/><geom type="box" size="0.1 0.15 0.1" friction="0.5"/>

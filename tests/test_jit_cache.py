@@ -1,4 +1,4 @@
-"""The kernel cache (diffgym/jit.py): stale machine code is never loaded, an unrelated file's
+"""The kernel cache (diffgym/sim/jit.py): stale machine code is never loaded, an unrelated file's
 change does not throw a kernel's cache away, and a kernel called with a literal and with a
 variable is compiled once."""
 from __future__ import annotations
@@ -10,12 +10,12 @@ import textwrap
 
 import pytest
 
-from diffgym import jit
+from diffgym.sim import jit
 
 pytestmark = pytest.mark.skipif(not jit.ENABLED, reason="DIFFGYM_JIT=0: no compiled kernels")
 
 CALLER = """
-from diffgym.jit import njit
+from diffgym.sim.jit import njit
 from toypkg.callee import helper, SCALE
 
 @njit
@@ -23,7 +23,7 @@ def entry(x):
     return helper(x, 0) + helper(x, 1) * SCALE
 """
 CALLEE = """
-from diffgym.jit import njit
+from diffgym.sim.jit import njit
 SCALE = {scale}
 
 @njit
@@ -31,7 +31,7 @@ def helper(x, k):
     return x * {factor} + k
 """
 OTHER = """
-from diffgym.jit import njit
+from diffgym.sim.jit import njit
 
 @njit
 def lonely(x):
@@ -99,7 +99,7 @@ def test_cache_follows_the_kernels_a_kernel_calls(tmp_path):
 
 
 def test_dependencies_of_the_fused_step():
-    from diffgym import collision_kernels, forward
+    from diffgym.sim import collision_kernels, forward
     files = {os.path.basename(p) for p in jit.kernel_dependencies(
         forward._constrained_velocity.py_func)[0]}
     assert {"forward.py", "constraint.py", "solver_kernels.py"} <= files

@@ -1,4 +1,4 @@
-"""The long_range gradient mode (diffgym.long_range): its potential, force and force derivative
+"""The long_range gradient mode (diffgym.sim.long_range): its potential, force and force derivative
 against central differences, the step Jacobians along random rollouts against central
 differences, repulsion, smoothness across the hierarchy's blend zones, and a force negligible at
 contact in the shipped billiards and push scenes."""
@@ -8,8 +8,8 @@ import pytest
 
 import diffgym
 from diffgym import Simulator
-from diffgym.gradient_modes import LongRange, gradient_mode
-from diffgym.long_range import LongRangePotential, Tree, _leaves, centred, potential
+from diffgym.sim.gradient_modes import LongRange, gradient_mode
+from diffgym.sim.long_range import LongRangePotential, Tree, _leaves, centred, potential
 
 # a sphere and a box on free joints, a capsule on a hinge-slide chain, a floor: leaf-leaf,
 # plane-node and multi-level node pairs, free-flyer and chain kinematics
@@ -102,7 +102,7 @@ def test_step_jacobians_match_central_differences_along_random_rollouts():
     q, v = sim.q0.copy(), np.zeros(sim.nv)
     for _ in range(25):
         q, v = sim.step(q, v, np.zeros(sim.nv))
-    from diffgym.derivatives import step_jacobian
+    from diffgym.sim.derivatives import step_jacobian
     a, b = step_jacobian(sim, compiled=True), step_jacobian(sim, compiled=False)
     for name in ("dq_dq", "dv_dq", "dv_dv", "dv_dtau"):
         x, y = getattr(a, name), getattr(b, name)
@@ -321,7 +321,7 @@ def test_relaxed_long_range_tends_to_long_range_as_rho_goes_to_zero():
 def test_relaxed_long_range_mode_parameters_and_plumbing():
     import gymnasium as gym
 
-    from diffgym.gradient_modes import as_dict
+    from diffgym.sim.gradient_modes import as_dict
     from diffgym.train.config import ConfigError, load_config
     m = gradient_mode({"mode": "long_range", "scale": 1e-6, "rho": 1e-3})
     assert m == LongRange(scale=1e-6, rho=1e-3) and gradient_mode(as_dict(m)) == m

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 import diffgym
-from diffgym.unsupported import KEYS, RULES, UnsupportedIgnoredWarning
+from diffgym.sim.unsupported import KEYS, RULES, UnsupportedIgnoredWarning
 
 mujoco = pytest.importorskip("mujoco")
 
@@ -191,7 +191,7 @@ CRAFTED = [
 ]
 
 
-# constructs the loader used to drop silently and that are now simulated (diffgym.equality):
+# constructs the loader used to drop silently and that are now simulated (diffgym.sim.equality):
 # they load without a refusal or a warning and step
 SIMULATED = [
     ("equality connect", doc("", tail='<equality>\n<connect body1="a" body2="b" anchor="0 0 0"/>\n</equality>'),

@@ -1,6 +1,6 @@
 """Closed-form contact-geometry derivatives for every primitive pair without a plane that used to
 take the finite-difference fallback (issue 16): cylinders and ellipsoids with every primitive, a
-sphere with a convex mesh (diffgym/convex_support.py: the exact optimum of the distance problem
+sphere with a convex mesh (diffgym/sim/convex_support.py: the exact optimum of the distance problem
 and the implicit derivative of its optimality conditions).
 
 For each pair a free body of one kind is dropped on a static geom of the other and settled by
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import diffgym
-from diffgym import derivatives
+from diffgym.sim import derivatives
 from diffgym.gradcheck import SIM_BLOCKS, step_differences
 
 RTOL = 1e-6

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import diffgym
-from diffgym import derivatives as D
-from diffgym.model import ModelError
+from diffgym.sim import derivatives as D
+from diffgym.sim.model import ModelError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -245,7 +245,7 @@ def test_plain_python_kernels_give_the_same_bounce():
 def test_stage_by_stage_path_applies_the_same_law():
     """The fused compiled call (forward._constrained_velocity) and the stage-by-stage path
     (ConstraintBuilder.assemble, taken for any other solver type) give the same bounces."""
-    from diffgym.solver import NCPSolver
+    from diffgym.sim.solver import NCPSolver
 
     class Staged(NCPSolver):
         pass
@@ -267,7 +267,7 @@ def test_stage_by_stage_path_applies_the_same_law():
 
 def test_two_ball_shot_at_the_time_of_impact():
     """The paper's setting (dt = 0.01, 20 steps): with the impact resolved at its time inside
-    the step (diffgym.impact_time) the continuous-time (event-driven) initial velocity sends the
+    the step (diffgym.sim.impact_time) the continuous-time (event-driven) initial velocity sends the
     yellow ball to the target to rounding, the rollout Jacobian through the impact step agrees
     with central differences of whole rollouts, and Gauss-Newton finds that velocity."""
     sys.path.insert(0, os.path.join(ROOT, "scripts"))

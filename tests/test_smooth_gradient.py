@@ -12,9 +12,9 @@ import pinocchio as pin
 import pytest
 
 import diffgym
-from diffgym.gradient_modes import Exact, Smooth
+from diffgym.sim.gradient_modes import Exact, Smooth
 from diffgym.resources import asset_path
-from diffgym.smoothing import relaxed_solve, row_scale
+from diffgym.sim.smoothing import relaxed_solve, row_scale
 
 BLOCKS = ("dq_dq", "dq_dv", "dq_dtau", "dv_dq", "dv_dv", "dv_dtau")
 BOX = """<mujoco><option timestep="0.01"/><worldbody><geom type="plane" size="5 5 .1" friction="0.5"/>
@@ -23,7 +23,7 @@ BOX = """<mujoco><option timestep="0.01"/><worldbody><geom type="plane" size="5 
 
 
 def _check_relaxed_conditions(sol, G, g, nc, mu, rho, scale):
-    """The relaxed conditions, written out independently of diffgym.smoothing."""
+    """The relaxed conditions, written out independently of diffgym.sim.smoothing."""
     lam, sig = sol.lam, G @ sol.lam + g
     l = scale * lam
     for i in range(nc):

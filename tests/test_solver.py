@@ -1,4 +1,4 @@
-"""The NCP solver (diffgym/solver.py): unit tests and a cross-check with pinocchio's own NCP solver
+"""The NCP solver (diffgym/sim/solver.py): unit tests and a cross-check with pinocchio's own NCP solver
 (``pin.ADMMConstraintSolver`` with ``solve_ncp``) on random problems and on problems captured from
 simulated scenes. NCP solutions need not be unique in lam (redundant contacts) and, with friction,
 not always in sigma either; where they differ, both must be solutions."""
@@ -8,7 +8,7 @@ import pytest
 
 import diffgym
 from diffgym.resources import asset_path
-from diffgym.solver import (BREAKING, MODE_NAMES, SLIDING, STICKING, NCPSolver, SolverResult,
+from diffgym.sim.solver import (BREAKING, MODE_NAMES, SLIDING, STICKING, NCPSolver, SolverResult,
                             SolverSettings, desaxce, natural_residual, project_cone)
 
 BOX = """<mujoco><option timestep="0.01"/><worldbody><geom type="plane" size="5 5 .1" friction="{mu}"/>

@@ -1,4 +1,4 @@
-"""The compiled stage 1 of the NCP solve (diffgym/solver_kernels.py) against the Python reference
+"""The compiled stage 1 of the NCP solve (diffgym/sim/solver_kernels.py) against the Python reference
 (``SolverSettings(compiled=False)``) on problems recorded from simulations (hopper, Go1, boxes
 resting / sliding / stacked, a pendulum on its joint limit, billiards) and on random problems
 (SPD and rank-deficient G, warm and cold starts).
@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 
 import diffgym
-import diffgym.solver as solver_mod
-import diffgym.solver_kernels as sk
+import diffgym.sim.solver as solver_mod
+import diffgym.sim.solver_kernels as sk
 from diffgym.resources import asset_path
-from diffgym.solver import NCPSolver, SolverSettings, _natres, natural_residual
+from diffgym.sim.solver import NCPSolver, SolverSettings, _natres, natural_residual
 
 BOX = """<mujoco><option timestep="0.01"/><worldbody><geom type="plane" size="5 5 .1" friction="{mu}"/>
 <body name="box" pos="0 0 0.1"><freejoint/><geom type="box" size="0.1 0.15 0.1" friction="{mu}"/>

@@ -1,4 +1,4 @@
-"""Per-tree dynamics (diffgym.trees): a scene of many independent trees is stepped with one
+"""Per-tree dynamics (diffgym.sim.trees): a scene of many independent trees is stepped with one
 small pinocchio Model/Data per group of trees. Oracle: pinocchio on the whole model (the
 single-model path) and central differences of the step."""
 import warnings
@@ -7,11 +7,11 @@ import numpy as np
 import pinocchio as pin
 import pytest
 
-import diffgym.trees as trees_mod
+import diffgym.sim.trees as trees_mod
 from diffgym import Simulator
 from diffgym.gradcheck import check_step_jacobians
-from diffgym.pinviews import gather_placements
-from diffgym.trees import TreeGroups, group_ranges
+from diffgym.sim.pinviews import gather_placements
+from diffgym.sim.trees import TreeGroups, group_ranges
 
 # an arm of two hinges on the world (one tree), a column of two boxes, a box leaning on the
 # arm's reach and two balls, one resting against a box (contacts between trees)
@@ -161,11 +161,11 @@ def test_no_whole_model_data_for_a_pile(monkeypatch):
 
 
 def test_narrow_phase_tables_equal_pinocchio():
-    """diffgym.pair_tables does what pinocchio.computeCollision / computeContactPatch do with a
+    """diffgym.sim.pair_tables does what pinocchio.computeCollision / computeContactPatch do with a
     GeometryData's per-pair objects: the same points, normals and depths, bit for bit."""
     from diffgym.bench_scaling import boxes_mjcf
-    from diffgym.collision_driver import GJK_TOLERANCE, tighten_requests
-    from diffgym.pair_tables import NarrowPhase
+    from diffgym.sim.collision_driver import GJK_TOLERANCE, tighten_requests
+    from diffgym.sim.pair_tables import NarrowPhase
     sim = Simulator.from_string(boxes_mjcf(8))
     m, gm = sim.model, sim.geom_model
     d, gd = m.createData(), pin.GeometryData(gm)
@@ -204,7 +204,7 @@ def test_narrow_phase_tables_equal_pinocchio():
     assert hits > 20
     # a scene of more candidate pairs than REGISTER_PAIRS_MAX keeps them out of the
     # GeometryModel (its GeometryData then has no per-pair tables) and still collides
-    from diffgym.pair_tables import REGISTER_PAIRS_MAX
+    from diffgym.sim.pair_tables import REGISTER_PAIRS_MAX
     big = Simulator.from_string(boxes_mjcf(64))
     assert len(big.sm.pairs) > REGISTER_PAIRS_MAX and len(big.geom_model.collisionPairs) == 0
     big.step(big.q0, np.zeros(big.nv), np.zeros(big.nv))

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 
 import diffgym
-from diffgym.model import ModelError
-from diffgym.unsupported import UnsupportedIgnoredWarning
+from diffgym.sim.model import ModelError
+from diffgym.sim.unsupported import UnsupportedIgnoredWarning
 
 LINK = """<link name="{n}"><inertial><mass value="{m}"/><inertia ixx="0.01" iyy="0.01" izz="0.01"
  ixy="0" ixz="0" iyz="0"/></inertial></link>"""
@@ -178,12 +178,12 @@ def test_go1_with_its_joint_friction_has_exact_step_jacobians():
 
 
 def test_go1_joint_friction_compiled_solve_follows_the_reference(monkeypatch):
-    """The compiled mixed solve of the friction rows (diffgym.equality_kernels) against the
+    """The compiled mixed solve of the friction rows (diffgym.sim.equality_kernels) against the
     Python reference (``SolverSettings(compiled=False)``): the Go1 with its URDF joint friction
     lands under a PD with random torques; the trajectories agree, the rows stick and slide,
     some rounds' reduced problems need the later solver stages (the kernel's resume path), and
     the step Jacobians agree at visited states."""
-    from diffgym.equality import ExtraRows
+    from diffgym.sim.equality import ExtraRows
     from diffgym.resources import asset_path
     resumed = []
     orig = ExtraRows._solve_reduced

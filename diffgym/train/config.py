@@ -71,7 +71,7 @@ class SHACConfig:
     actor_log_std_init: float = -1.0
     reward_scale: float = 1.0
     bound_coef: float = 0.0
-    # the step Jacobians the actor's gradient flows through (diffgym.gradient_modes): "exact",
+    # the step Jacobians the actor's gradient flows through (diffgym.sim.gradient_modes): "exact",
     # "smooth" or "long_range", or a mapping such as {mode: smooth, rho: 1.0e-3}
     gradient: str | dict = "exact"
 
@@ -125,7 +125,7 @@ def _validate(cfg: "TrainConfig") -> None:
     for key in _UNIT:
         if not 0.0 <= _get(cfg, key) <= 1.0:
             raise ConfigError(f"{key}: must be in [0, 1], got {_get(cfg, key)!r}")
-    from diffgym.gradient_modes import gradient_mode
+    from diffgym.sim.gradient_modes import gradient_mode
     try:
         mode = gradient_mode(cfg.shac.gradient)
     except (ValueError, TypeError) as exc:

@@ -1,6 +1,6 @@
 """Impacts at their time of impact inside the step (restitution, issue 15).
 
-Newton's impact law (:func:`diffgym.constraint.restitution_bias`) gives the velocity after an
+Newton's impact law (:func:`diffgym.sim.constraint.restitution_bias`) gives the velocity after an
 impact, ``v1``; the semi-implicit step ``q1 = q (+) dt v1`` then moves the bodies with ``v1`` over
 the whole step, as if the impact had happened at its start: a ball shot at 4 m/s with dt = 0.01
 lands up to 4 cm away from where the continuous-time impact puts it, and the final position is
@@ -20,9 +20,9 @@ two balls colliding on a frictionless table end where the event-driven solution 
 
 **Derivatives.** ``t_k`` is a smooth function of the state where it is inside ``(0, dt)``:
 ``dt_k = -dd_k / u_k + d_k du_k / u_k^2`` with ``dd_k / dq`` the contact distance's derivative
-(:func:`diffgym.derivatives.geometry_derivatives`) and ``du_k = n . dvrel + dn . vrel`` at the
+(:func:`diffgym.sim.derivatives.geometry_derivatives`) and ``du_k = n . dvrel + dn . vrel`` at the
 pre-step velocity (``du_k / dv`` the normal row of ``J``); ``correct_jacobian`` rebuilds the rows
-of ``q1`` from the step's ``dv1`` rows, on either route of :func:`diffgym.derivatives.step_jacobian`.
+of ``q1`` from the step's ``dv1`` rows, on either route of :func:`diffgym.sim.derivatives.step_jacobian`.
 """
 from __future__ import annotations
 

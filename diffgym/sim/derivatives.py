@@ -155,7 +155,7 @@ class JacobianDiagnostics:
             margins, kcode, a = K.mode_margins(res.lam, res.sigma, modes, act, G, cons.nc, mu)
             xr = getattr(cons, "extra", None)
             if xr is not None and xr.m:
-                # the rows of diffgym.equality: bilateral rows never switch; a sticking
+                # the rows of diffgym.sim.equality: bilateral rows never switch; a sticking
                 # friction row switches when |lam| reaches its bound ("impulse"), a sliding one
                 # when its velocity reaches zero ("slip")
                 margins, kcode = margins.copy(), kcode.copy()
@@ -323,7 +323,7 @@ class _Kin:
     def __init__(self, model, data, q, v1, joints, trees=None):
         self.nv = model.nv
         self._stacked = {}
-        if trees is not None:             # tree by tree (diffgym.trees): the same quantities
+        if trees is not None:             # tree by tree (diffgym.sim.trees): the same quantities
             from .trees import joint_kinematics
             k = joint_kinematics(trees, q, v1, joints)
             self.J, self.dV, self.omega, self.o, self.R = (k["J"], k["dV"], k["omega"], k["o"],
@@ -696,7 +696,7 @@ def _collision_fd(sim, cons, idx, dp, dn, dd) -> None:
     else:
         data = model.createData()
     gdata = pin.GeometryData(sim.geom_model)
-    # the narrow phase's per-pair coal objects (diffgym.pair_tables), this function's own
+    # the narrow phase's per-pair coal objects (diffgym.sim.pair_tables), this function's own
     nph = sim.__dict__.get("_fd_narrow")
     if nph is None:
         from .collision_driver import GJK_TOLERANCE
@@ -845,7 +845,7 @@ def _joint_torques(sim, cons, res) -> np.ndarray:
         out[lim.idx_v] += lim.sign * lam * inv_dt
     xr = getattr(cons, "extra", None)
     if xr is not None and xr.m:
-        # the rows of diffgym.equality acting on joints (coupling, friction, ball and tendon
+        # the rows of diffgym.sim.equality acting on joints (coupling, friction, ball and tendon
         # limits) as joint torques; connect and weld impulses are external forces (fext)
         s0 = k + len(cons.limits)
         lam_x = np.where(sim._extra.spatial_rows(xr), 0.0, res.lam[s0:])
@@ -869,7 +869,7 @@ def _with_long_range(sim, ddq_dq: np.ndarray, Minv: np.ndarray) -> np.ndarray:
 
 def relaxed_derivative(mode) -> bool:
     """Whether ``mode``'s Jacobian is taken through the relaxed contact problem
-    (``diffgym.smoothing``): the smooth mode, and the long_range mode with ``rho`` set."""
+    (``diffgym.sim.smoothing``): the smooth mode, and the long_range mode with ``rho`` set."""
     return mode.name == "smooth" or (mode.name == "long_range" and mode.rho is not None)
 
 
@@ -879,7 +879,7 @@ def step_jacobian(sim, compiled: bool | None = None) -> StepJacobian:
     ``compiled``: the numba route (``derivative_kernels``; the default, see ``COMPILED``) or the
     numpy reference below (False). Both give the same numbers to rounding; the compiled route
     falls back to the reference where it does not apply (mimic joints, non-finite data).
-    Gives the derivative of ``sim.gradient`` (diffgym.gradient_modes): smooth and long_range
+    Gives the derivative of ``sim.gradient`` (diffgym.sim.gradient_modes): smooth and long_range
     with ``rho`` take the contact part through ``smoothing.relaxed_view``; long_range adds its
     force's derivative (``_with_long_range``) on either route."""
     mode = getattr(sim, "gradient", None)
@@ -888,24 +888,24 @@ def step_jacobian(sim, compiled: bool | None = None) -> StepJacobian:
         if sim.__dict__.get("_extra") is not None:
             raise NotImplementedError(
                 f"gradient mode {mode!r} (the relaxed contact derivative) does not cover the rows "
-                "of diffgym.equality (equality constraints, joint frictionloss, ball-joint and "
+                "of diffgym.sim.equality (equality constraints, joint frictionloss, ball-joint and "
                 "tendon limits) yet; use 'exact' (or 'long_range' without rho)")
         # the relaxed problem's solution replaces the exact one in every stage, and its
-        # linearized conditions replace the mode system (diffgym.smoothing)
+        # linearized conditions replace the mode system (diffgym.sim.smoothing)
         from .smoothing import relaxed_view
         C, system = relaxed_view(sim, mode.rho)
     elif mode is not None and mode.name not in ("exact", "long_range"):
         raise NotImplementedError(f"gradient mode {mode.name!r} is not implemented")
     out = None
     if sim.__dict__.get("_extra") is not None:
-        compiled = False           # the rows of diffgym.equality: the numpy route only
+        compiled = False           # the rows of diffgym.sim.equality: the numpy route only
     if COMPILED if compiled is None else compiled:
         out = _step_jacobian_compiled(sim, C, system)
     if out is None:
         out = _step_jacobian_reference(sim, C, system)
     C = sim.cache
     if C.get("impact_times") is not None or C.get("impact_pre") is not None:
-        # impacts at their time inside the step (diffgym.impact_time)
+        # impacts at their time inside the step (diffgym.sim.impact_time)
         from .impact_time import correct_jacobian
         correct_jacobian(sim, out, C)
     out.diagnostics = JacobianDiagnostics(sim, C["cons"], C["res"], C["G"])
@@ -962,7 +962,7 @@ def _step_jacobian_reference(sim, C=None, system=None) -> StepJacobian:
     xterms = None
     xr = getattr(cons, "extra", None) if cons is not None else None
     if xr is not None and xr.m:
-        # the rows of diffgym.equality: kinematic terms, connect/weld impulses into fext
+        # the rows of diffgym.sim.equality: kinematic terms, connect/weld impulses into fext
         s0 = 3 * cons.nc + len(cons.limits)
         xterms = (s0,) + ex.kinematic_derivatives(q, v1, res.lam[s0:], xr, dt, fext)
     ddq_dq, ddq_dv, Minv = pin.computeABADerivatives(model, data, q, v,
@@ -1027,7 +1027,7 @@ def _step_jacobian_reference(sim, C=None, system=None) -> StepJacobian:
             lim = sim.sm.limits[li]
             gain = 1.0 / dt if ld > skin else erp / dt        # baumgarte_gain on a float
             Dq_extra[3 * nc + jl, lim.idx_v] += gain * lim.sign
-        if xterms is not None:              # the rows of diffgym.equality (kinematic terms)
+        if xterms is not None:              # the rows of diffgym.sim.equality (kinematic terms)
             s0, Dx, cx = xterms
             Dq_extra[s0:] = Dx
             corr += cx
@@ -1073,7 +1073,7 @@ class _CompiledState:
         model = self.model = sim.model
         nv, nj = model.nv, model.njoints
         self.ok = getattr(model, "nvExtended", nv) == nv       # no mimic joints
-        # a scene of many trees: per-group pinocchio Data (diffgym.trees) instead of one
+        # a scene of many trees: per-group pinocchio Data (diffgym.sim.trees) instead of one
         self.trees = trees = sim.__dict__.get("_trees")
         data = self.data = model.createData() if trees is None else None
         self.zero = np.zeros(nv)

@@ -1,4 +1,4 @@
-"""Compiled kernels of the long_range gradient mode (``diffgym.long_range``), plain loops (numba).
+"""Compiled kernels of the long_range gradient mode (``diffgym.sim.long_range``), plain loops (numba).
 
 ``evaluate_pairs`` walks the bounding-sphere hierarchies of every candidate geom pair with an
 explicit stack (the paper's Algorithm 1: a node pair farther apart than ``d2`` is one centred

@@ -2,7 +2,7 @@
 
 A model file that asks for something changing the dynamics that diffgym does not implement
 (a spatial tendon, MuJoCo's RK4 integrator, fluid forces, ...) is
-refused with a :class:`~diffgym.model.ModelError` naming the file, line, element and attribute
+refused with a :class:`~diffgym.sim.model.ModelError` naming the file, line, element and attribute
 of every such use. A user who accepts the difference loads it anyway with
 ``Simulator.from_file(path, ignore_unsupported=("tendon", "joint.frictionloss"))``: the named
 constructs are left out (a warning, :class:`UnsupportedIgnoredWarning`, lists them). A name
@@ -162,7 +162,7 @@ SUPPORTED_NOW: tuple[str, ...] = ("equality.connect", "equality.weld", "equality
 # Simulated elements a user may still leave out by name with ``ignore_unsupported`` (the loader
 # drops them and warns, :class:`UnsupportedIgnoredWarning`, as for an ignored refusal): joint dry
 # friction (MJCF ``frictionloss``, URDF ``<dynamics friction>``), whose rows take a model off
-# the compiled fast path (diffgym.equality).
+# the compiled fast path (diffgym.sim.equality).
 OPTIONAL: dict[str, str] = {"joint.frictionloss": "joint dry friction"}
 
 KEYS: tuple[str, ...] = tuple(dict.fromkeys(r.key for r in RULES))

@@ -180,7 +180,7 @@ def _warn_unstable_dt(sim) -> None:
         return
     try:
         # M, D and K are block diagonal over the kinematic trees (D and K diagonal): the
-        # largest eigenvalue over the blocks (diffgym.trees; no whole-model pinocchio Data)
+        # largest eigenvalue over the blocks (diffgym.sim.trees; no whole-model pinocchio Data)
         from .trees import block_mass_matrices
         kdiag = np.zeros(model.nv)
         for iv, (k, _) in stiff.items():
@@ -602,7 +602,7 @@ class Simulator:
         self._source: tuple | None = None
         self._settings = dict(dt=dt, erp=erp, margin=margin, tol=tol, max_iter=max_iter,
                               max_contact_points=max_contact_points)
-        # which derivative step(..., jacobian=True) returns (diffgym.gradient_modes)
+        # which derivative step(..., jacobian=True) returns (diffgym.sim.gradient_modes)
         self.gradient = gradient_mode(gradient)
         if dt is not None:
             sm.dt = dt
@@ -620,7 +620,7 @@ class Simulator:
         self.sm = sm
         self.model: pin.Model = _implicit_damping_model(sm)
         self.geom_model: pin.GeometryModel = sm.geom_model
-        # per-tree dynamics (diffgym.trees): a scene of many independent trees keeps one small
+        # per-tree dynamics (diffgym.sim.trees): a scene of many independent trees keeps one small
         # pinocchio Data per group of trees (a whole-model Data is cubic in nv); None: one
         # model, one Data (a single tree, or a small scene)
         trees = TreeGroups(self.model)
@@ -647,7 +647,7 @@ class Simulator:
         self._stiff_ref = np.array([v[1] for v in getattr(sm, "stiffness", {}).values()])
         self._stiff_q = np.array([self._idx_q_of_v(i) for i in self._stiff_idx], dtype=np.int64)
         # issue 15: equality constraints, dry friction, ball limits, fixed tendons
-        # (diffgym.equality); such models take the stage-by-stage path
+        # (diffgym.sim.equality); such models take the stage-by-stage path
         spec = getattr(sm, "constraint_spec", None)
         self._extra = None
         if spec is not None and not spec.empty():
@@ -678,7 +678,7 @@ class Simulator:
         """Load an MJCF (.xml) or URDF (.urdf) file. Keyword settings override the file.
 
         What the file asks for and diffgym does not simulate (a spatial tendon, RK4, fluid
-        forces, ...: :data:`diffgym.unsupported.RULES`) raises a ModelError naming file, line,
+        forces, ...: :data:`diffgym.sim.unsupported.RULES`) raises a ModelError naming file, line,
         element and attribute; ``ignore_unsupported=("tendon", ...)`` loads it anyway without
         them (and warns what was left out). ``"joint.frictionloss"`` leaves out joint dry
         friction, which is simulated (MJCF ``frictionloss``, URDF ``<dynamics friction>``)."""
@@ -764,7 +764,7 @@ class Simulator:
     def data(self) -> pin.Data:
         """A pinocchio Data of the whole model, holding the kinematics (placements, velocities,
         joint Jacobians) at the last step's (q, v). On a scene stepped tree by tree
-        (diffgym.trees) the step does not use it: it is made on first access (its size is cubic
+        (diffgym.sim.trees) the step does not use it: it is made on first access (its size is cubic
         in nv) and brought to the last step's (q, v) on the first access after each step."""
         d = self.__dict__.get("_data")
         if d is None:
@@ -975,7 +975,7 @@ class Simulator:
             v = self._vector(v, nv, "v")
             tau = self._vector(tau, nv, "tau")
 
-        if trees is not None:              # tree by tree (diffgym.trees)
+        if trees is not None:              # tree by tree (diffgym.sim.trees)
             data = trees.kinematics(q, v)
             trees.geometry_placements(self.geom_model, self.geom_data)
         else:
@@ -993,7 +993,7 @@ class Simulator:
         else:
             tau_total = tau - self.sm.damping * v       # (= tau + (-damping * v), exactly)
         if self.gradient.name == "long_range":
-            # the long-range barrier's generalized force enters the step (diffgym.long_range)
+            # the long-range barrier's generalized force enters the step (diffgym.sim.long_range)
             tau_total = tau_total + self._long_range_force(Jw)
         a_free = (pin.aba(model, data, q, v, tau_total) if trees is None
                   else trees.aba(q, v, tau_total))
@@ -1008,7 +1008,7 @@ class Simulator:
         if ex is not None:
             xrows = ex.rows(q, v, dt)
         if xrows is not None and xrows.m:
-            # the stage-by-stage path with the rows of diffgym.equality after the others
+            # the stage-by-stage path with the rows of diffgym.sim.equality after the others
             cons, res, G, g, Minv, v1 = self._solve_with_extra(q, v, Jw, contacts, v_free,
                                                                xrows)
         elif not nc and cb.has_limits and not len(cb.active_limits(q, v, dt)[0]):
@@ -1078,7 +1078,7 @@ class Simulator:
             if not verified:
                 res = dataclasses.replace(res, converged=False, residual=float(r1),
                                           method=res.method + "+unverified")
-        # an impact-law contact: the impact at its time inside the step (diffgym.impact_time)
+        # an impact-law contact: the impact at its time inside the step (diffgym.sim.impact_time)
         pre, toi = self.__dict__.get("_toi_pass"), None
         spent = consumed_time(pre) if pre else None
         if cons is not None and getattr(cons, "restitution", None) is not None:
@@ -1120,7 +1120,7 @@ class Simulator:
         return q1, v1
 
     def _solve_with_extra(self, q, v, Jw, contacts, v_free, xrows):
-        """The constrained velocity with the rows of :mod:`diffgym.equality` (equality
+        """The constrained velocity with the rows of :mod:`diffgym.sim.equality` (equality
         constraints, dry friction, ball and tendon limits) after the contact and joint-limit
         rows: assembly of all rows, the mixed solve (``ExtraRows.solve``) and ``v1``."""
         model, data, dt, nv = self.model, self.__dict__.get("_data"), self.dt, self.model.nv
@@ -1156,7 +1156,7 @@ class Simulator:
         return cons, res, G, g, Ms, v1
 
     def _record_extra(self, cons, res, xrows) -> None:
-        """sim.last's fields of the diffgym.equality rows (``constraint_labels``,
+        """sim.last's fields of the diffgym.sim.equality rows (``constraint_labels``,
         ``constraint_impulses``, ``constraint_modes``); ``limit_impulses`` / ``limit_active``
         keep only the joint-limit rows."""
         d = self.last.__dict__

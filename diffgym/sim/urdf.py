@@ -10,7 +10,7 @@ candidate, minus the pairs an SRDF ``disable_collisions`` lists). Joint limits o
 prismatic joints become hard limits; each actuated scalar joint gets a unit-gear motor whose
 control range is the URDF effort limit. ``<dynamics damping>`` is joint damping (pinocchio reads
 it), ``<dynamics friction>`` joint dry friction (the rows of MJCF ``frictionloss``, see
-:mod:`diffgym.equality`; ``ignore_unsupported=("joint.frictionloss",)`` leaves it out) and
+:mod:`diffgym.sim.equality`; ``ignore_unsupported=("joint.frictionloss",)`` leaves it out) and
 ``<mimic joint multiplier offset>`` a bilateral coupling ``q = multiplier q_joint + offset`` (the
 row of MJCF ``<equality><joint>``; between revolute and prismatic joints, a continuous joint's
 mimic is refused). If an SRDF sits beside the URDF (``../srdf/NAME.srdf``
@@ -37,7 +37,7 @@ _URDF_TEXT_ATTRS = {"name", "type", "link", "joint", "filename", "parent", "chil
 def check_urdf(path: str, ignore_unsupported=None) -> dict[str, str]:
     """Check a URDF before pinocchio reads it: non-finite numbers, negative masses, inertias
     that are not physical (a negative principal moment, the triangle inequality), geometry
-    sizes, joint ranges, and what diffgym does not simulate (:data:`diffgym.unsupported.RULES`).
+    sizes, joint ranges, and what diffgym does not simulate (:data:`diffgym.sim.unsupported.RULES`).
     Errors name file, line, element and attribute. Returns
     where each joint was declared (for later messages)."""
     with open(path, encoding="utf-8") as fh:
@@ -257,7 +257,7 @@ def _constraint_spec(path: str, model, joint_where: dict[str, str], ignore_unsup
     """The URDF's joint dry friction (``<dynamics friction>``, read by pinocchio into
     ``model.friction``: one box-constrained row per dof, as MJCF ``frictionloss``) and its
     ``<mimic>`` couplings (``q_j = multiplier q_i + offset``: one bilateral row, as MJCF
-    ``<equality><joint>``), as a :class:`diffgym.equality.ConstraintSpec`."""
+    ``<equality><joint>``), as a :class:`diffgym.sim.equality.ConstraintSpec`."""
     from .equality import ConstraintSpec, JointCoupling
     refusals = Refusals(path, ignore_unsupported)
     spec = ConstraintSpec()

@@ -1,6 +1,6 @@
 """The loaded model: a pinocchio Model and GeometryModel plus what pinocchio does not hold.
 
-Both loaders (:mod:`diffgym.mjcf`, :mod:`diffgym.urdf`) produce a :class:`SimModel`. It carries
+Both loaders (:mod:`diffgym.sim.mjcf`, :mod:`diffgym.sim.urdf`) produce a :class:`SimModel`. It carries
 the per-geom contact properties (friction, contype/conaffinity), the candidate collision pairs
 after MuJoCo's filtering rules, the hard joint limits, actuators and the default state.
 """
@@ -122,7 +122,7 @@ def check_inertia(model: pin.Model, source: str = "<string>",
                              "inertia")
     if model.nv == 0:
         return
-    # M is block diagonal over the kinematic trees: each block on its own (diffgym.trees: a
+    # M is block diagonal over the kinematic trees: each block on its own (diffgym.sim.trees: a
     # whole-model pinocchio Data is cubic in nv), the scale over the whole diagonal
     from .trees import block_mass_matrices
     blocks = list(block_mass_matrices(model, pin.neutral(model)))

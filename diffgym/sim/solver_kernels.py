@@ -1,4 +1,4 @@
-"""Compiled stage 1 of the NCP solve (``diffgym/solver.py``): the warm-started active-set Newton.
+"""Compiled stage 1 of the NCP solve (``diffgym/sim/solver.py``): the warm-started active-set Newton.
 
 A line-by-line port of ``NCPSolver._active_set`` and everything it calls (``_prepare``,
 ``_newton`` with its linear and sliding branches, line search, iterative refinement and

@@ -1,10 +1,10 @@
-"""Model loading, MJCF: parse a MuJoCo XML document into a :class:`~diffgym.model.SimModel`.
+"""Model loading, MJCF: parse a MuJoCo XML document into a :class:`~diffgym.sim.model.SimModel`.
 
 pinocchio's own MJCF parser reads only the first body tree under ``<worldbody>`` and ignores
 ``<option>``; this module reads the whole document the way MuJoCo's compiler does for the
 subset of MJCF that rigid-body scenes use:
 
-* ``<include file>`` (relative to the including file; :mod:`diffgym.xmlsource`), several
+* ``<include file>`` (relative to the including file; :mod:`diffgym.sim.xmlsource`), several
   ``<worldbody>``/``<actuator>``/... sections
 * ``<compiler angle eulerseq inertiafromgeom autolimits meshdir assetdir settotalmass>``,
   ``<option timestep gravity>``, ``<flag contact constraint limit gravity passive spring damper>``
@@ -21,13 +21,13 @@ subset of MJCF that rigid-body scenes use:
 * ``<actuator><motor>`` and ``<general>`` (fixed gain) on joints, the first ``<keyframe><key qpos>``
 
 Anything else that changes the dynamics is refused by name with file and line
-(:data:`diffgym.unsupported.RULES`; ``ignore_unsupported`` loads it without), and every numeric
+(:data:`diffgym.sim.unsupported.RULES`; ``ignore_unsupported`` loads it without), and every numeric
 attribute, friction, mass, inertia, size and range is checked at load.
 * diffgym's coefficients of restitution, in ``<custom><numeric name="diffgym:restitution"`` (every
   geom) or ``name="diffgym:restitution:GEOM"`` (one geom) ``data="e"/>``: MuJoCo loads and
   ignores them (``parse_restitution``)
 * ``<equality>`` connect/weld/joint, joint ``frictionloss``, ball-joint ``range`` and
-  ``<tendon><fixed>`` (rows of the constraint problem: ``diffgym.equality``)
+  ``<tendon><fixed>`` (rows of the constraint problem: ``diffgym.sim.equality``)
 
 Configuration vectors use pinocchio's convention: a free joint is ``[x y z qx qy qz qw]``
 (MuJoCo writes ``[x y z qw qx qy qz]``; keyframes are converted). Its velocity is MuJoCo's:
@@ -262,7 +262,7 @@ class _MJCFBuilder:
 
     # -- what the model asks for that diffgym does not simulate; bad numbers ---------------
     def scan(self) -> None:
-        """Check every element against :data:`diffgym.unsupported.RULES` (attributes with the
+        """Check every element against :data:`diffgym.sim.unsupported.RULES` (attributes with the
         default classes applied) and every numeric attribute for NaN/inf, everywhere in the
         document; geom and pair friction must be >= 0."""
         rules = rules_for("mjcf")
@@ -947,7 +947,7 @@ class _MJCFBuilder:
 
     def parse_constraint_spec(self, q0: np.ndarray):
         """``<equality>`` (connect, weld, joint) and ``<tendon><fixed>``, with the joints'
-        frictionloss and ball ranges, as a :class:`diffgym.equality.ConstraintSpec`."""
+        frictionloss and ball ranges, as a :class:`diffgym.sim.equality.ConstraintSpec`."""
         from .equality import ConstraintSpec, Connect, FixedTendon, JointCoupling, Weld
         spec = ConstraintSpec(frictionloss=dict(getattr(self, "frictionloss", {})),
                               ball_limits=list(getattr(self, "ball_limits", [])))
@@ -1112,7 +1112,7 @@ def load_mjcf(text: str, base_dir: str = ".", source: str = "<string>",
               ignore_unsupported=None) -> SimModel:
     """Build the model of an MJCF document. ``<include>`` files are read relative to the
     including file (``base_dir`` for the text itself). What the model asks for and diffgym does
-    not simulate (:data:`diffgym.unsupported.RULES`) raises a ModelError naming file, line,
+    not simulate (:data:`diffgym.sim.unsupported.RULES`) raises a ModelError naming file, line,
     element and attribute, unless named in ``ignore_unsupported`` (then it is left out, with a
     warning)."""
     root, src = parse_model_xml(text, source, base_dir)

@@ -472,7 +472,7 @@ class CollisionDriver:
         """Joint placements (njoints, 12) of data: a view of its memory (pinviews), made once
         per Data, or a copy where no view can be made."""
         oM = getattr(data, "oM", None)
-        if oM is not None:              # diffgym.trees.TreeData: gathered tree by tree
+        if oM is not None:              # diffgym.sim.trees.TreeData: gathered tree by tree
             return oM
         v = self._views
         if v is None or v[0] is not data:
@@ -616,7 +616,7 @@ class CollisionDriver:
 
     def _narrow_tables(self, gdata: pin.GeometryData):
         """The per-pair request/result objects of the narrow phase: coal's, made on a pair's
-        first test (diffgym.pair_tables; a GeometryData holds them for every pair, quadratic in
+        first test (diffgym.sim.pair_tables; a GeometryData holds them for every pair, quadratic in
         the number of bodies)."""
         nph = self.__dict__.get("_narrow")
         if nph is None:

@@ -21,22 +21,22 @@ rows come after the contact and joint-limit rows, one kind each:
 
 Fixed tendons also give passive forces (``stiffness``: ``-k (L - L_rest) coef``, ``damping``:
 ``-d (coef^T v) coef``) and actuator transmissions (``<motor tendon=...>``: ``tau += gear ctrl
-coef``, see :class:`diffgym.model.Actuator`).
+coef``, see :class:`diffgym.sim.model.Actuator`).
 
 **Solve.** Models with such rows are assembled in Python (contact and joint-limit rows, then
 these) and the mixed problem is solved by a compiled kernel (``equality_kernels.mixed_solve``, a
 port of ``ExtraRows.solve``, which stays the reference under ``SolverSettings(compiled=False)``;
-the fused compiled call of ``diffgym.forward`` serves models without these rows). Rows that do
+the fused compiled call of ``diffgym.sim.forward`` serves models without these rows). Rows that do
 not depend on the state (dry friction alone) are built once. The mixed problem is solved
 exactly by an active set
 over the new rows: bilateral rows, sticking friction rows and active unilateral rows are
 equalities and are eliminated (Schur complement, minimum-norm where redundant, e.g. a planar
 loop's out-of-plane rows); sliding friction rows and inactive unilateral rows hold fixed
 impulses; the remaining contact / joint-limit problem is the ordinary NCP, solved by the
-simulator's :class:`~diffgym.solver.NCPSolver`. Rows violating their mode's inequality switch
+simulator's :class:`~diffgym.sim.solver.NCPSolver`. Rows violating their mode's inequality switch
 mode and the solve repeats (usually 1-3 rounds).
 
-**Derivatives.** The mode system of :mod:`diffgym.derivatives` takes these rows as it takes
+**Derivatives.** The mode system of :mod:`diffgym.sim.derivatives` takes these rows as it takes
 joint limits: equality modes ``d sigma = 0`` (bilateral, sticking, active), fixed-impulse modes
 ``d lam = 0`` (sliding at the constant bound, inactive). The rows' kinematic terms are closed
 form (``ExtraRows.kinematic_derivatives``): ``d(J(q) v1 + b(q))/dq`` at fixed ``v1`` from
@@ -624,7 +624,7 @@ class ExtraRows:
         return lam, sigma, modes, active, its, resid, converged, method, xmode
 
     def _solve_compiled(self, solver, G, g, nc, nl, mu, rs, xmode, lam0, modes0):
-        """``solve`` by the compiled port (diffgym.equality_kernels.mixed_solve). A round whose
+        """``solve`` by the compiled port (diffgym.sim.equality_kernels.mixed_solve). A round whose
         reduced stage 1 fails has its reduced problem solved here from stage 2 on (as the
         reference's ``solver.solve`` does), and the kernel resumes with that result."""
         from .equality_kernels import mixed_solve

@@ -33,7 +33,7 @@ gradients.txt``, sections 4-5), on our rigid bodies and primitive shapes:
   pinocchio's tangent space) are returned; the simulator adds the force to the applied ones
   before ABA, so it enters the step and its derivative follows the ABA derivative chain like a
   joint spring's.
-- Evaluation and derivative run in ``diffgym.long_range_kernels`` (numba; ``DIFFGYM_JIT=0``
+- Evaluation and derivative run in ``diffgym.sim.long_range_kernels`` (numba; ``DIFFGYM_JIT=0``
   runs the same loops as Python): the trees are flattened into one node table at
   construction; per step, the geoms' placements are read from pinocchio, the kernels walk the
   pairs and assemble the force and its derivative on each row's own dofs.

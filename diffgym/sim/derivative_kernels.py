@@ -1,7 +1,7 @@
 """Compiled kernels of the step derivatives (``derivatives.step_jacobian``, compiled route).
 
 Two kernels around pinocchio's ABA derivatives, written as plain loops over floats (numba,
-``diffgym.jit.njit``), each the arithmetic of the numpy reference in ``derivatives.py``:
+``diffgym.sim.jit.njit``), each the arithmetic of the numpy reference in ``derivatives.py``:
 
 * ``contact_terms`` (after ``computeForwardKinematicsDerivatives`` at (q, v1), before the ABA
   derivatives): the contact impulses as external joint forces (written into pinocchio's own
@@ -449,7 +449,7 @@ def mode_system(lam, sigma, modes, limit_active, G, nc, mu):
 
 @njit
 def relaxed_system(lam, sigma, eta, scale, G, nc, mu):
-    """The smooth gradient's linear system ``A dlam = -W D`` (``diffgym.smoothing``): the
+    """The smooth gradient's linear system ``A dlam = -W D`` (``diffgym.sim.smoothing``): the
     relaxed complementarity conditions at a point of the central path, linearized, with
     ``d sigma = G dlam + D``. In the scaled impulses ``l = scale * lam`` (velocity units), per
     contact: ``l_N s_N = rho`` and, with friction, the second-order-cone pair

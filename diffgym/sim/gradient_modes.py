@@ -53,7 +53,7 @@ class Smooth:
 @dataclass(frozen=True)
 class LongRange:
     """A barrier potential with global support between bodies that may touch
-    (``diffgym.long_range``); its force enters the forward step.
+    (``diffgym.sim.long_range``); its force enters the forward step.
 
     ``scale``: the potential's strength (J; the long-range paper's mu): the centred term between
     two bounding spheres at distance r is ``scale (1 + r^-1/2)^2``.

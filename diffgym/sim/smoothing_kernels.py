@@ -1,4 +1,4 @@
-"""Compiled kernel of the smooth gradient mode (``diffgym.smoothing``): damped Newton steps on
+"""Compiled kernel of the smooth gradient mode (``diffgym.sim.smoothing``): damped Newton steps on
 the relaxed contact problem's central-path conditions, written as plain loops (numba).
 
 Unknowns ``z = (l, s, eta)``: scaled impulses ``l = d lam`` (m), constraint velocities ``s`` (m)

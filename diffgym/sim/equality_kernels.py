@@ -1,7 +1,7 @@
-"""Compiled mixed solve of the :mod:`diffgym.equality` rows (joint dry friction, equality
+"""Compiled mixed solve of the :mod:`diffgym.sim.equality` rows (joint dry friction, equality
 constraints, ball and tendon limits) with the contact / joint-limit NCP.
 
-``mixed_solve`` is a port of :meth:`diffgym.equality.ExtraRows.solve` and its
+``mixed_solve`` is a port of :meth:`diffgym.sim.equality.ExtraRows.solve` and its
 ``_solve_reduced`` (which stay the reference, run when ``SolverSettings(compiled=False)``): the
 same active set over the new rows (equality rows eliminated by a minimum-norm Schur complement,
 ``pinv`` with ``rcond = 1e-11``; sliding friction and inactive unilateral rows at fixed
@@ -21,7 +21,7 @@ import numpy as np
 from .jit import njit
 from .solver_kernels import solve_stage1
 
-KIND_FRICTION, KIND_LIMIT = 1, 2       # (diffgym.equality's KIND_*)
+KIND_FRICTION, KIND_LIMIT = 1, 2       # (diffgym.sim.equality's KIND_*)
 _EMPTY_F = np.zeros(0)
 _EMPTY_I = np.zeros(0, dtype=np.int64)
 
