@@ -20,7 +20,8 @@ import numpy as np
 import gymnasium as gym
 
 import diffgym
-from diffgym.sim import derivatives as D, forward as F, gradcheck
+from diffgym import gradcheck
+from diffgym.sim import derivatives as D, forward as F
 from diffgym.envs import ENV_IDS  # noqa: F401
 
 _ORIG = (D._joint_torques, F._label_frictionless)

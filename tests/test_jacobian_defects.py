@@ -14,7 +14,8 @@ import pytest
 import gymnasium as gym
 
 import diffgym
-from diffgym.sim import derivatives as D, gradcheck
+from diffgym import gradcheck
+from diffgym.sim import derivatives as D
 from diffgym.envs import ENV_IDS  # noqa: F401  (registers the environments)
 
 BLOCKS = gradcheck.SIM_BLOCKS
