@@ -169,6 +169,32 @@ def tighten_requests(requests) -> None:
         r.epa_tolerance = GJK_TOLERANCE
 
 
+class _SnapPairs:
+    """The snappable pairs (box-box, box-capsule, polytopes; not capsule-capsule; no swept
+    radius) as a read-only mapping pair index -> ((geom 1, kind, vertices, radius, face normals,
+    edge directions), (geom 2, ...)) built on lookup from the per-geom cores: a mask over the
+    candidate pairs instead of a dict of N^2 / 2 entries."""
+
+    def __init__(self, pairs: np.ndarray, cores: list):
+        self.pairs, self.cores = pairs, cores
+        ok = np.array([c is not None for c in cores], dtype=bool)
+        cap = np.array([c is not None and c[0] == "capsule" for c in cores], dtype=bool)
+        a, b = pairs[:, 0], pairs[:, 1]
+        self.mask = (ok[a] & ok[b] & ~(cap[a] & cap[b])) if len(pairs) else np.zeros(0, bool)
+
+    def __contains__(self, k) -> bool:
+        return bool(self.mask[k])
+
+    def __getitem__(self, k):
+        if not self.mask[k]:
+            raise KeyError(k)
+        a, b = int(self.pairs[k, 0]), int(self.pairs[k, 1])
+        return (a,) + self.cores[a], (b,) + self.cores[b]
+
+    def __len__(self) -> int:
+        return int(np.count_nonzero(self.mask))
+
+
 class CollisionDriver:
     def __init__(self, sm: SimModel, base_margin: float = 1e-3, max_points: int = 4,
                  batch_plane_pairs: bool = True):
@@ -199,11 +225,30 @@ class CollisionDriver:
         self._patch_tol = self.patch_request.getPatchTolerance()
         # shape-on-plane pairs with closed-form contact points (see plane_contacts.py)
         kinds = [g.kind for g in sm.geoms]
-        self.analytic = np.array([pl >= 0 and kinds[ot] in ANALYTIC_KINDS
-                                  for pl, ot in zip(self.pair_plane, self.pair_other)], dtype=bool)
+        self._geom_tables(gm, kinds)
+        self.analytic = (self.pair_plane >= 0) & self._g_analytic[self.pair_other] \
+            if len(p) else np.zeros(0, dtype=bool)
         self.moving_joints = np.unique(self.parent_joint[~self.static])
         self._gdata = None
         self._precompute(gm)
+
+    def _geom_tables(self, gm: pin.GeometryModel, kinds: list) -> None:
+        """Per-geom attributes the per-pair tables are read from (one pass over the geoms; the
+        pair tables are then numpy masks over the candidate pairs, not Python loops over them)."""
+        shapes = [g.geometry for g in gm.geometryObjects]
+        self._g_kind = np.array(kinds, dtype=str)
+        self._g_analytic = np.array([k in ANALYTIC_KINDS for k in kinds], dtype=bool)
+        self._g_code = np.array([k in KIND_CODES for k in kinds], dtype=bool)
+        self._g_swept = np.array([float(sh.getSweptSphereRadius())
+                                  if hasattr(sh, "getSweptSphereRadius") else 0.0 for sh in shapes])
+        self._g_coal_box = np.array([isinstance(sh, coal.Box) for sh in shapes], dtype=bool)
+        self._g_coal_sphere = np.array([isinstance(sh, coal.Sphere) for sh in shapes], dtype=bool)
+        self._g_coal_capsule = np.array([isinstance(sh, coal.Capsule) for sh in shapes], dtype=bool)
+        self._g_coal_cylinder = np.array([isinstance(sh, coal.Cylinder) for sh in shapes], dtype=bool)
+        self._g_half = np.array([np.asarray(sh.halfSide, float) if isinstance(sh, coal.Box)
+                                 else np.zeros(3) for sh in shapes], dtype=float).reshape(-1, 3)
+        self._g_sphere_r = np.array([float(sh.radius) if isinstance(sh, coal.Sphere) else 0.0
+                                     for sh in shapes])
 
     # -- constant tables for the per-step work -----------------------------------------------
     def _precompute(self, gm: pin.GeometryModel) -> None:
@@ -223,10 +268,8 @@ class CollisionDriver:
         # of them in one compiled pass (no broad phase: the closed form is as cheap as a bound)
         kinds = [g.kind for g in self.sm.geoms]
         batch = np.zeros(len(p), dtype=bool)
-        if self.batch_plane_pairs:
-            for k in range(len(p)):
-                batch[k] = bool(self.analytic[k] and kinds[int(self.pair_other[k])] in KIND_CODES
-                                and self.static[int(self.pair_plane[k])])
+        if self.batch_plane_pairs and len(p):
+            batch = self.analytic & self._g_code[self.pair_other] & self.static[self.pair_plane]
         ks = np.flatnonzero(batch)
         pl, ot = self.pair_plane[ks], self.pair_other[ks]
         n_plane, offset = np.zeros((len(ks), 3)), np.zeros(len(ks))
@@ -289,31 +332,31 @@ class CollisionDriver:
                 self._hp_mesh.append((int(self._hp[i]), int(self._hp_pl[i]), int(ot), pts, float(sw)))
         # sphere-sphere pairs: closed form in the compiled pass (not in the broad phase)
         kinds = [g.kind for g in self.sm.geoms]
-        ss = np.array([self.batch_plane_pairs and kinds[int(a)] == "sphere" and kinds[int(b)] == "sphere"
-                       for a, b in p], dtype=bool).reshape(-1)
+        sph = self._g_kind == "sphere"
+        ss = (sph[p[:, 0]] & sph[p[:, 1]]) if self.batch_plane_pairs \
+            else np.zeros(len(p), dtype=bool)
         self._ss = (np.flatnonzero(ss).astype(np.int64),
                     np.array([float(self.sm.geoms[int(a)].size[0]) for a in p[ss, 0]]).reshape(-1),
                     np.array([float(self.sm.geoms[int(b)].size[0]) for b in p[ss, 1]]).reshape(-1))
         # sphere-box pairs (a box without a swept-sphere radius): closed form in the compiled
         # pass too (collision_kernels.sphere_box_pairs)
         sb = np.zeros(len(p), dtype=bool)
-        sb_box, sb_sph, sb_half, sb_r = [], [], [], []
-        for k in range(len(p)):
-            if not self.batch_plane_pairs:
-                break
-            a, b = int(p[k, 0]), int(p[k, 1])
-            for box, sph in ((a, b), (b, a)):
-                shape = gm.geometryObjects[box].geometry
-                if kinds[box] == "box" and kinds[sph] == "sphere" and isinstance(shape, coal.Box):
-                    sw = shape.getSweptSphereRadius() if hasattr(shape, "getSweptSphereRadius") else 0.0
-                    ssh = gm.geometryObjects[sph].geometry
-                    sws = ssh.getSweptSphereRadius() if hasattr(ssh, "getSweptSphereRadius") else 0.0
-                    if sw == 0.0 and sws == 0.0 and isinstance(ssh, coal.Sphere):
-                        sb[k] = True
-                        sb_box.append(box); sb_sph.append(sph)
-                        sb_half.append(np.asarray(shape.halfSide, float))
-                        sb_r.append(float(ssh.radius))
-                    break
+        sb_box = sb_sph = np.zeros(0, dtype=np.int64)
+        if self.batch_plane_pairs and len(p):
+            # the first side (box, sphere) in order (geom 1, geom 2) whose box geom is a coal
+            # Box decides; the pair is batched when neither shape has a swept-sphere radius and
+            # the sphere is a coal Sphere
+            a, b = p[:, 0], p[:, 1]
+            kb, ks = self._g_kind == "box", self._g_kind == "sphere"
+            side1 = kb[a] & ks[b] & self._g_coal_box[a]
+            side2 = ~side1 & kb[b] & ks[a] & self._g_coal_box[b]
+            box = np.where(side1, a, b)
+            sphg = np.where(side1, b, a)
+            sb = (side1 | side2) & (self._g_swept[box] == 0.0) & (self._g_swept[sphg] == 0.0) \
+                & self._g_coal_sphere[sphg]
+            sb_box, sb_sph = box[sb], sphg[sb]
+        sb_half = self._g_half[sb_box]
+        sb_r = self._g_sphere_r[sb_sph]
         self._sb = (np.flatnonzero(sb).astype(np.int64), np.array(sb_box, dtype=np.int64),
                     np.array(sb_sph, dtype=np.int64), np.array(sb_half, dtype=float).reshape(-1, 3),
                     np.array(sb_r, dtype=float))
@@ -325,18 +368,17 @@ class CollisionDriver:
         self._rest = np.flatnonzero(~batch)
         self._np_rad = self.radius[self._np_a] + self.radius[self._np_b]
         # oriented-box refinement of pairs (without a plane) that involve a box
-        ent_pair, ent_box, ent_other, half = [], [], [], []
-        for k in self._np:
-            for box, other in ((p[k, 0], p[k, 1]), (p[k, 1], p[k, 0])):
-                shape = gm.geometryObjects[int(box)].geometry
-                if isinstance(shape, coal.Box):
-                    ent_pair.append(k); ent_box.append(box); ent_other.append(other)
-                    sw = shape.getSweptSphereRadius() if hasattr(shape, "getSweptSphereRadius") else 0.0
-                    half.append(np.asarray(shape.halfSide, float) + sw)
-        self._box_pair = np.array(ent_pair, dtype=np.int64)
-        self._box_geom = np.array(ent_box, dtype=np.int64)
-        self._box_other = np.array(ent_other, dtype=np.int64)
-        self._box_half = np.array(half, dtype=float).reshape(-1, 3)
+        # entries in the order (pair, side): side 0 when geom 1 is a box, then side 1
+        npa, npb = p[self._np, 0], p[self._np, 1]
+        geo = np.stack([npa, npb], axis=1)              # the box of each side
+        oth = np.stack([npb, npa], axis=1)
+        keep = self._g_coal_box[geo]
+        self._box_pair = np.repeat(self._np.astype(np.int64), 2).reshape(-1, 2)[keep]
+        self._box_geom = geo[keep].astype(np.int64)
+        self._box_other = oth[keep].astype(np.int64)
+        self._box_half = (self._g_half[self._box_geom] + self._g_swept[self._box_geom][:, None]
+                          ).reshape(-1, 3)
+        ent_pair = self._box_pair
         self._box_orad = self.radius[self._box_other] if len(ent_pair) else np.zeros(0)
         self._np, self._np_a, self._np_b = (x.astype(np.int64) for x in (self._np, self._np_a, self._np_b))
         self._rest = self._rest.astype(np.int64)
@@ -350,9 +392,10 @@ class CollisionDriver:
                       np.concatenate([e[3] for e in hm]).reshape(-1, 3) if hm else np.zeros((0, 3)))
         # narrow phase tables
         self._analytic_list = self.analytic.tolist()
-        self._pl_list = [int(x) for x in self.pair_plane]
-        self._ot_list = [int(x) for x in self.pair_other]
-        self._flip = [bool(pl >= 0 and pl != p[k, 0]) for k, pl in enumerate(self._pl_list)]
+        self._pl_list = self.pair_plane.astype(np.int64).tolist()
+        self._ot_list = self.pair_other.astype(np.int64).tolist()
+        self._flip = ((self.pair_plane >= 0) & (self.pair_plane != p[:, 0])).tolist() \
+            if len(p) else []
         self._plane_frame: dict[int, tuple[np.ndarray, float]] = {}
         for k in np.flatnonzero(self.analytic):
             pl = self._pl_list[k]
@@ -361,8 +404,9 @@ class CollisionDriver:
                 n_plane = M.rotation[:, 2].copy()
                 self._plane_frame[pl] = (n_plane, float(n_plane @ M.translation))
 
-        self._caps_caps = {k: (int(p[k, 0]), int(p[k, 1])) for k in range(len(p))
-                           if all(isinstance(gm.geometryObjects[int(g)].geometry, coal.Capsule) for g in p[k])}
+        cc = np.flatnonzero(self._g_coal_capsule[p[:, 0]] & self._g_coal_capsule[p[:, 1]]) \
+            if len(p) else []
+        self._caps_caps = {int(k): (int(p[k, 0]), int(p[k, 1])) for k in cc}
         # box-box and box-capsule pairs (no swept radius): normal and distance snapped to the
         # separating axis, per-point patch distances (collision_derivatives)
         self._box_box = {}
@@ -385,7 +429,11 @@ class CollisionDriver:
         # cylinder-box pairs (no swept radius): closed-form points on a box face
         # (plane_contacts.cylinder_box_face), coal elsewhere
         self._cyl_box = {}
-        for k in range(len(p)):
+        cyl, cbox, nosw = self._g_coal_cylinder, self._g_coal_box, self._g_swept == 0.0
+        cand = np.flatnonzero(nosw[p[:, 0]] & nosw[p[:, 1]]
+                              & ((cyl[p[:, 0]] & cbox[p[:, 1]]) | (cbox[p[:, 0]] & cyl[p[:, 1]]))) \
+            if len(p) else []
+        for k in cand.tolist() if len(cand) else []:
             sh = [gm.geometryObjects[int(g)].geometry for g in p[k]]
             if any(hasattr(x, "getSweptSphereRadius") and x.getSweptSphereRadius() for x in sh):
                 continue
@@ -399,7 +447,12 @@ class CollisionDriver:
         # single contact point refined to the exact optimum of the distance problem
         # (convex_support), whose derivatives are closed form
         self._convex = {}
-        for k in range(len(p)):
+        gk = self._g_kind
+        smooth = np.isin(gk, SMOOTH_KINDS)
+        cand = np.flatnonzero((gk[p[:, 0]] != "plane") & (gk[p[:, 1]] != "plane") & (
+            smooth[p[:, 0]] | smooth[p[:, 1]] | ((gk[p[:, 0]] == "sphere") & (gk[p[:, 1]] == "mesh"))
+            | ((gk[p[:, 0]] == "mesh") & (gk[p[:, 1]] == "sphere")))) if len(p) else []
+        for k in cand.tolist() if len(cand) else []:
             ka, kb = kinds[int(p[k, 0])], kinds[int(p[k, 1])]
             if "plane" in (ka, kb):
                 continue
@@ -411,7 +464,10 @@ class CollisionDriver:
         # pairs of a cylinder with a box, a mesh, a capsule or a cylinder: a shape lying on a
         # cylinder's cap or a cylinder on a mesh facet, in closed form (convex_support.face_contact)
         self._face = {}
-        for k in range(len(p)):
+        fk = np.isin(gk, ("cylinder", "box", "mesh", "capsule"))
+        cand = np.flatnonzero(((gk[p[:, 0]] == "cylinder") | (gk[p[:, 1]] == "cylinder"))
+                              & fk[p[:, 0]] & fk[p[:, 1]]) if len(p) else []
+        for k in cand.tolist() if len(cand) else []:
             ga, gb = int(p[k, 0]), int(p[k, 1])
             ka, kb = kinds[ga], kinds[gb]
             if "cylinder" not in (ka, kb) or not {ka, kb} <= {"cylinder", "box", "mesh", "capsule"}:
@@ -426,10 +482,7 @@ class CollisionDriver:
         self._convex_n: dict = {}          # pair -> its last refined normal
 
         cores = [core(g) for g in range(len(gm.geometryObjects))]  # (one per geom, shared)
-        for k in range(len(p)):
-            ca, cb = cores[int(p[k, 0])], cores[int(p[k, 1])]
-            if ca is not None and cb is not None and (ca[0] != "capsule" or cb[0] != "capsule"):
-                self._box_box[k] = ((int(p[k, 0]),) + ca, (int(p[k, 1]),) + cb)
+        self._box_box = _SnapPairs(p, cores)
 
     def _world(self, k, gdata):
         """Per side of snappable pair k: world vertices, radius, face normals, edge directions."""
