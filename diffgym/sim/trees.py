@@ -185,31 +185,37 @@ class TreeGroups:
             g.oM = placement_view(g.model, g.data)
         self._views_ready = True
 
+    def _gather_placements(self) -> None:
+        """The joint placements of every group (after its forward kinematics) into
+        ``self.kin.oM`` (through a view of each group's data where possible)."""
+        if not self._views_ready:
+            self._make_views()
+        oM = self.kin.oM
+        for g in self.groups:
+            if g.oM is not None:
+                oM[g.j0:g.j1] = g.oM[1:]
+            else:
+                oM[g.j0:g.j1] = gather_placements(g.data, np.empty((g.j1 - g.j0 + 1, 12)))[1:]
+
     def kinematics(self, q: np.ndarray, v: np.ndarray, jacobians: bool = True) -> TreeData:
         """forwardKinematics (and computeJointJacobians) of every group: the placements and
         the world-frame joint Jacobians gathered into ``self.kin``."""
         kin = self.kin
-        oM, J = kin.oM, kin.J
+        J = kin.J
         fk, cjj = pin.forwardKinematics, pin.computeJointJacobians
         for g in self.groups:
             fk(g.model, g.data, q[g.q0:g.q1], v[g.v0:g.v1])
             if jacobians:
                 cjj(g.model, g.data)
                 J[:, g.v0:g.v1] = g.data.J.reshape(6, -1)   # ((6,) when nv = 1)
-        if not self._views_ready:
-            self._make_views()
-        for g in self.groups:
-            if g.oM is not None:
-                oM[g.j0:g.j1] = g.oM[1:]
-            else:
-                oM[g.j0:g.j1] = gather_placements(g.data, np.empty((g.j1 - g.j0 + 1, 12)))[1:]
+        self._gather_placements()
         return kin
 
     def kinematics_derivatives(self, q: np.ndarray, v: np.ndarray, a: np.ndarray) -> TreeData:
         """computeForwardKinematicsDerivatives of every group: placements, world-frame
         spatial velocities (data.ov) and joint Jacobians gathered into ``self.kin``."""
         kin = self.kin
-        oM, J, ov = kin.oM, kin.J, kin.ov
+        J, ov = kin.J, kin.ov
         for g in self.groups:
             d = g.data
             pin.computeForwardKinematicsDerivatives(g.model, d, q[g.q0:g.q1], v[g.v0:g.v1],
@@ -217,13 +223,7 @@ class TreeGroups:
             J[:, g.v0:g.v1] = d.J.reshape(6, -1)
             for k in range(1, g.j1 - g.j0 + 1):
                 ov[g.j0 + k - 1] = d.ov[k].vector
-        if not self._views_ready:
-            self._make_views()
-        for g in self.groups:
-            if g.oM is not None:
-                oM[g.j0:g.j1] = g.oM[1:]
-            else:
-                oM[g.j0:g.j1] = gather_placements(g.data, np.empty((g.j1 - g.j0 + 1, 12)))[1:]
+        self._gather_placements()
         return kin
 
     def geometry_placements(self, geom_model: pin.GeometryModel, gdata: pin.GeometryData,
@@ -272,6 +272,40 @@ class TreeGroups:
             n = g.v1 - g.v0
             Minv[g.v0:g.v1, g.v0:g.v1] = np.reshape(cm(g.model, g.data, q[g.q0:g.q1]), (n, n))
         return Minv
+
+    def minverse_blocks(self, q: np.ndarray, tree_lo: np.ndarray, tree_hi: np.ndarray):
+        """M^-1 per kinematic tree, without the (nv, nv) matrix: ``(Mb, moff)`` with tree t's
+        block (both triangles, mirrored from the upper triangle pinocchio's computeMinverse
+        fills) row-major at ``Mb[moff[lo]:moff[lo] + w * w]`` (``lo = tree_lo[d]`` the tree's
+        first dof, ``w = tree_hi[d] - lo``; ``moff`` indexed by dof, set at each tree's first
+        dof). Memory: the sum of the squared tree sizes, linear in the number of bodies."""
+        nv = self.nv
+        moff = np.full(nv, -1, dtype=np.int64)
+        n = 0
+        d = 0
+        while d < nv:
+            w = int(tree_hi[d] - tree_lo[d])
+            moff[d] = n
+            n += w * w
+            d = int(tree_hi[d])
+        Mb = np.empty(n)
+        cm = pin.computeMinverse
+        groups = self.groups or [None]
+        for g in groups:
+            if g is None:                                # (one group: the whole model)
+                raise ValueError("minverse_blocks needs a split model (len(groups) > 1)")
+            k = g.v1 - g.v0
+            B = np.reshape(cm(g.model, g.data, q[g.q0:g.q1]), (k, k))
+            d = g.v0
+            while d < g.v1:
+                lo, hi = int(tree_lo[d]), int(tree_hi[d])
+                if lo < g.v0 or hi > g.v1:
+                    raise ValueError("a kinematic tree crosses a group boundary")
+                U = B[lo - g.v0:hi - g.v0, lo - g.v0:hi - g.v0]
+                U = np.triu(U) + np.triu(U, 1).T
+                Mb[moff[lo]:moff[lo] + (hi - lo) ** 2] = U.ravel()
+                d = hi
+        return Mb, moff
 
     def kinetic_and_gravity(self, q: np.ndarray, v: np.ndarray, v1: np.ndarray):
         """(0.5 v.M v, 0.5 v1.M v1, g(q)) with M and g per group."""
