@@ -397,7 +397,8 @@ class ConstraintBuilder:
                 r = model.parents[r]
             jm = model.joints[j]
             roots.setdefault(r, []).extend(range(jm.idx_v, jm.idx_v + jm.nv))
-        if all(max(d) + 1 - min(d) == len(d) for d in roots.values() if d):
+        self.trees_contiguous = all(max(d) + 1 - min(d) == len(d) for d in roots.values() if d)
+        if self.trees_contiguous:
             for dofs in roots.values():
                 if dofs:
                     self.tree_lo[dofs] = min(dofs)
@@ -449,3 +450,180 @@ class ConstraintBuilder:
         cons = Constraints(J, b, nc, contacts.mu, frames, contacts, lim_idx, lim_dist, contacts.dist,
                            rest)
         return cons, G, g, MJt, Ms
+
+
+# -- per-island storage (no (m, nv) or (m, m) matrix) ------------------------------------------
+@njit
+def _minv_at(Mb, moff, tree_lo, tree_hi, i, d):
+    """M^-1[i, d] of two dofs of one tree from the per-tree blocks (trees.minverse_blocks)."""
+    lo = tree_lo[d]
+    return Mb[moff[lo] + (i - lo) * (tree_hi[d] - lo) + (d - lo)]
+
+
+@njit
+def assemble_blocks(pos, frames, j1, j2, dist, Jw, support, sup_ptr, sup_idx, tree_lo, tree_hi,
+                    joint_tree, lim_idx, lim_dist, lim_v, lim_sign, dt, erp, skin, Mb, moff,
+                    v_free):
+    """``assemble_sparse`` in storage that grows with the rows, not with rows x dofs:
+
+    * J row by row over its nonzero columns: ``Jv[r, t]`` at dof ``nz[r, t]``, ``t < nnz[r]``;
+    * ``M^-1 J^T`` column by column over the dofs of the row's (at most two) trees: ``MJc[r, t]``
+      at dof ``rt[r, 0] + t`` for ``t < w0 = tree size``, then at ``rt[r, 1] + t - w0``;
+    * ``G`` island by island: island s's block (its rows ``rows[ptr[s]:ptr[s + 1]]``, in that
+      order) row-major at ``Gb[gptr[s]:gptr[s + 1]]``;
+    * ``M^-1`` per tree (``Mb``, ``moff``: trees.minverse_blocks).
+
+    Every entry is computed by the same operations in the same order as assemble_sparse's
+    (which the per-island solve gathers from its dense G), so the two give the same bits.
+    Returns (Jv, nz, nnz, b, g, rt, MJc, isl_c, isl_l, nis, ptr, rows, cptr, cs, lptr, ls, gptr,
+    Gb)."""
+    nc = pos.shape[0]
+    nl = lim_idx.shape[0]
+    m = 3 * nc + nl
+    b = np.zeros(m)
+    wmax = 1
+    for k in range(nc):
+        w = (sup_ptr[j1[k] + 1] - sup_ptr[j1[k]]) + (sup_ptr[j2[k] + 1] - sup_ptr[j2[k]])
+        if w > wmax:
+            wmax = w
+    nz = np.zeros((m, wmax), dtype=np.int64)
+    Jv = np.zeros((m, wmax))
+    nnz = np.zeros(m, dtype=np.int64)
+    for k in range(nc):
+        p0, p1, p2 = pos[k, 0], pos[k, 1], pos[k, 2]
+        for side in range(2):
+            ja, jb = (j2[k], j1[k]) if side == 0 else (j1[k], j2[k])
+            sg = 1.0 if side == 0 else -1.0
+            for t in range(sup_ptr[ja], sup_ptr[ja + 1]):
+                d = sup_idx[t]
+                if support[jb, d]:
+                    continue
+                wx, wy, wz = Jw[3, d], Jw[4, d], Jw[5, d]
+                r0 = sg * (Jw[0, d] - (p1 * wz - p2 * wy))
+                r1 = sg * (Jw[1, d] - (p2 * wx - p0 * wz))
+                r2 = sg * (Jw[2, d] - (p0 * wy - p1 * wx))
+                for a in range(3):
+                    row = 3 * k + a
+                    Jv[row, nnz[row]] = (frames[k, 0, a] * r0 + frames[k, 1, a] * r1
+                                         + frames[k, 2, a] * r2)
+                    nz[row, nnz[row]] = d
+                    nnz[row] += 1
+        b[3 * k + 2] = _offset(dist[k], dt, erp, skin)
+    for i in range(nl):
+        row = 3 * nc + i
+        d = lim_v[lim_idx[i]]
+        Jv[row, 0] = lim_sign[lim_idx[i]]
+        nz[row, 0] = d
+        nnz[row] = 1
+        b[row] = _offset(lim_dist[i], dt, erp, skin)
+    rt = np.full((m, 2), -1, dtype=np.int64)
+    tmax = 1
+    for r in range(m):
+        for t in range(nnz[r]):
+            lo = tree_lo[nz[r, t]]
+            if rt[r, 0] < 0 or rt[r, 0] == lo:
+                rt[r, 0] = lo
+            else:
+                rt[r, 1] = lo
+        w = 0
+        for a in range(2):
+            if rt[r, a] >= 0:
+                w += tree_hi[rt[r, a]] - rt[r, a]
+        if w > tmax:
+            tmax = w
+    # M^-1 J^T over the row's trees (the order of assemble_sparse's accumulation)
+    MJc = np.zeros((m, tmax))
+    for r in range(m):
+        w0 = tree_hi[rt[r, 0]] - rt[r, 0] if rt[r, 0] >= 0 else 0
+        for t in range(nnz[r]):
+            d = nz[r, t]
+            x = Jv[r, t]
+            lo = tree_lo[d]
+            base = 0 if lo == rt[r, 0] else w0
+            for i in range(lo, tree_hi[d]):
+                mi = (_minv_at(Mb, moff, tree_lo, tree_hi, i, d) if i <= d
+                      else _minv_at(Mb, moff, tree_lo, tree_hi, d, i))
+                MJc[r, base + i - lo] += mi * x
+    g = b.copy()
+    for r in range(m):
+        for t in range(nnz[r]):
+            g[r] += Jv[r, t] * v_free[nz[r, t]]
+    isl_c, isl_l, nis = row_islands(j1, j2, joint_tree, lim_idx, lim_v, tree_lo)
+    ptr, rows, cptr, cs, lptr, ls = island_rows(isl_c, isl_l, nis)
+    gptr = np.zeros(nis + 1, dtype=np.int64)
+    for s in range(nis):
+        ms = ptr[s + 1] - ptr[s]
+        gptr[s + 1] = gptr[s] + ms * ms
+    Gb = np.zeros(gptr[nis])
+    for s in range(nis):
+        r0 = ptr[s]
+        ms = ptr[s + 1] - r0
+        o = gptr[s]
+        for ia in range(ms):
+            r = rows[r0 + ia]
+            a0, a1 = rt[r, 0], rt[r, 1]
+            for ib in range(ia, ms):
+                c = rows[r0 + ib]
+                c0, c1 = rt[c, 0], rt[c, 1]
+                if c0 < 0 or not (c0 == a0 or c0 == a1 or (c1 >= 0 and (c1 == a0 or c1 == a1))):
+                    continue
+                w0 = tree_hi[c0] - c0
+                acc = 0.0
+                for t in range(nnz[r]):
+                    d = nz[r, t]
+                    lo = tree_lo[d]
+                    if lo == c0:
+                        mj = MJc[c, d - lo]
+                    elif lo == c1:
+                        mj = MJc[c, w0 + d - lo]
+                    else:
+                        mj = 0.0
+                    acc += Jv[r, t] * mj
+                Gb[o + ia * ms + ib] = acc
+                Gb[o + ib * ms + ia] = acc
+    return (Jv, nz, nnz, b, g, rt, MJc, isl_c, isl_l, nis, ptr, rows, cptr, cs, lptr, ls, gptr,
+            Gb)
+
+
+@njit
+def blocks_dense(Jv, nz, nnz, rt, MJc, ptr, rows, gptr, Gb, tree_hi, nv):
+    """The dense (J (m, nv), M^-1 J^T (nv, m), G (m, m)) of per-island storage
+    (``assemble_blocks``): the arrays assemble_sparse returns, bit for bit (for whoever needs
+    them dense: the step derivatives, a failed island's later stages)."""
+    m = Jv.shape[0]
+    J = np.zeros((m, nv))
+    MJt = np.zeros((nv, m))
+    for r in range(m):
+        for t in range(nnz[r]):
+            J[r, nz[r, t]] = Jv[r, t]
+        base = 0
+        for a in range(2):
+            lo = rt[r, a]
+            if lo >= 0:
+                for i in range(lo, tree_hi[lo]):
+                    MJt[i, r] = MJc[r, base + i - lo]
+                base += tree_hi[lo] - lo
+    G = np.zeros((m, m))
+    for s in range(ptr.shape[0] - 1):
+        r0 = ptr[s]
+        ms = ptr[s + 1] - r0
+        o = gptr[s]
+        for ia in range(ms):
+            for ib in range(ms):
+                G[rows[r0 + ia], rows[r0 + ib]] = Gb[o + ia * ms + ib]
+    return J, MJt, G
+
+
+@njit
+def blocks_minv_dense(Mb, moff, tree_lo, tree_hi, nv):
+    """M^-1 (nv, nv) with both triangles from its per-tree blocks."""
+    M = np.zeros((nv, nv))
+    d = 0
+    while d < nv:
+        lo, hi = tree_lo[d], tree_hi[d]
+        w = hi - lo
+        for i in range(w):
+            for j in range(w):
+                M[lo + i, lo + j] = Mb[moff[lo] + i * w + j]
+        d = hi
+    return M

@@ -1005,6 +1005,7 @@ class Simulator:
         nis = 1
         xrows = None
         verified = None
+        blk = None
         if ex is not None:
             xrows = ex.rows(q, v, dt)
         if xrows is not None and xrows.m:
@@ -1013,6 +1014,11 @@ class Simulator:
                                                                xrows)
         elif not nc and cb.has_limits and not len(cb.active_limits(q, v, dt)[0]):
             cons = None                          # (no contact, no limit within reach)
+        elif trees is not None and (blk := block_step(self, trees, q, v, Jw, contacts,
+                                                      v_free)) is not None:
+            # large split scenes: the same compiled step in per-island storage (island_step)
+            cons, res, g, v1, verified, nis, lazy_minv, r1 = blk
+            Minv = G = None
         elif (nc or cb.has_limits) and type(solver) is NCPSolver and solver.settings.compiled:
             # the constrained part in one compiled call (limits, assembly, warm start, stage 1)
             # only its upper triangle is filled
@@ -1113,6 +1119,8 @@ class Simulator:
         self.cache = dict(q=q, v=v, tau=tau, tau_total=tau_total, a_free=a_free, v_free=v_free,
                           cons=cons, res=res, Minv=Minv, G=G, g=g, v1=v1, q1=q1,
                           impact_times=toi)
+        if blk is not None:        # (G and M^-1 made dense only when read: island_step)
+            self.cache = BlockCache(self.cache, cons, lazy_minv)
         if jacobian:
             jac = step_jacobian(self)
             self.last.__dict__["jacobian_diagnostics"] = jac.diagnostics
@@ -1266,3 +1274,7 @@ class Simulator:
             qs.append(q)
             vs.append(v)
         return np.array(qs), np.array(vs)
+
+
+# (at the end: island_step reads this module's compiled warm start)
+from .island_step import BlockCache, block_step  # noqa: E402

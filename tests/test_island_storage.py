@@ -1,0 +1,125 @@
+"""Per-island constraint storage (diffgym/sim/island_step.py, constraint.assemble_blocks) and
+the renderer's per-tree kinematics (issue 16: memory linear in bodies).
+
+The storage path is compared with the dense path (``forward._constrained_step``) it replaces on
+large split scenes, from the same states the simulator visits (random torques on piles whose
+stage 1 sometimes fails and takes the later stages): the rows, offsets, ``G``, the impulses
+and the step Jacobian are the same bits; ``v1`` too where every island's stage 1 succeeds (a
+failed island's ``v1`` sums ``M^-1 J^T lam`` row by row instead of BLAS's order: rounding)."""
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pinocchio as pin
+import pytest
+
+from diffgym.bench_scaling import balls_mjcf, boxes_mjcf
+from diffgym.sim import island_step, trees as trees_mod
+from diffgym.sim.forward import Simulator
+
+
+def _pair_of_steps(xml, steps, seed=0, scale=0.1, jac_at=None):
+    """Yield (dense sim, storage sim, v1 dense, v1 storage) for ``steps`` states of the dense
+    path's own trajectory, each stepped from that state by both paths (cold warm start)."""
+    A, B = Simulator.from_string(xml), Simulator.from_string(xml)
+    q, v = A.q0.copy(), np.zeros(A.nv)
+    rng = np.random.default_rng(seed)
+    mp = pytest.MonkeyPatch()
+    try:
+        for i in range(steps):
+            tau = rng.normal(scale=scale, size=A.nv)
+            jac = jac_at == i
+            out = []
+            for sim, thr in ((A, float("inf")), (B, 0.0)):
+                mp.setattr(island_step, "BLOCK_MIN_BYTES", thr)
+                sim.reset_warmstart()
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    out.append(sim.step(q, v, tau, jacobian=jac))
+            yield A, B, out[0], out[1]
+            q, v = out[0][0], out[0][1]
+    finally:
+        mp.undo()
+
+
+@pytest.mark.parametrize("scene, n", [("boxes", 16), ("balls", 16)])
+def test_storage_path_equals_dense_path(scene, n):
+    xml = (boxes_mjcf if scene == "boxes" else balls_mjcf)(n)
+    stage1_ok = later = 0
+    for A, B, a, b in _pair_of_steps(xml, 5, jac_at=4 if scene == "balls" else None):
+        ca, cb = A.cache, B.cache
+        assert type(cb).__name__ == "BlockCache" and type(ca) is dict
+        assert isinstance(cb["cons"], island_step.BlockConstraints)
+        assert A.last.method == B.last.method and A.last.num_contacts == B.last.num_contacts > 0
+        np.testing.assert_array_equal(ca["res"].lam, cb["res"].lam)
+        np.testing.assert_array_equal(ca["g"], cb["g"])
+        np.testing.assert_array_equal(ca["cons"].b, cb["cons"].b)
+        np.testing.assert_array_equal(ca["cons"].J, cb["cons"].J)      # (made dense on read)
+        np.testing.assert_array_equal(ca["G"], cb["G"])
+        np.testing.assert_array_equal(ca["Minv"], cb["Minv"])
+        if A.last.method in ("newton", "prox+newton"):
+            stage1_ok += 1
+            np.testing.assert_array_equal(a[1], b[1])
+            np.testing.assert_array_equal(a[0], b[0])
+        else:                             # (a failed island's later stages: rounding)
+            later += 1
+            np.testing.assert_allclose(a[1], b[1], rtol=0, atol=1e-13)
+        if len(a) == 3:
+            for k, x in vars(a[2]).items():
+                if isinstance(x, np.ndarray):
+                    np.testing.assert_array_equal(x, getattr(b[2], k), err_msg=k)
+    assert stage1_ok + later == 5
+    if scene == "balls":
+        assert stage1_ok == 5
+    else:                                 # (the pile under random torques visits both kinds)
+        assert later > 0
+
+
+def test_storage_grows_with_rows_not_rows_times_dofs():
+    """On a pile of 64 boxes the per-island storage of a step holds no (m, nv) or (m, m)
+    array: its bytes are a small fraction of the dense path's J, M^-1 J^T and G."""
+    sim = Simulator.from_string(boxes_mjcf(64))
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(island_step, "BLOCK_MIN_BYTES", 0.0)
+        sim.step(sim.q0, np.zeros(sim.nv), np.zeros(sim.nv))
+    cons = sim.cache["cons"]
+    assert isinstance(cons, island_step.BlockConstraints) and cons._dense is None
+    m, nv = cons.m, sim.nv
+    stored = sum(x.nbytes for x in cons.storage if isinstance(x, np.ndarray))
+    dense = 8 * (m * m + 2 * m * nv)
+    assert m >= 3 * 64 * 4 and stored < dense / 10, (m, nv, stored, dense)
+    # the islands' blocks of G: columns of four boxes, 16 islands
+    assert int(cons.storage[9]) == 16
+
+
+def test_renderer_makes_no_whole_model_data(monkeypatch):
+    """The renderer places a split scene tree by tree (a whole-model Data is cubic in nv) and
+    finds the same geom placements as pinocchio's whole-model kinematics."""
+    from diffgym.render import Renderer, _placements, scene_bounds
+    sim = Simulator.from_string(boxes_mjcf(24))
+    q = sim.q0.copy()
+    q[0] += 0.3
+    sizes = []
+    orig = pin.Model.createData
+
+    def spy(model):
+        sizes.append(model.nv)
+        return orig(model)
+    monkeypatch.setattr(pin.Model, "createData", spy)
+    r = Renderer(sim, width=32, height=24, track="b3")
+    img = r.render(q)
+    assert img.shape[:2] == (24, 32) and np.ptp(img) > 0
+    lo, hi = scene_bounds(sim, q)
+    gd = _placements(sim, q)
+    assert not sizes or max(sizes) <= trees_mod.MAX_GROUP_NV < sim.nv
+    monkeypatch.undo()
+    d, ref = sim.model.createData(), pin.GeometryData(sim.geom_model)
+    pin.forwardKinematics(sim.model, d, q)
+    pin.updateGeometryPlacements(sim.model, d, sim.geom_model, ref)
+    for k in range(len(sim.geom_model.geometryObjects)):
+        np.testing.assert_allclose(gd.oMg[k].homogeneous, ref.oMg[k].homogeneous, atol=1e-14)
+    pin.updateFramePlacements(sim.model, d)
+    np.testing.assert_allclose(r._track_position(q),
+                               d.oMf[sim.model.getFrameId("b3")].translation, atol=1e-14)
+    assert np.all(hi > lo)
