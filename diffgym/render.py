@@ -146,12 +146,44 @@ def _check_q(sim, q) -> np.ndarray:
     return q
 
 
-def _placements(sim, q, data=None, gdata=None):
-    data = sim.model.createData() if data is None else data
-    gdata = pin.GeometryData(sim.geom_model) if gdata is None else gdata
-    pin.forwardKinematics(sim.model, data, q)
-    pin.updateGeometryPlacements(sim.model, data, sim.geom_model, gdata)
-    return data, gdata
+class _Kinematics:
+    """Joint and geom placements of a simulator's model at q. A simulator that steps its model
+    tree by tree (diffgym.sim.trees: a whole-model pinocchio Data is cubic in nv, gigabytes for
+    a pile of a thousand bodies) is placed tree by tree here too, with its own groups (the
+    simulator's hold its step's state); other models with one pinocchio Data."""
+
+    def __init__(self, sim):
+        self.sim = sim
+        self.gdata = pin.GeometryData(sim.geom_model)
+        if sim.__dict__.get("_trees") is not None:
+            from .sim.trees import TreeGroups
+            self.trees, self.data = TreeGroups(sim.model), None
+            self._v0 = np.zeros(sim.model.nv)
+        else:
+            self.trees, self.data = None, sim.model.createData()
+
+    def place(self, q: np.ndarray) -> pin.GeometryData:
+        """Joint and geom placements at q; returns the GeometryData (oMg)."""
+        sim = self.sim
+        if self.trees is not None:
+            self.trees.kinematics(q, self._v0, jacobians=False)
+            self.trees.geometry_placements(sim.geom_model, self.gdata)
+        else:
+            pin.forwardKinematics(sim.model, self.data, q)
+            pin.updateGeometryPlacements(sim.model, self.data, sim.geom_model, self.gdata)
+        return self.gdata
+
+    def joint(self, j: int) -> pin.SE3:
+        """World placement of joint j (after ``place``)."""
+        if self.trees is not None:
+            P = self.trees.kin.oM[j]
+            return pin.SE3(P[:9].reshape(3, 3).T.copy(), P[9:].copy())
+        return self.data.oMi[j]
+
+
+def _placements(sim, q, kin: _Kinematics | None = None) -> pin.GeometryData:
+    """The geom placements (a GeometryData) of ``sim`` at q."""
+    return (kin if kin is not None else _Kinematics(sim)).place(q)
 
 
 def _geom_aabb(kind: str, size: np.ndarray, R: np.ndarray, p: np.ndarray, verts=None):
@@ -177,7 +209,7 @@ def scene_bounds(sim, q) -> tuple[np.ndarray, np.ndarray] | None:
     """World axis-aligned box (lo, hi) holding every finite geom of ``sim`` at ``q`` (planes
     are ignored), or None when there is no finite geom."""
     q = _check_q(sim, q)
-    _, gdata = _placements(sim, q)
+    gdata = _placements(sim, q)
     los, his = [], []
     for k, (g, go) in enumerate(zip(sim.sm.geoms, sim.geom_model.geometryObjects)):
         if g.kind == "plane":
@@ -461,8 +493,8 @@ class Renderer:
         self.light = light / np.linalg.norm(light)
         self.shadows = bool(shadows)
         self.ambient, self.diffuse, self.headlight = float(ambient), float(diffuse), float(headlight)
-        self._data = sim.model.createData()
-        self._gdata = pin.GeometryData(sim.geom_model)
+        self._kin = _Kinematics(sim)
+        self._gdata = self._kin.gdata
         # geoms
         if colors == "auto":
             colors = "palette" if str(getattr(sim.sm, "source", "")).lower().endswith(".urdf") else "model"
@@ -531,14 +563,13 @@ class Renderer:
         return out
 
     def _track_position(self, q: np.ndarray) -> np.ndarray:
-        model, data, name = self.sim.model, self._data, self.track
-        pin.forwardKinematics(model, data, q)
+        model, name = self.sim.model, self.track
+        self._kin.place(q)
         if model.existFrame(name):
-            fid = model.getFrameId(name)
-            pin.updateFramePlacement(model, data, fid)
-            return np.asarray(data.oMf[fid].translation).copy()
+            fr = model.frames[model.getFrameId(name)]
+            return np.asarray((self._kin.joint(fr.parentJoint) * fr.placement).translation).copy()
         if model.existJointName(name):
-            return np.asarray(data.oMi[model.getJointId(name)].translation).copy()
+            return np.asarray(self._kin.joint(model.getJointId(name)).translation).copy()
         names = sorted({f.name for f in model.frames} - {"universe"})
         raise ValueError(f"track: no body, frame or joint named {name!r} (frames: {', '.join(names)})")
 
@@ -624,7 +655,7 @@ class Renderer:
         H, W = self.height * self.supersample, self.width * self.supersample
         dirs = M.T @ dcam                                # (3, N) world directions
         dirs3 = dirs.reshape(3, H, W)
-        _placements(self.sim, q, self._data, self._gdata)
+        _placements(self.sim, q, self._kin)
         depth = np.full((H, W), _INF)
         gid = np.full((H, W), -1, dtype=np.int64)
         face = np.full(H * W, -1, dtype=np.int64)       # hull triangle seen, for meshes
