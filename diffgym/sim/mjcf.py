@@ -47,6 +47,7 @@ import numpy as np
 import pinocchio as pin
 
 from .model import Actuator, GeomInfo, JointLimit, ModelError, SimModel
+from .pair_tables import candidate_pairs
 from .unsupported import Refusals, rules_for
 from .xmlsource import XMLSource, parse_model_xml
 
@@ -803,31 +804,18 @@ class _MJCFBuilder:
                 self.pair_mu.setdefault((names[g1], names[g2]), float(fr[0]))
         weld_parent = {b.weld: self.bodies[b.parent].weld for b in self.bodies.values()
                        if b.parent is not None and b.weld != self.bodies[b.parent].weld}
-        pairs = []
-        n = len(self.geoms)
-        for i in range(n):
-            gi = self.geoms[i]
-            bi = self.bodies[gi.body]
-            for k in range(i + 1, n):
-                gk = self.geoms[k]
-                bk = self.bodies[gk.body]
-                if bi.weld == bk.weld:
-                    continue
-                if not ((gi.contype & gk.conaffinity) or (gk.contype & gi.conaffinity)):
-                    continue
-                if gi.kind == "plane" and gk.kind == "plane":
-                    continue
-                if bi.weld != "world" and bk.weld != "world" and (
-                        weld_parent.get(bi.weld) == bk.weld or weld_parent.get(bk.weld) == bi.weld):
-                    continue
-                if frozenset((gi.body, gk.body)) in excluded:
-                    continue
-                pairs.append((i, k))
+        # (a numpy pass per geom over the geoms after it, not a Python loop over the pairs)
+        pairs = candidate_pairs(self.geoms, self.bodies, weld_parent, excluded)
         # MuJoCo's mixing: the geom of higher priority gives condim and friction, else the
         # larger condim and friction (diffgym's contacts are condim 3: others are refused)
         flagged: set[int] = set()
         explicit_set = set(explicit) | {p[::-1] for p in explicit}
-        for i, k in pairs:
+        # only pairs of geoms with a priority or a condim other than 3 mix anything
+        pri = [int(a.get("priority", 0)) for a in self.geom_attrs]
+        cdm = [int(a.get("condim", 3)) for a in self.geom_attrs]
+        special = {g for g in range(len(self.geoms)) if pri[g] != 0 or cdm[g] != 3}
+        mixed = [(i, k) for i, k in pairs if i in special or k in special] if special else []
+        for i, k in mixed:
             if (i, k) in explicit_set:      # a <pair> has its own condim and friction
                 continue
             ai, ak = self.geom_attrs[i], self.geom_attrs[k]
@@ -853,9 +841,11 @@ class _MJCFBuilder:
                     self.refusals.hit("geom.condim", self.src.where(el),
                                       f"<geom name={self.geoms[g].name!r}>", "condim",
                                       str(condim), f"in its contacts with {other!r}, ...")
+        have = set(pairs)
         for p in explicit:
-            if p not in pairs and p[::-1] not in pairs:
+            if p not in have and p[::-1] not in have:
                 pairs.append(p)
+                have.add(p)
         return np.array(pairs, dtype=np.int64).reshape(-1, 2)
 
     def parse_actuators(self) -> list[Actuator]:

@@ -109,3 +109,43 @@ class _Column:
 
     def __getitem__(self, k: int):
         return self.owner.slot(int(k))[self.i]
+
+
+def candidate_pairs(geoms, bodies, weld_parent: dict, excluded: set) -> list[tuple[int, int]]:
+    """MJCF's candidate geom pairs ``(i, k)``, ``i < k`` in order, filtered as MuJoCo does:
+    geoms of different welded bodies (``bodies[g.body].weld``), compatible ``contype`` /
+    ``conaffinity`` bits (``contype_i & conaffinity_k or contype_k & conaffinity_i``), not two
+    planes, not a body and its parent weld (neither the world), not an ``<exclude>``d body pair
+    (``excluded``: frozensets of body names). One numpy pass per geom over the geoms after it
+    (no Python loop over the N^2 / 2 pairs)."""
+    n = len(geoms)
+    if n < 2:
+        return []
+    welds = {w: i for i, w in enumerate(sorted({bodies[g.body].weld for g in geoms}
+                                               | set(weld_parent) | set(weld_parent.values())))}
+    names = {b: i for i, b in enumerate(sorted({g.body for g in geoms}
+                                               | {b for e in excluded for b in e}))}
+    weld = np.array([welds[bodies[g.body].weld] for g in geoms], dtype=np.int64)
+    body = np.array([names[g.body] for g in geoms], dtype=np.int64)
+    ctype = np.array([int(g.contype) for g in geoms], dtype=np.int64)
+    caff = np.array([int(g.conaffinity) for g in geoms], dtype=np.int64)
+    plane = np.array([g.kind == "plane" for g in geoms], dtype=bool)
+    wpar = np.full(len(welds), -1, dtype=np.int64)
+    for w, p in weld_parent.items():
+        wpar[welds[w]] = welds[p]
+    world = welds.get("world", -2)
+    nb = len(names)
+    ex = np.array(sorted({names[a] * nb + names[b] for e in excluded
+                          for a, b in ((min(e), max(e)), (max(e), min(e)))}), dtype=np.int64)
+    out = []
+    for i in range(n - 1):
+        k = np.arange(i + 1, n)
+        wi, wk = weld[i], weld[k]
+        ok = (wk != wi) & (((ctype[i] & caff[k]) | (ctype[k] & caff[i])) != 0) \
+            & ~(plane[i] & plane[k]) \
+            & ~((wi != world) & (wk != world) & ((wpar[wi] == wk) | (wpar[wk] == wi)))
+        if len(ex):
+            ok &= ~np.isin(body[i] * nb + body[k], ex)
+        if ok.any():
+            out.extend((i, kk) for kk in k[ok].tolist())
+    return out
