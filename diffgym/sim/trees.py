@@ -290,20 +290,24 @@ class TreeGroups:
             d = int(tree_hi[d])
         Mb = np.empty(n)
         cm = pin.computeMinverse
+        tril = self.__dict__.setdefault("_tril", {})
         groups = self.groups or [None]
         for g in groups:
             if g is None:                                # (one group: the whole model)
                 raise ValueError("minverse_blocks needs a split model (len(groups) > 1)")
             k = g.v1 - g.v0
-            B = np.reshape(cm(g.model, g.data, q[g.q0:g.q1]), (k, k))
+            B = np.array(np.reshape(cm(g.model, g.data, q[g.q0:g.q1]), (k, k)))
+            il = tril.get(k)
+            if il is None:
+                il = tril[k] = np.tril_indices(k, -1)
+            B[il] = B.T[il]                              # (the lower triangle from the upper)
             d = g.v0
             while d < g.v1:
                 lo, hi = int(tree_lo[d]), int(tree_hi[d])
                 if lo < g.v0 or hi > g.v1:
                     raise ValueError("a kinematic tree crosses a group boundary")
-                U = B[lo - g.v0:hi - g.v0, lo - g.v0:hi - g.v0]
-                U = np.triu(U) + np.triu(U, 1).T
-                Mb[moff[lo]:moff[lo] + (hi - lo) ** 2] = U.ravel()
+                Mb[moff[lo]:moff[lo] + (hi - lo) ** 2] = \
+                    B[lo - g.v0:hi - g.v0, lo - g.v0:hi - g.v0].ravel()
                 d = hi
         return Mb, moff
 
