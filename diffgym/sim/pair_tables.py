@@ -146,6 +146,7 @@ def candidate_pairs(geoms, bodies, weld_parent: dict, excluded: set) -> list[tup
             & ~((wi != world) & (wk != world) & ((wpar[wi] == wk) | (wpar[wk] == wi)))
         if len(ex):
             ok &= ~np.isin(body[i] * nb + body[k], ex)
-        if ok.any():
-            out.extend((i, kk) for kk in k[ok].tolist())
+        ks = k[ok].tolist()
+        if ks:
+            out.extend(zip([i] * len(ks), ks))
     return out
