@@ -241,18 +241,35 @@ t_load = time.perf_counter() - t0
 loaded = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 warnings.simplefilter("ignore")
 t0 = time.perf_counter()
-sim.step(sim.q0, np.zeros(sim.nv), np.zeros(sim.nv))
+q, v = sim.step(sim.q0, np.zeros(sim.nv), np.zeros(sim.nv))
 t_step = time.perf_counter() - t0
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-print(json.dumps({"base_kb": base, "loaded_kb": loaded, "peak_kb": peak, "nv": sim.nv,
-                  "t_load": t_load, "t_step": t_step}))
+# the forward step (median of a few, kernels loaded) and its contacts
+ts = []
+for _ in range(int(sys.argv[3])):
+    t0 = time.perf_counter()
+    q, v = sim.step(q, v, np.zeros(sim.nv))
+    ts.append(time.perf_counter() - t0)
+out = {"base_kb": base, "loaded_kb": loaded, "peak_kb": peak, "nv": sim.nv, "t_load": t_load,
+       "t_step": t_step, "t_fwd": float(np.median(ts)) if ts else float("nan"),
+       "contacts": sim.last.num_contacts}
+print(json.dumps(out), flush=True)
+if sys.argv[4] == "1":      # then one step with its Jacobian
+    t0 = time.perf_counter()
+    sim.step(q, v, np.zeros(sim.nv), jacobian=True)
+    out["t_jac"] = time.perf_counter() - t0
+    out["peak_jac_kb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    print(json.dumps(out), flush=True)
 """
 
 
-def load_memory(scene: str, n: int, limit_mb: float = 6000.0, timeout: float = 600.0) -> dict:
+def load_memory(scene: str, n: int, limit_mb: float = 6000.0, timeout: float = 600.0,
+                fwd_steps: int = 0, jacobian: bool = False) -> dict:
     """Peak RSS (MB) a scene of n bodies adds at load and first step, in a fresh process whose
     address space is capped at ``limit_mb`` above what it needs (a run over it is reported, not
-    allowed to take the machine)."""
+    allowed to take the machine); then the median of ``fwd_steps`` forward steps (``t_fwd``)
+    and, with ``jacobian``, one step with its Jacobian (``t_jac``; ``jac_mb``: the peak after
+    it, or the note why it did not complete, the forward figures kept)."""
     import resource
 
     def cap():
@@ -260,17 +277,29 @@ def load_memory(scene: str, n: int, limit_mb: float = 6000.0, timeout: float = 6
         resource.setrlimit(resource.RLIMIT_AS, (lim, lim))
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     try:
-        p = subprocess.run([sys.executable, "-c", _LOAD_CHILD, scene, str(n)], capture_output=True,
+        p = subprocess.run([sys.executable, "-c", _LOAD_CHILD, scene, str(n), str(int(fwd_steps)),
+                            "1" if jacobian else "0"], capture_output=True,
                            text=True, timeout=timeout, preexec_fn=cap, env=env)
-    except subprocess.TimeoutExpired:
-        return {"mb": float("nan"), "note": f"timed out after {timeout:.0f} s"}
-    if p.returncode != 0:
-        tail = (p.stderr.strip().splitlines() or ["?"])[-1]
+    except subprocess.TimeoutExpired as e:
+        p = subprocess.CompletedProcess(e.cmd, -1, e.stdout or "", f"timed out after {timeout:.0f} s")
+        if isinstance(p.stdout, bytes):
+            p.stdout = p.stdout.decode()
+    lines = [ln for ln in (p.stdout or "").strip().splitlines() if ln.startswith("{")]
+    if not lines:
+        tail = ((p.stderr or "").strip().splitlines() or ["?"])[-1]
         return {"mb": float("nan"), "note": f"failed under a {limit_mb:.0f} MB cap: {tail[:120]}"}
-    out = json.loads(p.stdout.strip().splitlines()[-1])
-    return {"mb": (out["peak_kb"] - out["base_kb"]) / 1024.0, "nv": out["nv"], "note": "",
+    out = json.loads(lines[-1])
+    note = ""
+    if jacobian and "peak_jac_kb" not in out:
+        tail = ((p.stderr or "").strip().splitlines() or ["?"])[-1]
+        note = f"Jacobian step failed under a {limit_mb:.0f} MB cap: {tail[:100]}"
+    return {"mb": (out["peak_kb"] - out["base_kb"]) / 1024.0, "nv": out["nv"], "note": note,
             "load_mb": (out["loaded_kb"] - out["base_kb"]) / 1024.0,
-            "t_load": out["t_load"], "t_step": out["t_step"]}
+            "t_load": out["t_load"], "t_step": out["t_step"],
+            "t_fwd": out.get("t_fwd", float("nan")), "contacts": out.get("contacts", 0),
+            "t_jac": out.get("t_jac", float("nan")),
+            "jac_mb": (out["peak_jac_kb"] - out["base_kb"]) / 1024.0 if "peak_jac_kb" in out
+            else float("nan")}
 
 
 # -- report ----------------------------------------------------------------------------------
@@ -303,6 +332,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--load-ns", type=int, nargs="*", default=None,
                         help=f"body counts of the load-memory table (default {list(LOAD_NS)}; "
                         "none: skip it)")
+    parser.add_argument("--no-load-jacobian", dest="load_jacobian", action="store_false",
+                        help="the load-memory table without its Jacobian step (peak, time)")
     parser.add_argument("--scaling-budget", type=float, default=2.0,
                         help="seconds per timed block and engine at most (at least one step)")
 
@@ -367,22 +398,26 @@ def main(args) -> int:
     if load_ns:
         print()
         print("memory at load (a fresh process per scene and N: load, then one step from rest; "
-              "peak RSS above the imports after the load and after the step; the first step's "
-              "time)")
-        print(f"  {'scene':<6} {'N':>5} {'nv':>6} {'load MB':>8} {'peak MB':>9} {'load s':>7} "
-              f"{'step1 s':>7}")
+              "peak RSS above the imports after the load, after that step and after one more "
+              "step with its Jacobian; the first step's time, the median of 3 forward steps "
+              "after it, the Jacobian step's time)")
+        jac_mem = bool(getattr(args, "load_jacobian", True))
+        print(f"  {'scene':<6} {'N':>5} {'nv':>6} {'contacts':>8} {'load MB':>8} {'peak MB':>9} "
+              f"{'jac MB':>8} {'load s':>7} {'step1 s':>7} {'fwd ms':>8} {'jac s':>7}")
         for s in scenes:
             got = []
             for n in load_ns:
-                r = load_memory(s, n)
+                r = load_memory(s, n, fwd_steps=3, jacobian=jac_mem)
                 got.append((n, r))
                 verdict = ""
                 if n >= 1000 and math.isfinite(r["mb"]):
                     verdict = f"  (target < {LOAD_TARGET_MB:.0f} MB: " + (
                         "met)" if r["mb"] < LOAD_TARGET_MB else "NOT met)")
-                print(f"  {s:<6} {n:>5} {r.get('nv', 0):>6} {_f(r.get('load_mb'), '.0f'):>8} "
-                      f"{_f(r['mb'], '.0f'):>9} {_f(r.get('t_load'), '.2f'):>7} "
-                      f"{_f(r.get('t_step'), '.2f'):>7} {r['note']}{verdict}", flush=True)
+                print(f"  {s:<6} {n:>5} {r.get('nv', 0):>6} {r.get('contacts', 0):>8} "
+                      f"{_f(r.get('load_mb'), '.0f'):>8} {_f(r['mb'], '.0f'):>9} "
+                      f"{_f(r.get('jac_mb'), '.0f'):>8} {_f(r.get('t_load'), '.2f'):>7} "
+                      f"{_f(r.get('t_step'), '.2f'):>7} {_f(r.get('t_fwd', float('nan')) * 1e3, '.1f'):>8} "
+                      f"{_f(r.get('t_jac'), '.2f'):>7} {r['note']}{verdict}", flush=True)
             ok = [(n, r) for n, r in got if math.isfinite(r["mb"])]
             print(f"  {s}: peak memory grows like N^"
                   f"{_f(growth([n for n, _ in ok], [r.get('load_mb', float('nan')) for _, r in ok]), '.2f')}"
