@@ -123,3 +123,27 @@ def test_renderer_makes_no_whole_model_data(monkeypatch):
     np.testing.assert_allclose(r._track_position(q),
                                d.oMf[sim.model.getFrameId("b3")].translation, atol=1e-14)
     assert np.all(hi > lo)
+
+
+FILTER_SCENE = """<mujoco><worldbody><geom name="floor" type="plane" size="0 0 1"/>
+<geom name="wall" type="box" size="1 1 1" pos="5 0 0" contype="2" conaffinity="2"/>
+<body name="a" pos="0 0 1"><freejoint/><geom name="a1" type="sphere" size="0.1" priority="1"/>
+  <body name="a2" pos="0 0 0.3"><joint type="hinge"/><geom name="a2" type="capsule" size="0.05 0.1"/></body></body>
+<body name="b" pos="1 0 1"><freejoint/><geom name="b1" type="box" size="0.1 0.1 0.1" contype="2" conaffinity="1"/></body>
+<body name="c" pos="2 0 1"><freejoint/><geom name="c1" type="box" size="0.1 0.1 0.1" contype="0" conaffinity="0"/>
+  <geom name="c2" type="sphere" size="0.1" contype="4" conaffinity="2"/></body>
+</worldbody><contact><exclude body1="a" body2="b"/><pair geom1="c1" geom2="a1"/><pair geom1="wall" geom2="floor"/></contact></mujoco>"""
+
+
+def test_candidate_pairs_filters():
+    """MJCF's candidate pairs (pair_tables.candidate_pairs), worked out by hand from MuJoCo's
+    rules: not within a weld, contype/conaffinity bits, not two planes, not a body and its
+    parent, not an excluded body pair; explicit <pair>s appended in their order."""
+    from diffgym.sim.mjcf import load_mjcf
+    sm = load_mjcf(FILTER_SCENE)
+    names = [g.name for g in sm.geoms]
+    got = [(names[a], names[b]) for a, b in sm.pairs.tolist()]
+    assert got == [("floor", "a1"), ("floor", "a2"), ("floor", "b1"),   # world x bodies, bits 1
+                   ("wall", "b1"), ("wall", "c2"),                      # bits 2 either way
+                   ("a2", "b1"), ("b1", "c2"),
+                   ("c1", "a1"), ("wall", "floor")]                     # the <pair>s
