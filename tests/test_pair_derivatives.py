@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import diffgym
+from diffgym import pair_scenes
 from diffgym.sim import derivatives
 from diffgym.gradcheck import SIM_BLOCKS, step_differences
 
@@ -24,45 +25,7 @@ ATOL = 1e-9
 FLOOR = 1e-6
 EPS = 1e-6
 
-POLY_OBJ = """v -0.1 -0.08 -0.06
-v 0.1 -0.08 -0.06
-v 0.1 0.08 -0.06
-v -0.1 0.08 -0.06
-v -0.1 -0.08 0.06
-v 0.1 -0.08 0.06
-v 0.1 0.08 0.06
-v -0.1 0.08 0.06
-v 0.0 0.0 0.09
-f 1 3 2
-f 1 4 3
-f 1 2 6
-f 1 6 5
-f 2 3 7
-f 2 7 6
-f 3 4 8
-f 3 8 7
-f 4 1 5
-f 4 5 8
-f 5 6 9
-f 6 7 9
-f 7 8 9
-f 8 5 9
-"""
-TOP = {"sphere": 'type="sphere" size="0.08"',
-       "capsule": 'type="capsule" size="0.05 0.1"',
-       "box": 'type="box" size="0.1 0.08 0.06"',
-       "cylinder": 'type="cylinder" size="0.08 0.07"',
-       "ellipsoid": 'type="ellipsoid" size="0.1 0.07 0.05"',
-       "mesh": 'type="mesh" mesh="poly"'}
-BASE = {"sphere": 'type="sphere" size="0.2" pos="0 0 -0.2"',
-        "capsule": 'type="capsule" size="0.1 0.4" pos="0 0 -0.1" euler="0 90 0"',
-        "box": 'type="box" size="0.4 0.4 0.1" pos="0 0 -0.1"',
-        "cylinder": 'type="cylinder" size="0.3 0.1" pos="0 0 -0.1"',
-        "ellipsoid": 'type="ellipsoid" size="0.4 0.3 0.1" pos="0 0 -0.1"',
-        "mesh": 'type="mesh" mesh="slab" pos="0 0 -0.045"',
-        "flat": 'type="mesh" mesh="flat" pos="0 0 -0.06"',
-        "plane": 'type="plane" size="2 2 0.1"'}
-UPRIGHT, TILTED = "0 0 20", "25 15 0"
+BASE, TOP, UPRIGHT, TILTED = pair_scenes.BASE, pair_scenes.TOP, pair_scenes.UPRIGHT, pair_scenes.TILTED
 
 # (static base, free top, orientation of the top, x of the top): one scene per pair of kinds
 # that fell back; the features met are noted
@@ -100,20 +63,7 @@ FACE_CASES = CASES[17:]
 
 
 def _scene(tmp_path, base, top, euler, x):
-    (tmp_path / "poly.obj").write_text(POLY_OBJ)
-    # the same without its apex: a box as a convex mesh
-    (tmp_path / "flat.obj").write_text("\n".join(ln for ln in POLY_OBJ.splitlines()
-                                                  if ln.startswith("v ") and "0.09" not in ln)
-                                       + "\nf 1 3 2\nf 1 4 3\nf 5 6 7\nf 5 7 8\nf 1 2 6\nf 1 6 5\n"
-                                       "f 2 3 7\nf 2 7 6\nf 3 4 8\nf 3 8 7\nf 4 1 5\nf 4 5 8\n")
-    xml = f"""<mujoco><option timestep="0.01"/>
-<asset><mesh name="poly" file="poly.obj"/><mesh name="slab" file="poly.obj" scale="4 5 0.5"/><mesh name="flat" file="flat.obj" scale="4 5 1"/></asset><worldbody>
-<geom name="base" {BASE[base]} friction="0.5"/>
-<body name="top" pos="{x} 0.01 0.3" euler="{euler}"><freejoint name="top"/>
-  <geom name="top" {TOP[top]} mass="1" friction="0.5"/></body>
-</worldbody></mujoco>"""
-    (tmp_path / "scene.xml").write_text(xml)
-    return diffgym.Simulator.from_file(str(tmp_path / "scene.xml"))
+    return pair_scenes.load(tmp_path, base, top, euler, x)
 
 
 def _drop(sim, steps):
