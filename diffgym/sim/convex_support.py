@@ -256,7 +256,7 @@ def shape_of(owner, g: int) -> Shape:
 # -- a shape lying on a face: a cylinder's cap or a convex mesh's face ---------------------------
 # ids of the points of a face contact: the candidate's own id (a polytope vertex, a capsule end
 # 0/1, plane_contacts.cylinder_points' ids) plus FACE_ID_BASE times (1 + the face's index)
-FACE_ID_BASE = 1000
+FACE_ID_BASE = 1_000_000
 
 
 def face_planes(shape: Shape):
@@ -361,7 +361,12 @@ def face_contact(shapeF, RF, tF, shapeO, RO, tO, margin, max_points):
     tol = 1e-9 * shapeF.size
     if shapeF.kind == "cylinder":
         if np.any(np.hypot(loc[:, 0], loc[:, 1]) > shapeF.r - tol):
-            return None
+            # a polytope's edge or face crossing the rim: the patch clipped by the cap's disc
+            clip = _clip_disc(shapeO, RO, tO, x[sel], height[sel], ids[sel], n,
+                              tF + off[bi] * n, shapeF.r, tol, max_points)
+            if clip is None:
+                return None
+            return (n, bi) + clip + (best,)
     else:
         others = np.flatnonzero(np.abs(eq[:, :3] @ N[bi] - 1.0) > 1e-9)
         if np.any(loc @ eq[others, :3].T + eq[others, 3] > -tol):
@@ -369,16 +374,96 @@ def face_contact(shapeF, RF, tF, shapeO, RO, tO, margin, max_points):
     return n, bi, x[sel], height[sel], ids[sel], kinds[sel], best
 
 
-def face_derivatives(shapeO, RO, tO, n, kind, x, d, JF, oF, JO, oO, centre=None, radius=0.0):
+# ids of the points where a polytope's edge (vertices i < j) crosses the rim of a cap:
+# CROSSING_ID + 2 (i NV + j) + (0: the crossing nearer i, 1: the other), NV = CROSSING_NV
+CROSSING_ID, CROSSING_NV = 1000, 256
+
+
+def crossing_edge(pid: int):
+    """(i, j) of the polytope edge of a rim-crossing point's id (FACE_ID_BASE part removed)."""
+    e = (int(pid) - CROSSING_ID) // 2
+    return e // CROSSING_NV, e % CROSSING_NV
+
+
+def _clip_disc(shapeO, RO, tO, X, height, ids, n, c, radius, tol, max_points):
+    """A polytope O on a cylinder's cap (centre c, normal n, ``radius``) whose support
+    vertices X (on one edge or one face of O) do not all project inside the cap's disc: the
+    patch clipped by the disc, its vertices inside the disc (kind 0) and the points where its
+    edges cross the rim circle (kind 4, on O's edge: ``x = X_i + s (X_j - X_i)`` with
+    ``|T (x - c)| = radius``, T = I - n n^T); (x, heights, ids, kinds) or None where the
+    vertices are not one edge or one face of O (or O is not a polytope, or the disc misses
+    the patch: then the rim does not touch the patch's interior and the narrow phase decides).
+    The arc of the rim inside the patch is not sampled (its crossing points and the inside
+    vertices span the patch but for the arc's circular segments)."""
+    if shapeO.kind != "polytope" or len(X) < 2 or np.any(ids >= len(shapeO.Vk)):
+        return None
+    T = np.eye(3) - np.outer(n, n)
+    if len(X) == 2:
+        order = [0, 1]
+        edges = [(0, 1)]
+    else:
+        # one face of O: all the vertices on one of its hull planes (O's frame)
+        loc = (X - tO) @ RO
+        on = np.abs(loc @ shapeO.eqk[:, :3].T + shapeO.eqk[:, 3]) <= 1e-9 * max(shapeO.size, 1e-300)
+        if not np.any(np.all(on, axis=0)):
+            return None
+        y = (X - X.mean(axis=0)) @ T
+        e1 = y[np.argmax(np.einsum("ij,ij->i", y, y))]
+        e1 = e1 / np.linalg.norm(e1)
+        e2 = np.cross(n, e1)
+        order = list(np.argsort(np.arctan2(y @ e2, y @ e1), kind="stable"))
+        edges = [(order[k], order[(k + 1) % len(order)]) for k in range(len(order))]
+    rad = np.sqrt(np.einsum("ij,ij->i", (X - c) @ T, (X - c) @ T))
+    inside = rad < radius - tol
+    keep_x, keep_id, keep_k = [X[i] for i in np.flatnonzero(inside)], \
+        [int(ids[i]) for i in np.flatnonzero(inside)], [0] * int(inside.sum())
+    for a, b in edges:
+        i, j = (a, b) if ids[a] < ids[b] else (b, a)
+        A, u = X[i], X[j] - X[i]
+        y0, tu = T @ (A - c), T @ u
+        qa, qb, qc = tu @ tu, 2.0 * (y0 @ tu), y0 @ y0 - radius ** 2
+        disc = qb * qb - 4.0 * qa * qc
+        if qa <= 1e-24 * max(radius, 1e-300) ** 2 or disc <= 0.0:
+            continue
+        sq = np.sqrt(disc)
+        for w, sv in enumerate(((-qb - sq) / (2.0 * qa), (-qb + sq) / (2.0 * qa))):
+            if 1e-9 < sv < 1.0 - 1e-9:
+                keep_x.append(A + sv * u)
+                keep_id.append(CROSSING_ID + 2 * (int(ids[i]) * CROSSING_NV + int(ids[j])) + w)
+                keep_k.append(4)
+    if not keep_x or len(shapeO.Vk) > CROSSING_NV or not np.any(~inside) or \
+            sum(k == 4 for k in keep_k) == 0:
+        return None
+    x = np.array(keep_x)
+    h = x @ n - (float(n @ c))
+    sel = np.argsort(h, kind="stable")[:max_points]
+    return x[sel], h[sel], np.array(keep_id)[sel], np.array(keep_k, dtype=np.int64)[sel]
+
+
+def face_derivatives(shapeO, RO, tO, n, kind, x, d, JF, oF, JO, oO, centre=None, radius=0.0,
+                     edge=None):
     """(dp, dn, dd) of one point of a face contact: x the witness on O (its kind: 0 body-fixed,
     1 a capsule end, 2 a tilted cylinder's lowest rim point, 3 a capsule's axis crossing the rim
-    circle of the cap (``centre``, ``radius``)), d its height above F's face plane,
+    circle of the cap (``centre``, ``radius``), 4 a polytope's edge (its two vertices ``edge``,
+    world) crossing that rim circle), d its height above F's face plane,
     n the face normal (out of F; turns with F: dn = w_F x n); p = x - d n on the face moves with
     F: dd = n . (dx - dX_F(p)), dp = dx - n dd - d dn. J, o: joint Jacobians (6, nv, zeros for
     the world) and origins of F's and O's bodies."""
     WF, WO = JF[3:], JO[3:]
     Dn = -_skew(n) @ WF
-    if kind == 3:
+    if kind == 4:
+        # a polytope's edge (body-fixed vertices ``edge`` = (X_i, X_j)) crossing the rim circle
+        # of a cap (centre, radius): x = A + s u, |T (x - c)| = radius; s implicitly
+        A, u = edge[0], edge[1] - edge[0]
+        sv = float(u @ (x - A)) / float(u @ u)
+        y = A + sv * u - centre
+        w = y - (n @ y) * n
+        dA = JO[:3] - _skew(A - oO) @ WO
+        du = -_skew(u) @ WO
+        dc = JF[:3] - _skew(centre - oF) @ WF
+        ds = ((w @ Dn) * (n @ y) - w @ (dA + sv * du - dc)) / float(w @ u)
+        dx = dA + sv * du + np.outer(u, ds)
+    elif kind == 3:
         # a capsule's lowered axis crossing the rim circle of a cap (centre, radius): x = A +
         # s u - r n with |T (A + s u - c)| = radius, T = I - n n^T; s by implicit differentiation
         a = RO[:, 2]
