@@ -32,6 +32,12 @@ square system is the Newton step of the conditions themselves: ``refine`` uses i
 narrow phase's (coal's GJK/EPA) witness points and normal exact to rounding, so the collision
 output is a smooth function of the poses that these derivatives describe exactly.
 
+The support features, the Newton refinement with its verification and the choice among its
+starts run on every step for every such pair: they are compiled kernels (``_feature_k``,
+``_solve_at_k``, ``_solve_k``; one call per pair; ``DIFFGYM_JIT=0`` runs them as Python), and
+``feature``, ``solve_at`` and ``solve`` are thin wrappers over them. The derivatives (the
+Jacobian path) use the same features from numpy.
+
 Configurations outside this description return None (the caller keeps coal's output and its
 finite-difference fallback): a face against a face or an edge parallel to it (a contact patch),
 parallel edges, features that the tolerances cannot decide, a swept-sphere radius.
