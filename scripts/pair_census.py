@@ -11,7 +11,6 @@ pair and state the contact rows and those that took ``derivatives._collision_fd`
 ``--jac-error``: also the step Jacobian's error against central differences
 (``gradcheck.step_jacobian_errors``), per pair and state (slow).
 """
-import os
 import sys
 import tempfile
 import time
@@ -19,63 +18,17 @@ import warnings
 
 import numpy as np
 
-import diffgym
+from diffgym import pair_scenes
 from diffgym.sim import derivatives
 from diffgym.gradcheck import SIM_BLOCKS, step_differences
 from diffgym.sim.derivatives import step_jacobian
 
 warnings.simplefilter("ignore")
-KINDS = ("sphere", "capsule", "box", "cylinder", "ellipsoid", "mesh")
-CUBE_OBJ = """v -0.1 -0.08 -0.06
-v 0.1 -0.08 -0.06
-v 0.1 0.08 -0.06
-v -0.1 0.08 -0.06
-v -0.1 -0.08 0.06
-v 0.1 -0.08 0.06
-v 0.1 0.08 0.06
-v -0.1 0.08 0.06
-v 0.0 0.0 0.09
-f 1 3 2
-f 1 4 3
-f 1 2 6
-f 1 6 5
-f 2 3 7
-f 2 7 6
-f 3 4 8
-f 3 8 7
-f 4 1 5
-f 4 5 8
-f 5 6 9
-f 6 7 9
-f 7 8 9
-f 8 5 9
-"""
-GEOM = {"sphere": 'type="sphere" size="0.08"',
-        "capsule": 'type="capsule" size="0.05 0.1"',
-        "box": 'type="box" size="0.1 0.08 0.06"',
-        "cylinder": 'type="cylinder" size="0.08 0.07"',
-        "ellipsoid": 'type="ellipsoid" size="0.1 0.07 0.05"',
-        "mesh": 'type="mesh" mesh="poly"'}
-BASE = {"sphere": 'type="sphere" size="0.2" pos="0 0 -0.2"',
-        "capsule": 'type="capsule" size="0.1 0.4" pos="0 0 -0.1" euler="0 90 0"',
-        "box": 'type="box" size="0.4 0.4 0.1" pos="0 0 -0.1"',
-        "cylinder": 'type="cylinder" size="0.3 0.1" pos="0 0 -0.1"',
-        "ellipsoid": 'type="ellipsoid" size="0.4 0.3 0.1" pos="0 0 -0.1"',
-        "mesh": 'type="mesh" mesh="slab" pos="0 0 -0.06"'}
-EULER = {"upright": "0 0 20", "tilted": "25 15 0"}
+KINDS, EULER = pair_scenes.KINDS, pair_scenes.EULER
 
 
 def scene(base, top, euler, folder):
-    xml = f"""<mujoco><option timestep="0.01"/>
-<asset><mesh name="poly" file="poly.obj"/><mesh name="slab" file="slab.obj"/></asset><worldbody>
-<geom name="base" {BASE[base]} friction="0.5"/>
-<body name="top" pos="0.02 0.01 0.3" euler="{euler}"><freejoint name="top"/>
-  <geom name="top" {GEOM[top]} mass="1" friction="0.5"/></body>
-</worldbody></mujoco>"""
-    path = os.path.join(folder, "scene.xml")
-    with open(path, "w") as f:
-        f.write(xml)
-    return diffgym.Simulator.from_file(path)
+    return pair_scenes.load(folder, base, top, euler)
 
 
 def drop(sim, steps=60):
@@ -126,11 +79,6 @@ FLOOR = 1e-6
 def main():
     jac_err = "--jac-error" in sys.argv
     folder = tempfile.mkdtemp()
-    with open(os.path.join(folder, "poly.obj"), "w") as f:
-        f.write(CUBE_OBJ)
-    with open(os.path.join(folder, "slab.obj"), "w") as f:
-        f.write(CUBE_OBJ.replace("0.1 ", "0.4 ").replace("-0.1 ", "-0.4 ").replace("0.08", "0.4")
-                .replace("0.09", "0.061"))
     print(f"{'base':10s} {'top':10s} {'pose':8s} {'state':9s} rows  fd   kinds" +
           ("   jac-err  one-sided modes" if jac_err else ""))
     t0 = time.perf_counter()
@@ -140,8 +88,6 @@ def main():
             if only and [base, top] not in only:
                 continue
             for pose, euler in EULER.items():
-                if base == "plane":
-                    BASE["plane"] = 'type="plane" size="5 5 .1"'
                 sim = scene(base, top, euler, folder)
                 q, v = drop(sim)
                 for state, vv in states(q, v).items():

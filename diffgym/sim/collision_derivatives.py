@@ -1088,7 +1088,7 @@ def face_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list:
     """Closed-form dp, dn, dd for the rows of a pair whose points the driver found lying on a
     cylinder's cap or a mesh facet (``collision_driver``'s ``face_pairs``;
     ``convex_support.face_derivatives``). Returns the rows it could not do."""
-    from .convex_support import face_derivatives, shape_of
+    from .convex_support import FACE_ID_BASE, crossing_edge, face_derivatives, shape_of
     pair = int(c.pair[rows[0]])
     gf, go, kinds = c.face_pairs[pair]
     first = int(c.geom1[rows[0]]) == gf
@@ -1108,11 +1108,14 @@ def face_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list:
         n = sgn * np.asarray(c.normal[k], float)
         d = float(c.dist[k])
         x = np.asarray(c.pos[k], float) + d * n
-        centre = None
-        if kind == 3:                  # (the centre of the cap under the crossing point)
+        centre = edge = None
+        if kind in (3, 4):             # (the centre of the cap under the crossing point)
             a = Mf.rotation[:, 2]
             centre = Mf.translation + np.sign(float(n @ a)) * sf.h * a
+        if kind == 4:                  # (the polytope edge crossing the rim: its vertices)
+            i, j = crossing_edge(int(c.point[k]) % FACE_ID_BASE)
+            edge = so.Vk[[i, j]] @ Mo.rotation.T + Mo.translation
         Dp, Dn, Dd = face_derivatives(so, Mo.rotation, Mo.translation, n, kind, x, d, JF, oF, JO,
-                                      oO, centre, getattr(sf, "r", 0.0))
+                                      oO, centre, getattr(sf, "r", 0.0), edge)
         dp[k], dn[k], dd[k] = Dp, sgn * Dn, Dd
     return undone

@@ -47,7 +47,7 @@ from .model import SimModel
 from .convex_support import FACE_ID_BASE, SMOOTH_KINDS, face_contact, shape_of, solve
 from .pair_tables import NarrowPhase
 from .collision_kernels import BROAD_SLACK as _BROAD_SLACK, KIND_CODES, detect_closed_form
-from .plane_contacts import ANALYTIC_KINDS, cylinder_box_face, shape_points
+from .plane_contacts import ANALYTIC_KINDS, ELLIPSOID_POINTS, cylinder_box_face, shape_points
 
 
 
@@ -568,9 +568,11 @@ class CollisionDriver:
         m = len(sel)
         if not m:
             return
-        if m > self.max_points:
-            sel = sel[np.argsort(height[sel], kind="stable")[:self.max_points]]
-            m = self.max_points
+        # (an ellipsoid keeps all its candidates: plane_contacts.ELLIPSOID_POINTS)
+        cap = ELLIPSOID_POINTS if g.kind == "ellipsoid" else self.max_points
+        if m > cap:
+            sel = sel[np.argsort(height[sel], kind="stable")[:cap]]
+            m = cap
         N = -n_plane if self._flip[k] else n_plane   # from geom 1 to geom 2
         d = height[sel]
         rows_pair += [k] * m

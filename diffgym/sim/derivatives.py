@@ -432,6 +432,8 @@ def _plane_contacts(sim, kin: _Kin, cons, idx: np.ndarray, dp, dn, dd) -> None:
             du = (dd_vec - np.outer(u, u @ dd_vec)) / nd
             dx[r] = kin.point_jacobians(jx[r:r + 1], centre[None])[0] - rad * du
         else:                                           # ellipsoid: support point
+            if int(c.point[idx[r]]) >= 1:               # (a body-fixed surface sample)
+                continue
             E = Rg @ np.diag(np.asarray(geoms[int(gx[r])].size[:3], float) ** 2) @ Rg.T
             # (point k is the support point along the fixed direction k of the plane's normal)
             m = ellipsoid_directions(m)[int(c.point[idx[r]])]
