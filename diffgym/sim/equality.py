@@ -24,9 +24,9 @@ Fixed tendons also give passive forces (``stiffness``: ``-k (L - L_rest) coef``,
 coef``, see :class:`diffgym.sim.model.Actuator`).
 
 **Solve.** Models with such rows are assembled in Python (contact and joint-limit rows, then
-these) and the mixed problem is solved by a compiled kernel (``equality_kernels.mixed_solve``, a
-port of ``ExtraRows.solve``, which stays the reference under ``SolverSettings(compiled=False)``;
-the fused compiled call of ``diffgym.sim.forward`` serves models without these rows). Rows that do
+these) and the mixed problem is solved by a compiled kernel (``equality_kernels.mixed_solve``, its
+one implementation; under ``SolverSettings(compiled=False)`` or another solver class its reduced
+NCPs go to that solver's ``solve``; the fused compiled call of ``diffgym.sim.forward`` serves models without these rows). Rows that do
 not depend on the state (dry friction alone) are built once. The mixed problem is solved
 exactly by an active set
 over the new rows: bilateral rows, sticking friction rows and active unilateral rows are
@@ -522,12 +522,9 @@ class ExtraRows:
         the joint-limit rows then of the new rows (True: an equality mode), iterations,
         residual, converged, method, xmode) with ``xmode`` per new row: 0 equality, +1 fixed at
         ``-bound`` (friction sliding with sigma > 0), -1 fixed at ``+bound``, 2 inactive."""
-        from .solver import SolverResult  # noqa: F401
         s0 = 3 * nc + nl
-        m = G.shape[0]
-        mx = m - s0
-        kind, bound = rs.kind, rs.bound
-        tol = solver.settings.tol
+        mx = G.shape[0] - s0
+        kind = rs.kind
         # warm start of the new rows' modes
         xmode = np.zeros(mx, dtype=np.int64)
         for i in range(mx):
@@ -538,95 +535,17 @@ class ExtraRows:
                 xmode[i] = 0 if g[s0 + i] < 0 else 2
             elif kind[i] == KIND_FRICTION:
                 xmode[i] = 0
-        if type(solver).__name__ == "NCPSolver" and solver.settings.compiled:
-            out = self._solve_compiled(solver, G, g, nc, nl, mu, rs, xmode, lam0, modes0)
-            if out is not None:
-                return out
-        S = np.arange(s0)
-        its = 0
-        seen = set()
-        res = None
-        for rnd in range(60):
-            E = s0 + np.flatnonzero(xmode == 0)
-            F = s0 + np.flatnonzero(xmode != 0)
-            lamF = np.zeros(len(F))
-            for t, r in enumerate(F.tolist()):
-                mo = xmode[r - s0]
-                lamF[t] = -mo * bound[r - s0] if mo in (1, -1) else 0.0
-            if len(E):
-                GEE = G[np.ix_(E, E)]
-                Kp = np.linalg.pinv(GEE, rcond=1e-11, hermitian=True)
-                gE = g[E] + G[np.ix_(E, F)] @ lamF
-                GSE = G[np.ix_(S, E)]
-                Gs = G[np.ix_(S, S)] - GSE @ Kp @ GSE.T
-                gs = g[S] + G[np.ix_(S, F)] @ lamF - GSE @ (Kp @ gE)
-            else:
-                Gs = G[np.ix_(S, S)]
-                gs = g[S] + G[np.ix_(S, F)] @ lamF
-            lam = np.zeros(m)
-            if s0:
-                Gs = 0.5 * (Gs + Gs.T)
-                res = self._solve_reduced(solver, Gs, gs, np.diagonal(G)[:s0], nc, nl, mu,
-                                          lam0, modes0)
-                lam[:s0] = res.lam
-                its += res.iterations
-                lam0, modes0 = res.lam, np.concatenate(
-                    [res.modes, res.limit_active.astype(np.int64)])
-            if len(E):
-                lam[E] = -Kp @ (gE + G[np.ix_(E, S)] @ lam[:s0])
-            lam[F] = lamF
-            sigma = G @ lam + g
-            # mode checks of the new rows
-            dG = np.maximum(np.diagonal(G)[s0:], 1e-12)
-            new = xmode.copy()
-            viol = np.zeros(mx)
-            for i in range(mx):
-                r = s0 + i
-                li, si = lam[r], sigma[r]
-                if kind[i] == KIND_FRICTION:
-                    if xmode[i] == 0 and abs(li) > bound[i] * (1 + 1e-12) + 1e-3 * tol / dG[i]:
-                        new[i] = -1 if li > 0 else 1
-                        viol[i] = dG[i] * (abs(li) - bound[i])
-                    elif xmode[i] == 1 and si < -tol:
-                        new[i], viol[i] = 0, -si
-                    elif xmode[i] == -1 and si > tol:
-                        new[i], viol[i] = 0, si
-                elif kind[i] == KIND_LIMIT:
-                    if xmode[i] == 0 and li < -1e-3 * tol / dG[i]:
-                        new[i], viol[i] = 2, -dG[i] * li
-                    elif xmode[i] == 2 and si < -tol:
-                        new[i], viol[i] = 0, -si
-            if (new == xmode).all():
-                break
-            key = xmode.tobytes()
-            if key in seen or rnd > 20:      # cycling: switch only the worst row
-                i = int(np.argmax(viol))
-                xmode[i] = new[i]
-            else:
-                xmode = new
-            seen.add(key)
-        converged = bool((new == xmode).all()) and (res is None or res.converged)
-        # the residual of the new rows' conditions
-        rx = 0.0
-        if mx:
-            eqr = np.abs(sigma[s0:])[xmode == 0]
-            rx = float(eqr.max()) if len(eqr) else 0.0
-        resid = max(rx, res.residual if res is not None else 0.0)
-        converged = converged and rx <= max(100 * tol, 1e-9 * max(1.0, float(np.abs(g).max())))
-        self._warm = {rs.ids[i]: int(xmode[i]) for i in range(mx)}
-        if res is not None:
-            modes, lact = res.modes, res.limit_active
-            method = res.method
-        else:
-            modes, lact = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
-            method = "elimination"
-        active = np.concatenate([np.asarray(lact, dtype=bool), xmode == 0])
-        return lam, sigma, modes, active, its, resid, converged, method, xmode
+        # the compiled NCPSolver: the reduced NCPs' stage 1 inside the kernel (later stages,
+        # rarely, here); any other solver (compiled=False, a user's subclass) gets every
+        # reduced NCP through its own solve()
+        delegate = not (type(solver).__name__ == "NCPSolver" and solver.settings.compiled)
+        return self._solve_compiled(solver, G, g, nc, nl, mu, rs, xmode, lam0, modes0, delegate)
 
-    def _solve_compiled(self, solver, G, g, nc, nl, mu, rs, xmode, lam0, modes0):
-        """``solve`` by the compiled port (diffgym.sim.equality_kernels.mixed_solve). A round whose
-        reduced stage 1 fails has its reduced problem solved here from stage 2 on (as the
-        reference's ``solver.solve`` does), and the kernel resumes with that result."""
+    def _solve_compiled(self, solver, G, g, nc, nl, mu, rs, xmode, lam0, modes0, delegate=False):
+        """``solve`` by its one implementation, diffgym.sim.equality_kernels.mixed_solve. A round
+        whose reduced stage 1 fails has its reduced problem solved here from stage 2 on, and the
+        kernel resumes with that result; ``delegate``: every round's reduced problem is solved
+        here by ``solver.solve``."""
         from .equality_kernels import mixed_solve
         st = solver.settings
         f64 = np.float64
@@ -643,11 +562,12 @@ class ExtraRows:
         state = (0, 0, np.zeros((61, mx), dtype=np.int64), 0)
         inj = (False, np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool), 0, 0.0,
                False, True)
-        later = _LaterStages(solver)
-        for _ in range(61):
+        later = solver if delegate else _LaterStages(solver)
+        for _ in range(62):          # (at most one call per round, 60 rounds, and the first)
             out = mixed_solve(G, g, nc, nl, mu, kind, bound, xmode, lam0, modes0, has,
                               float(st.tol), float(st.mode_tol), int(st.newton_iter),
-                              int(st.mode_rounds), int(st.newton_budget), *state, *inj)
+                              int(st.mode_rounds), int(st.newton_budget), *state, *inj,
+                              bool(delegate))
             ok, lam, sigma, modes, lact, xmode, its, resid, conv, elim, stt = out
             if ok:
                 break
@@ -659,16 +579,16 @@ class ExtraRows:
                    np.ascontiguousarray(r.modes, dtype=np.int64),
                    np.ascontiguousarray(r.limit_active, dtype=bool), int(r.iterations),
                    float(r.residual), r.method == "elimination", bool(r.converged))
-            later.method = r.method
-        else:
-            return None
+            method_r = r.method
+        else:                                                    # pragma: no cover
+            raise RuntimeError("equality_kernels.mixed_solve did not finish its rounds")
         ids = rs.ids
         self._warm = {ids[i]: int(x) for i, x in enumerate(xmode.tolist())}
         active = np.concatenate([lact, xmode == 0])
         if elim:
             method = "elimination"
-        elif inj[0] and stt[0] == state[0]:       # (the last round's reduced solve: stage 2+)
-            method = later.method
+        elif inj[0] and stt[0] == state[0]:       # (the last round's reduced solve: here)
+            method = method_r
         else:
             method = "newton"
         return (lam, sigma, modes, active, int(its), float(resid), bool(conv), method, xmode)
