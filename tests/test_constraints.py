@@ -545,3 +545,32 @@ def test_mixed_solve_satisfies_the_problem(which):
         out.append(np.array(traj))
     ta, tb = out
     assert np.abs(ta - tb).max() < 1e-9 * max(1.0, np.abs(tb).max())
+
+
+def test_rows_on_a_scene_stepped_tree_by_tree(monkeypatch):
+    """MIXED_XML (two free bodies and an arm: nv 13, more than a tree group) is stepped tree
+    by tree; the connect rows' kinematics use the per-tree groups too: loading and stepping
+    make no pinocchio Data of the whole model (cubic in nv). (The step Jacobian of these rows,
+    on the numpy route, still makes one; its agreement with central differences on this scene
+    is test_with_contacts.)"""
+    import diffgym.sim.trees as trees_mod
+    sizes = []
+    orig = pin.Model.createData
+
+    def spy(model):
+        sizes.append(model.nv)
+        return orig(model)
+    monkeypatch.setattr(pin.Model, "createData", spy)
+    sim = diffgym.Simulator.from_string(MIXED_XML)
+    assert sim._trees is not None
+    q, v = sim.q0.copy(), np.r_[0.5, np.zeros(sim.nv - 2), 3.0]
+    for a in np.random.default_rng(0).normal(size=(30, sim.nv)) * 0.5:
+        q, v = sim.step(q, v, a)
+        assert sim.last.converged
+    monkeypatch.undo()
+    assert sizes and max(sizes) <= trees_mod.MAX_GROUP_NV < sim.nv
+    # the anchors stay together (the rows are right on this path)
+    c = sim.sm.constraint_spec.connects[0]
+    data = sim.model.createData()
+    pin.forwardKinematics(sim.model, data, q)
+    assert np.linalg.norm(data.oMi[c.jid1].act(c.anchor1) - data.oMi[c.jid2].act(c.anchor2)) < 5e-6

@@ -173,6 +173,69 @@ class _LaterStages:
         return self.solver._solve(G, g, nc, mu, lam0, modes0, stage1=False)
 
 
+class _JointKin:
+    """The kinematics of single joints for the connect and weld rows, computed on the per-tree
+    groups of :mod:`diffgym.sim.trees` (each group's own small Model and Data; a whole-model
+    Data is cubic in nv), or on one Data of the model where it is a single group. Global joint
+    ids in, (., nv) Jacobians in the global velocity layout out."""
+
+    def __init__(self, model: pin.Model, joints):
+        from .trees import TreeGroups
+        self.model, self.nv = model, model.nv
+        tg = TreeGroups(model)
+        if tg.single:
+            # (j0 = 1: local joint ids are the global ones; v0 = 0)
+            self._groups = [(1, 0, model, model.createData())] if joints else []
+            self._of = {j: 0 for j in joints}
+        else:
+            starts = np.array([g.j0 for g in tg.groups])
+            used = sorted({int(np.searchsorted(starts, j, side="right")) - 1 for j in joints})
+            self._groups = [(tg.groups[i].j0, tg.groups[i].v0, tg.groups[i].model,
+                             tg.groups[i].data) for i in used]
+            pos = {gi: k for k, gi in enumerate(used)}
+            self._of = {j: pos[int(np.searchsorted(starts, j, side="right")) - 1] for j in joints}
+        self._qr = []
+        for j0, v0, m, _ in self._groups:
+            jm = self.model.joints[j0]
+            self._qr.append((jm.idx_q, jm.idx_q + m.nq, v0, v0 + m.nv))
+
+    def update(self, q, v=None):
+        """Placements and joint Jacobians at q (``v`` given: also the velocities and the
+        velocity derivatives at (q, v), zero acceleration)."""
+        for (j0, v0, m, d), (qa, qb, va, vb) in zip(self._groups, self._qr):
+            if v is None:
+                pin.forwardKinematics(m, d, q[qa:qb])
+            else:
+                pin.computeForwardKinematicsDerivatives(m, d, q[qa:qb], v[va:vb], np.zeros(m.nv))
+            pin.computeJointJacobians(m, d, q[qa:qb])
+
+    def _at(self, j):
+        j0, v0, m, d = self._groups[self._of[j]]
+        return j - j0 + 1, v0, m, d
+
+    def _cols(self, A, v0):
+        out = np.zeros((A.shape[0], self.nv))
+        out[:, v0:v0 + A.shape[1]] = A
+        return out
+
+    def oMi(self, j) -> pin.SE3:
+        jl, _, _, d = self._at(j)
+        return d.oMi[jl]
+
+    def jacobian(self, j, frame) -> np.ndarray:
+        jl, v0, m, d = self._at(j)
+        return self._cols(np.reshape(pin.getJointJacobian(m, d, jl, frame), (6, -1)), v0)
+
+    def velocity_derivative(self, j, frame) -> np.ndarray:
+        jl, v0, m, d = self._at(j)
+        return self._cols(np.reshape(pin.getJointVelocityDerivatives(m, d, jl, frame)[0],
+                                     (6, -1)), v0)
+
+    def velocity(self, j) -> pin.Motion:
+        jl, _, _, d = self._at(j)
+        return d.v[jl]
+
+
 class ExtraRows:
     """Builds, solves and differentiates the rows of a :class:`ConstraintSpec`."""
 
@@ -180,8 +243,11 @@ class ExtraRows:
         self.sm = sm
         self.spec = spec
         self.model = sm.model
-        self.data = self.model.createData()
         self.nv = self.model.nv
+        # the joints of the connect and weld rows: their kinematics on the per-tree groups
+        jids = {j for c in spec.connects for j in (c.jid1, c.jid2)}
+        jids |= {j for w in spec.welds for j in (w.jid1, w.jid2)}
+        self._kin = _JointKin(self.model, sorted(j for j in jids if j))
         self.erp, self.skin, self.margin = float(erp), float(skin), float(margin)
         self._warm: dict = {}
         # a name per velocity (labels of the friction rows): the joint, [k] for multi-dof joints
@@ -234,25 +300,23 @@ class ExtraRows:
 
     # -- the rows ------------------------------------------------------------------------
     def _kinematics(self, q):
-        model, data = self.model, self.data
-        pin.forwardKinematics(model, data, q)
-        pin.computeJointJacobians(model, data, q)
-        return data
+        self._kin.update(q)
+        return self._kin
 
-    def _point(self, data, jid, p_local):
+    def _point(self, kin, jid, p_local):
         """World position of a point fixed to joint jid and its (3, nv) world Jacobian."""
         if jid == 0:
             return p_local.copy(), np.zeros((3, self.nv))
-        M = data.oMi[jid]
+        M = kin.oMi(jid)
         p = M.rotation @ p_local + M.translation
-        J6 = pin.getJointJacobian(self.model, data, jid, pin.WORLD)
+        J6 = kin.jacobian(jid, pin.WORLD)
         return p, J6[:3] - _skew(p) @ J6[3:]
 
-    def _rot(self, data, jid):
+    def _rot(self, kin, jid):
         if jid == 0:
             return np.eye(3), np.zeros((3, self.nv))
-        J6 = pin.getJointJacobian(self.model, data, jid, pin.WORLD)
-        return data.oMi[jid].rotation.copy(), J6[3:].copy()
+        J6 = kin.jacobian(jid, pin.WORLD)
+        return kin.oMi(jid).rotation.copy(), J6[3:].copy()
 
     def _eval(self, q, v, dt, select=None):
         """(J, phi-or-dist, kind, bound, ids, labels, select) of the rows at q. ``select``:
@@ -271,8 +335,8 @@ class ExtraRows:
             ids += [("connect", i, a) for a in range(3)]
             labels += [f"connect {c.name} [{a}]" for a in "xyz"]
         for i, w in enumerate(spec.welds):
-            M1 = data.oMi[w.jid1] * w.T1 if w.jid1 else w.T1
-            M2 = data.oMi[w.jid2] * w.T2 if w.jid2 else w.T2
+            M1 = data.oMi(w.jid1) * w.T1 if w.jid1 else w.T1
+            M2 = data.oMi(w.jid2) * w.T2 if w.jid2 else w.T2
             a2 = w.T2.rotation @ w.anchor + w.T2.translation         # in joint 2's frame
             a1 = w.T1.act(w.rel.act(w.anchor))                       # target, joint 1's frame
             p1, J1 = self._point(data, w.jid1, a1)
@@ -396,16 +460,16 @@ class ExtraRows:
         Dq[eq] = (erp / dt) * rs.J[eq]
         row = 0
         if spec.connects or spec.welds:
-            data = self.data
-            pin.computeForwardKinematicsDerivatives(model, data, q, v1, np.zeros(nv))
+            data = self._kin
+            data.update(q, v1)
             cache = {}
 
             def joint(j):
                 if j not in cache:
-                    Jl = pin.getJointJacobian(model, data, j, pin.LOCAL)
-                    dV = pin.getJointVelocityDerivatives(model, data, j, pin.LOCAL)[0]
-                    vel = data.v[j]
-                    cache[j] = (data.oMi[j].rotation.copy(), Jl, dV, vel.linear.copy(),
+                    Jl = data.jacobian(j, pin.LOCAL)
+                    dV = data.velocity_derivative(j, pin.LOCAL)
+                    vel = data.velocity(j)
+                    cache[j] = (data.oMi(j).rotation.copy(), Jl, dV, vel.linear.copy(),
                                 vel.angular.copy())
                 return cache[j]
 
@@ -456,8 +520,8 @@ class ExtraRows:
                 dw1, W1, c1 = rot_terms(w.jid1, -tq)
                 corr += c2 + c1
                 # the rotation error e = log3(E), E = R2 (R1 R_rel)^T: de = Jlog3(E) E^T (W2 - E W1)
-                M1 = data.oMi[w.jid1] * w.T1 if w.jid1 else w.T1
-                M2 = data.oMi[w.jid2] * w.T2 if w.jid2 else w.T2
+                M1 = data.oMi(w.jid1) * w.T1 if w.jid1 else w.T1
+                M2 = data.oMi(w.jid2) * w.T2 if w.jid2 else w.T2
                 E = M2.rotation @ (M1.rotation @ w.rel.rotation).T
                 W1 = W1 if w.jid1 else np.zeros((3, nv))
                 W2 = W2 if w.jid2 else np.zeros((3, nv))
