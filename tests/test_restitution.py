@@ -331,3 +331,42 @@ def test_impacts_on_a_scene_stepped_tree_by_tree(monkeypatch):
     sim.reset_warmstart()
     rep = diffgym.check_step_jacobians(sim, states=states[:3])
     assert rep.ok, str(rep)
+
+
+# a ball with restitution beside a pendulum with joint dry friction (rows of diffgym.sim.equality:
+# the step takes the mixed solve)
+BALL_AND_FRICTION = """<mujoco><option timestep="0.005"/><worldbody>
+<geom name="floor" type="plane" size="2 2 .1" friction="0.5"/>
+<body name="ball" pos="0 0 0.4"><joint name="x" type="slide" axis="1 0 0"/>
+<joint name="z" type="slide" axis="0 0 1"/>
+<geom name="ball" type="sphere" size="0.1" mass="1" friction="0.5"/></body>
+<body name="arm" pos="1 0 1"><joint name="h" type="hinge" axis="0 1 0" {fric}/>
+<geom name="arm" type="capsule" fromto="0 0 0 0.3 0 0" size="0.02" mass="0.5"/></body>
+</worldbody><custom><numeric name="diffgym:restitution:ball" data="0.8"/></custom></mujoco>"""
+
+
+def test_restitution_with_equality_and_friction_rows():
+    """A model with rows of diffgym.sim.equality (here a pendulum's joint dry friction) applies
+    Newton's impact law as the others do: the ball bounces as in the same scene without the
+    friction row (the pendulum is another tree), at its time of impact, and the step Jacobians
+    through the impact agree with central differences."""
+    a = diffgym.Simulator.from_string(BALL_AND_FRICTION.format(fric='frictionloss="0.3"'))
+    b = diffgym.Simulator.from_string(BALL_AND_FRICTION.format(fric=""))
+    assert a._extra is not None and b._extra is None
+    qa = qb = a.q0
+    va = vb = np.array([0.3, 0.0, 0.0])
+    impacts, states = 0, []
+    for _ in range(250):
+        sa = (qa.copy(), va.copy(), np.zeros(3))
+        qa, va = a.step(qa, va, np.zeros(3))
+        qb, vb = b.step(qb, vb, np.zeros(3))
+        if _impacts(a):
+            impacts += 1
+            states.append(sa)
+        assert a.last.converged
+        np.testing.assert_allclose(qa[:2], qb[:2], rtol=0, atol=1e-9)
+        np.testing.assert_allclose(va[:2], vb[:2], rtol=0, atol=1e-9)
+    assert impacts >= 2 and "frictionloss h" in a.last.constraint_labels
+    a.reset_warmstart()
+    rep = diffgym.check_step_jacobians(a, states=states[:2])
+    assert rep.ok, str(rep)
