@@ -589,23 +589,26 @@ class ExtraRows:
         s0 = 3 * nc + nl
         mx = G.shape[0] - s0
         kind = rs.kind
-        # warm start of the new rows' modes
-        xmode = np.zeros(mx, dtype=np.int64)
+        # warm start of the new rows' modes, and the cold modes (the rounds restart from them
+        # once if the warm start cycles)
+        cold = np.zeros(mx, dtype=np.int64)
+        for i in range(mx):
+            if kind[i] == KIND_LIMIT:
+                cold[i] = 0 if g[s0 + i] < 0 else 2
+        xmode = cold.copy()
         for i in range(mx):
             w = self._warm.get(rs.ids[i])
             if w is not None:
                 xmode[i] = w
-            elif kind[i] == KIND_LIMIT:
-                xmode[i] = 0 if g[s0 + i] < 0 else 2
-            elif kind[i] == KIND_FRICTION:
-                xmode[i] = 0
         # the compiled NCPSolver: the reduced NCPs' stage 1 inside the kernel (later stages,
         # rarely, here); any other solver (compiled=False, a user's subclass) gets every
         # reduced NCP through its own solve()
         delegate = not (type(solver).__name__ == "NCPSolver" and solver.settings.compiled)
-        return self._solve_compiled(solver, G, g, nc, nl, mu, rs, xmode, lam0, modes0, delegate)
+        return self._solve_compiled(solver, G, g, nc, nl, mu, rs, xmode, lam0, modes0, delegate,
+                                    cold)
 
-    def _solve_compiled(self, solver, G, g, nc, nl, mu, rs, xmode, lam0, modes0, delegate=False):
+    def _solve_compiled(self, solver, G, g, nc, nl, mu, rs, xmode, lam0, modes0, delegate=False,
+                        cold=None):
         """``solve`` by its one implementation, diffgym.sim.equality_kernels.mixed_solve. A round
         whose reduced stage 1 fails has its reduced problem solved here from stage 2 on, and the
         kernel resumes with that result; ``delegate``: every round's reduced problem is solved
@@ -624,6 +627,9 @@ class ExtraRows:
         modes0 = np.zeros(0, dtype=np.int64) if modes0 is None else np.ascontiguousarray(modes0, dtype=np.int64)
         mx = G.shape[0] - 3 * nc - nl
         state = (0, 0, np.zeros((61, mx), dtype=np.int64), 0)
+        cold = xmode.copy() if cold is None else np.ascontiguousarray(cold, dtype=np.int64)
+        xmode = np.ascontiguousarray(xmode, dtype=np.int64)
+        restarted = False
         inj = (False, np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool), 0, 0.0,
                False, True)
         later = solver if delegate else _LaterStages(solver)
@@ -631,11 +637,11 @@ class ExtraRows:
             out = mixed_solve(G, g, nc, nl, mu, kind, bound, xmode, lam0, modes0, has,
                               float(st.tol), float(st.mode_tol), int(st.newton_iter),
                               int(st.mode_rounds), int(st.newton_budget), *state, *inj,
-                              bool(delegate))
+                              bool(delegate), cold, restarted)
             ok, lam, sigma, modes, lact, xmode, its, resid, conv, elim, stt = out
             if ok:
                 break
-            rnd, its0, seen, nseen, Gs, gs, lam0, modes0, has = stt
+            rnd, its0, seen, nseen, Gs, gs, lam0, modes0, has, restarted = stt
             r = self._solve_reduced(later, Gs, gs, np.diagonal(G)[:3 * nc + nl].copy(), nc, nl,
                                     mu, lam0 if len(lam0) else None, modes0 if has else None)
             state = (rnd, its0, seen, nseen)

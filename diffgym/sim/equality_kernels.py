@@ -136,7 +136,8 @@ def _reduced(Gs, gs, d0, nc, nl, mu, lam0, modes0, has_modes, tol, mode_tol, new
 @njit
 def mixed_solve(G, g, nc, nl, mu, kind, bound, xmode_in, lam0, modes0, has_modes, tol,
                 mode_tol, newton_iter, mode_rounds, budget, rnd0, its0, seen_in, nseen0, inj,
-                inj_lam, inj_modes, inj_act, inj_its, inj_resid, inj_elim, inj_conv, delegate):
+                inj_lam, inj_modes, inj_act, inj_its, inj_resid, inj_elim, inj_conv, delegate,
+                xmode_cold, restarted0):
     """``ExtraRows.solve`` (its warm-started ``xmode_in`` given): (ok, lam, sigma, modes,
     limit_active (the ``nl`` joint-limit rows), xmode, iterations, residual, converged,
     elimination, state) with ``elimination`` True where no reduced NCP was solved (the
@@ -148,7 +149,13 @@ def mixed_solve(G, g, nc, nl, mu, kind, bound, xmode_in, lam0, modes0, has_modes
     resume here: ``rnd0, its0, seen_in, nseen0`` the state, ``xmode_in`` the round's modes,
     ``inj`` True with the reduced result (``inj_*``) for round ``rnd0``. ``delegate`` True:
     every round's reduced problem goes to the caller that way (a solver other than the
-    compiled ``NCPSolver``: ``SolverSettings(compiled=False)`` or a user's own)."""
+    compiled ``NCPSolver``: ``SolverSettings(compiled=False)`` or a user's own).
+
+    ``xmode_cold``: the modes without a warm start (friction rows sticking, limits by their
+    free velocity). The first time a set of modes repeats (the warm start led the rounds into
+    a cycle), the rounds restart once from them (``restarted0``: already done, for a resumed
+    call); only a cycle after that switches one row at a time. (On a Go1 with joint friction
+    a warm start cycled for 59 rounds where the cold modes converge in 4.)"""
     m = G.shape[0]
     s0 = 3 * nc + nl
     mx = m - s0
@@ -157,6 +164,7 @@ def mixed_solve(G, g, nc, nl, mu, kind, bound, xmode_in, lam0, modes0, has_modes
     R = 61
     seen = seen_in.copy()
     nseen = nseen0
+    restarted = restarted0
     res_conv = True
     lam = np.zeros(m)
     sigma = np.zeros(m)
@@ -250,7 +258,8 @@ def mixed_solve(G, g, nc, nl, mu, kind, bound, xmode_in, lam0, modes0, has_modes
                         newton_iter, mode_rounds, budget)
                 if not ok:
                     return (False, lam, sigma, res_modes, res_act, xmode, its, 0.0, False, elim,
-                            (rnd, its, seen, nseen, Gs, gs, cur_lam0, cur_modes0, cur_has))
+                            (rnd, its, seen, nseen, Gs, gs, cur_lam0, cur_modes0, cur_has,
+                             restarted))
                 res_conv = True
             for i in range(s0):
                 lam[i] = lr[i]
@@ -323,6 +332,17 @@ def mixed_solve(G, g, nc, nl, mu, kind, bound, xmode_in, lam0, modes0, has_modes
                 known = True
                 break
         key = xmode.copy()
+        if known and not restarted:
+            restarted = True
+            cold = True
+            for i in range(mx):
+                if xmode_cold[i] != xmode_in[i]:
+                    cold = False
+                    break
+            if not cold:             # a cycle from the warm start: once more from the cold modes
+                xmode = xmode_cold.copy()
+                nseen = 0
+                continue
         if known or rnd > 20:       # cycling: switch only the worst row
             k = 0
             best = viol[0]
@@ -355,4 +375,4 @@ def mixed_solve(G, g, nc, nl, mu, kind, bound, xmode_in, lam0, modes0, has_modes
     if not have_res:
         elim = True
     return (True, lam, sigma, res_modes, res_act, xmode, its, resid, conv, elim,
-            (last, its, seen, nseen, Gs, gs, cur_lam0, cur_modes0, cur_has))
+            (last, its, seen, nseen, Gs, gs, cur_lam0, cur_modes0, cur_has, restarted))
