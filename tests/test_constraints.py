@@ -547,20 +547,14 @@ def test_mixed_solve_satisfies_the_problem(which):
     assert np.abs(ta - tb).max() < 1e-9 * max(1.0, np.abs(tb).max())
 
 
-def test_rows_on_a_scene_stepped_tree_by_tree(monkeypatch):
+def test_rows_on_a_scene_stepped_tree_by_tree(data_sizes, monkeypatch):
     """MIXED_XML (two free bodies and an arm: nv 13, more than a tree group) is stepped tree
     by tree; the connect rows' kinematics use the per-tree groups too: loading and stepping
     make no pinocchio Data of the whole model (cubic in nv). (The step Jacobian of these rows,
     on the numpy route, still makes one; its agreement with central differences on this scene
     is test_with_contacts.)"""
     import diffgym.sim.trees as trees_mod
-    sizes = []
-    orig = pin.Model.createData
-
-    def spy(model):
-        sizes.append(model.nv)
-        return orig(model)
-    monkeypatch.setattr(pin.Model, "createData", spy)
+    sizes = data_sizes
     sim = diffgym.Simulator.from_string(MIXED_XML)
     assert sim._trees is not None
     q, v = sim.q0.copy(), np.r_[0.5, np.zeros(sim.nv - 2), 3.0]

@@ -299,20 +299,13 @@ THREE_BALLS = """<mujoco model="three"><option timestep="0.01"/><worldbody>
 </worldbody><custom><numeric name="diffgym:restitution" data="0.7"/></custom></mujoco>"""
 
 
-def test_impacts_on_a_scene_stepped_tree_by_tree(monkeypatch):
+def test_impacts_on_a_scene_stepped_tree_by_tree(data_sizes, monkeypatch):
     """Impacts at their time of impact on a scene of several tree groups: no pinocchio Data of
     the whole model is made (the time-of-impact derivatives use the simulator's per-tree
     groups; a whole-model Data is cubic in nv), and the step Jacobians through the impacts
     agree with central differences."""
-    import pinocchio as pin
     import diffgym.sim.trees as trees_mod
-    sizes = []
-    orig = pin.Model.createData
-
-    def spy(model):
-        sizes.append(model.nv)
-        return orig(model)
-    monkeypatch.setattr(pin.Model, "createData", spy)
+    sizes = data_sizes
     sim = diffgym.Simulator.from_string(THREE_BALLS)
     assert sim._trees is not None
     v0 = np.zeros(sim.nv)
