@@ -375,3 +375,84 @@ def test_scene_modes():
 def test_result_for_empty_problem():
     res = NCPSolver().solve(np.zeros((0, 0)), np.zeros(0), 0, np.zeros(0))
     assert res.converged and res.method == "none" and res.lam.shape == (0,)
+
+
+# -- stage 1b (solver_kernels.proximal, its one implementation) against the oracle ------------
+def _stage1b(G, g, nc, mu, start):
+    """Stage 1b alone (the proximal active-set Newton) from a cold start: ``start`` 1 approaching
+    contacts sticking, 2 sliding (limits whose free velocity closes them active)."""
+    import diffgym.sim.solver_kernels as sk
+    m = G.shape[0]
+    d = np.diag(G).copy()
+    dmax = float(d.max())
+    dG = np.maximum(d, 1e-12 * max(1.0, dmax))
+    zero = d <= 1e-14 * dmax
+    dc = dG[:3 * nc].reshape(nc, 3).mean(axis=1) if nc else np.zeros(0)
+    vscale = max(float(np.abs(g).max()), 1e-3 * 1e-10)
+    approach = g[2:3 * nc:3] < 0.0
+    modes = np.where(approach, STICKING if start == 1 else SLIDING, BREAKING).astype(np.int64)
+    st = SolverSettings()
+    out = sk.proximal(np.ascontiguousarray(G), np.ascontiguousarray(g), nc, np.asarray(mu, float),
+                      modes, np.ascontiguousarray(g[3 * nc:] < 0.0), np.zeros(m), dG, dc, zero,
+                      bool(zero.any()), vscale, st.newton_budget, st.tol, st.mode_tol,
+                      st.newton_iter, st.mode_rounds, sk._NO_J, sk._NO_J, sk._NO_I, sk._NO_I)
+    if not out[0]:
+        return None
+    return SolverResult(out[1], out[2], out[3], out[4], out[5], out[6], True, "prox+newton")
+
+
+_COLD_SCENES = [s for s in SCENES if s[0] not in OWN_COLD_FAILS]   # (see OWN_COLD_FAILS)
+
+
+@pytest.mark.parametrize("scene", _COLD_SCENES, ids=[s[0] for s in _COLD_SCENES])
+def test_stage_1b_alone_against_pinocchio(scene):
+    """The proximal stage run by itself (not as a fallback) on the captured scene problems, the
+    redundant ones included (four coplanar box corners, the Go1 lying on limits and thighs):
+    from the cold sticking and sliding starts it reaches a solution whose mode equations and
+    inequalities hold and whose velocities are pinocchio's ADMM's (the oracle)."""
+    name, G, g, nc, mu, _ = scene
+    dG = np.diag(G)
+    lam_p, sigma_p = pinocchio_ncp(G, g, nc, mu)
+    res_p = natural_residual(lam_p, sigma_p, nc, mu, dG)
+    vs = max(1.0, float(np.abs(g).max()))
+    sig_tol = max(1e-9 * vs, 10.0 * res_p) if name in PIN_STALLS else 1e-9 * vs
+    solved = 0
+    for start in (1, 2):
+        res = _stage1b(G, g, nc, mu, start)
+        if res is None:
+            continue
+        solved += 1
+        assert natural_residual(res.lam, res.sigma, nc, mu, dG) <= 1e-9
+        assert_modes_consistent(res, G, g, nc, mu, eq_tol=1e-11)
+        assert np.abs(res.sigma - sigma_p).max() <= sig_tol, (start, np.abs(res.sigma - sigma_p).max())
+    assert solved >= 1         # (the solver tries both starts and the warm one)
+
+
+def test_stage_1b_alone_on_rank_deficient_random_problems():
+    """Random problems with more rows than dofs (G singular: the impulses are not unique, the
+    case stage 1b exists for): its solutions satisfy the NCP and give pinocchio's velocities."""
+    rng = np.random.default_rng(5)
+    n_cmp = n_solved = 0
+    for trial in range(40):
+        nc = int(rng.integers(2, 6))
+        nl = int(rng.integers(0, 3))
+        m = 3 * nc + nl
+        n = int(rng.integers(max(2, m // 2), m))           # fewer dofs than rows
+        J = rng.standard_normal((m, n))
+        A = rng.standard_normal((n, n))
+        G = J @ np.linalg.solve(A @ A.T + 0.5 * np.eye(n), J.T)
+        G = 0.5 * (G + G.T)
+        g = J @ rng.standard_normal(n)                     # consistent: g in range(J)
+        mu = rng.uniform(0.1, 1.0, nc)
+        res = _stage1b(G, g, nc, mu, 1)
+        if res is None:
+            continue
+        n_solved += 1
+        assert natural_residual(res.lam, res.sigma, nc, mu, np.diag(G)) <= 1e-9
+        assert_modes_consistent(res, G, g, nc, mu, eq_tol=1e-10)
+        lam_p, sigma_p = pinocchio_ncp(G, g, nc, mu)
+        if natural_residual(lam_p, sigma_p, nc, mu, np.diag(G)) > 1e-8:
+            continue                                        # the oracle did not converge
+        n_cmp += 1
+        assert np.abs(res.sigma - sigma_p).max() <= 1e-6 * max(1.0, np.abs(g).max()), trial
+    assert n_solved >= 30 and n_cmp >= 20, (n_solved, n_cmp)

@@ -1,7 +1,8 @@
 """The compiled stage 1 of the NCP solve (diffgym/sim/solver_kernels.py) against the Python reference
 (``SolverSettings(compiled=False)``) on problems recorded from simulations (hopper, Go1, boxes
 resting / sliding / stacked, a pendulum on its joint limit, billiards) and on random problems
-(SPD and rank-deficient G, warm and cold starts).
+(SPD and rank-deficient G, warm and cold starts). Stage 1b (``solver_kernels.proximal``) has one
+implementation, shared by both paths; tests/test_solver.py checks it against pinocchio's ADMM.
 
 Agreement required: the same modes, limit_active, converged flag and method on every problem;
 lam within 1e-10 (relative to max |lam|) except where G is rank deficient and the difference lies
@@ -147,8 +148,8 @@ def _compare(problems):
                 # of one entry of g makes the reference take the compiled path too
                 if not _ulp_flips(ref, args, b.method):
                     # or the fallback stages took another path to the same solution (the
-                    # reference's proximal stage runs on the Python active set, whose iterates
-                    # differ in rounding from the compiled one's): both converged, to the same
+                    # Python stage 1 fails where the compiled one does not, or the reverse, by
+                    # rounding, and stage 1b / stages 2-4 finish): both converged, to the same
                     # constraint velocity
                     assert a.converged and b.converged, what
                     vs = max(1.0, float(np.abs(g).max()))

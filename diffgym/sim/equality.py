@@ -24,9 +24,9 @@ Fixed tendons also give passive forces (``stiffness``: ``-k (L - L_rest) coef``,
 coef``, see :class:`diffgym.sim.model.Actuator`).
 
 **Solve.** Models with such rows are assembled in Python (contact and joint-limit rows, then
-these) and the mixed problem is solved by a compiled kernel (``equality_kernels.mixed_solve``, a
-port of ``ExtraRows.solve``, which stays the reference under ``SolverSettings(compiled=False)``;
-the fused compiled call of ``diffgym.sim.forward`` serves models without these rows). Rows that do
+these) and the mixed problem is solved by a compiled kernel (``equality_kernels.mixed_solve``, its
+one implementation; under ``SolverSettings(compiled=False)`` or another solver class its reduced
+NCPs go to that solver's ``solve``; the fused compiled call of ``diffgym.sim.forward`` serves models without these rows). Rows that do
 not depend on the state (dry friction alone) are built once. The mixed problem is solved
 exactly by an active set
 over the new rows: bilateral rows, sticking friction rows and active unilateral rows are
@@ -173,6 +173,69 @@ class _LaterStages:
         return self.solver._solve(G, g, nc, mu, lam0, modes0, stage1=False)
 
 
+class _JointKin:
+    """The kinematics of single joints for the connect and weld rows, computed on the per-tree
+    groups of :mod:`diffgym.sim.trees` (each group's own small Model and Data; a whole-model
+    Data is cubic in nv), or on one Data of the model where it is a single group. Global joint
+    ids in, (., nv) Jacobians in the global velocity layout out."""
+
+    def __init__(self, model: pin.Model, joints):
+        from .trees import TreeGroups
+        self.model, self.nv = model, model.nv
+        tg = TreeGroups(model)
+        if tg.single:
+            # (j0 = 1: local joint ids are the global ones; v0 = 0)
+            self._groups = [(1, 0, model, model.createData())] if joints else []
+            self._of = {j: 0 for j in joints}
+        else:
+            starts = np.array([g.j0 for g in tg.groups])
+            used = sorted({int(np.searchsorted(starts, j, side="right")) - 1 for j in joints})
+            self._groups = [(tg.groups[i].j0, tg.groups[i].v0, tg.groups[i].model,
+                             tg.groups[i].data) for i in used]
+            pos = {gi: k for k, gi in enumerate(used)}
+            self._of = {j: pos[int(np.searchsorted(starts, j, side="right")) - 1] for j in joints}
+        self._qr = []
+        for j0, v0, m, _ in self._groups:
+            jm = self.model.joints[j0]
+            self._qr.append((jm.idx_q, jm.idx_q + m.nq, v0, v0 + m.nv))
+
+    def update(self, q, v=None):
+        """Placements and joint Jacobians at q (``v`` given: also the velocities and the
+        velocity derivatives at (q, v), zero acceleration)."""
+        for (j0, v0, m, d), (qa, qb, va, vb) in zip(self._groups, self._qr):
+            if v is None:
+                pin.forwardKinematics(m, d, q[qa:qb])
+            else:
+                pin.computeForwardKinematicsDerivatives(m, d, q[qa:qb], v[va:vb], np.zeros(m.nv))
+            pin.computeJointJacobians(m, d, q[qa:qb])
+
+    def _at(self, j):
+        j0, v0, m, d = self._groups[self._of[j]]
+        return j - j0 + 1, v0, m, d
+
+    def _cols(self, A, v0):
+        out = np.zeros((A.shape[0], self.nv))
+        out[:, v0:v0 + A.shape[1]] = A
+        return out
+
+    def oMi(self, j) -> pin.SE3:
+        jl, _, _, d = self._at(j)
+        return d.oMi[jl]
+
+    def jacobian(self, j, frame) -> np.ndarray:
+        jl, v0, m, d = self._at(j)
+        return self._cols(np.reshape(pin.getJointJacobian(m, d, jl, frame), (6, -1)), v0)
+
+    def velocity_derivative(self, j, frame) -> np.ndarray:
+        jl, v0, m, d = self._at(j)
+        return self._cols(np.reshape(pin.getJointVelocityDerivatives(m, d, jl, frame)[0],
+                                     (6, -1)), v0)
+
+    def velocity(self, j) -> pin.Motion:
+        jl, _, _, d = self._at(j)
+        return d.v[jl]
+
+
 class ExtraRows:
     """Builds, solves and differentiates the rows of a :class:`ConstraintSpec`."""
 
@@ -180,8 +243,11 @@ class ExtraRows:
         self.sm = sm
         self.spec = spec
         self.model = sm.model
-        self.data = self.model.createData()
         self.nv = self.model.nv
+        # the joints of the connect and weld rows: their kinematics on the per-tree groups
+        jids = {j for c in spec.connects for j in (c.jid1, c.jid2)}
+        jids |= {j for w in spec.welds for j in (w.jid1, w.jid2)}
+        self._kin = _JointKin(self.model, sorted(j for j in jids if j))
         self.erp, self.skin, self.margin = float(erp), float(skin), float(margin)
         self._warm: dict = {}
         # a name per velocity (labels of the friction rows): the joint, [k] for multi-dof joints
@@ -234,25 +300,23 @@ class ExtraRows:
 
     # -- the rows ------------------------------------------------------------------------
     def _kinematics(self, q):
-        model, data = self.model, self.data
-        pin.forwardKinematics(model, data, q)
-        pin.computeJointJacobians(model, data, q)
-        return data
+        self._kin.update(q)
+        return self._kin
 
-    def _point(self, data, jid, p_local):
+    def _point(self, kin, jid, p_local):
         """World position of a point fixed to joint jid and its (3, nv) world Jacobian."""
         if jid == 0:
             return p_local.copy(), np.zeros((3, self.nv))
-        M = data.oMi[jid]
+        M = kin.oMi(jid)
         p = M.rotation @ p_local + M.translation
-        J6 = pin.getJointJacobian(self.model, data, jid, pin.WORLD)
+        J6 = kin.jacobian(jid, pin.WORLD)
         return p, J6[:3] - _skew(p) @ J6[3:]
 
-    def _rot(self, data, jid):
+    def _rot(self, kin, jid):
         if jid == 0:
             return np.eye(3), np.zeros((3, self.nv))
-        J6 = pin.getJointJacobian(self.model, data, jid, pin.WORLD)
-        return data.oMi[jid].rotation.copy(), J6[3:].copy()
+        J6 = kin.jacobian(jid, pin.WORLD)
+        return kin.oMi(jid).rotation.copy(), J6[3:].copy()
 
     def _eval(self, q, v, dt, select=None):
         """(J, phi-or-dist, kind, bound, ids, labels, select) of the rows at q. ``select``:
@@ -271,8 +335,8 @@ class ExtraRows:
             ids += [("connect", i, a) for a in range(3)]
             labels += [f"connect {c.name} [{a}]" for a in "xyz"]
         for i, w in enumerate(spec.welds):
-            M1 = data.oMi[w.jid1] * w.T1 if w.jid1 else w.T1
-            M2 = data.oMi[w.jid2] * w.T2 if w.jid2 else w.T2
+            M1 = data.oMi(w.jid1) * w.T1 if w.jid1 else w.T1
+            M2 = data.oMi(w.jid2) * w.T2 if w.jid2 else w.T2
             a2 = w.T2.rotation @ w.anchor + w.T2.translation         # in joint 2's frame
             a1 = w.T1.act(w.rel.act(w.anchor))                       # target, joint 1's frame
             p1, J1 = self._point(data, w.jid1, a1)
@@ -396,16 +460,16 @@ class ExtraRows:
         Dq[eq] = (erp / dt) * rs.J[eq]
         row = 0
         if spec.connects or spec.welds:
-            data = self.data
-            pin.computeForwardKinematicsDerivatives(model, data, q, v1, np.zeros(nv))
+            data = self._kin
+            data.update(q, v1)
             cache = {}
 
             def joint(j):
                 if j not in cache:
-                    Jl = pin.getJointJacobian(model, data, j, pin.LOCAL)
-                    dV = pin.getJointVelocityDerivatives(model, data, j, pin.LOCAL)[0]
-                    vel = data.v[j]
-                    cache[j] = (data.oMi[j].rotation.copy(), Jl, dV, vel.linear.copy(),
+                    Jl = data.jacobian(j, pin.LOCAL)
+                    dV = data.velocity_derivative(j, pin.LOCAL)
+                    vel = data.velocity(j)
+                    cache[j] = (data.oMi(j).rotation.copy(), Jl, dV, vel.linear.copy(),
                                 vel.angular.copy())
                 return cache[j]
 
@@ -456,8 +520,8 @@ class ExtraRows:
                 dw1, W1, c1 = rot_terms(w.jid1, -tq)
                 corr += c2 + c1
                 # the rotation error e = log3(E), E = R2 (R1 R_rel)^T: de = Jlog3(E) E^T (W2 - E W1)
-                M1 = data.oMi[w.jid1] * w.T1 if w.jid1 else w.T1
-                M2 = data.oMi[w.jid2] * w.T2 if w.jid2 else w.T2
+                M1 = data.oMi(w.jid1) * w.T1 if w.jid1 else w.T1
+                M2 = data.oMi(w.jid2) * w.T2 if w.jid2 else w.T2
                 E = M2.rotation @ (M1.rotation @ w.rel.rotation).T
                 W1 = W1 if w.jid1 else np.zeros((3, nv))
                 W2 = W2 if w.jid2 else np.zeros((3, nv))
@@ -522,111 +586,33 @@ class ExtraRows:
         the joint-limit rows then of the new rows (True: an equality mode), iterations,
         residual, converged, method, xmode) with ``xmode`` per new row: 0 equality, +1 fixed at
         ``-bound`` (friction sliding with sigma > 0), -1 fixed at ``+bound``, 2 inactive."""
-        from .solver import SolverResult  # noqa: F401
         s0 = 3 * nc + nl
-        m = G.shape[0]
-        mx = m - s0
-        kind, bound = rs.kind, rs.bound
-        tol = solver.settings.tol
-        # warm start of the new rows' modes
-        xmode = np.zeros(mx, dtype=np.int64)
+        mx = G.shape[0] - s0
+        kind = rs.kind
+        # warm start of the new rows' modes, and the cold modes (the rounds restart from them
+        # once if the warm start cycles)
+        cold = np.zeros(mx, dtype=np.int64)
+        for i in range(mx):
+            if kind[i] == KIND_LIMIT:
+                cold[i] = 0 if g[s0 + i] < 0 else 2
+        xmode = cold.copy()
         for i in range(mx):
             w = self._warm.get(rs.ids[i])
             if w is not None:
                 xmode[i] = w
-            elif kind[i] == KIND_LIMIT:
-                xmode[i] = 0 if g[s0 + i] < 0 else 2
-            elif kind[i] == KIND_FRICTION:
-                xmode[i] = 0
-        if type(solver).__name__ == "NCPSolver" and solver.settings.compiled:
-            out = self._solve_compiled(solver, G, g, nc, nl, mu, rs, xmode, lam0, modes0)
-            if out is not None:
-                return out
-        S = np.arange(s0)
-        its = 0
-        seen = set()
-        res = None
-        for rnd in range(60):
-            E = s0 + np.flatnonzero(xmode == 0)
-            F = s0 + np.flatnonzero(xmode != 0)
-            lamF = np.zeros(len(F))
-            for t, r in enumerate(F.tolist()):
-                mo = xmode[r - s0]
-                lamF[t] = -mo * bound[r - s0] if mo in (1, -1) else 0.0
-            if len(E):
-                GEE = G[np.ix_(E, E)]
-                Kp = np.linalg.pinv(GEE, rcond=1e-11, hermitian=True)
-                gE = g[E] + G[np.ix_(E, F)] @ lamF
-                GSE = G[np.ix_(S, E)]
-                Gs = G[np.ix_(S, S)] - GSE @ Kp @ GSE.T
-                gs = g[S] + G[np.ix_(S, F)] @ lamF - GSE @ (Kp @ gE)
-            else:
-                Gs = G[np.ix_(S, S)]
-                gs = g[S] + G[np.ix_(S, F)] @ lamF
-            lam = np.zeros(m)
-            if s0:
-                Gs = 0.5 * (Gs + Gs.T)
-                res = self._solve_reduced(solver, Gs, gs, np.diagonal(G)[:s0], nc, nl, mu,
-                                          lam0, modes0)
-                lam[:s0] = res.lam
-                its += res.iterations
-                lam0, modes0 = res.lam, np.concatenate(
-                    [res.modes, res.limit_active.astype(np.int64)])
-            if len(E):
-                lam[E] = -Kp @ (gE + G[np.ix_(E, S)] @ lam[:s0])
-            lam[F] = lamF
-            sigma = G @ lam + g
-            # mode checks of the new rows
-            dG = np.maximum(np.diagonal(G)[s0:], 1e-12)
-            new = xmode.copy()
-            viol = np.zeros(mx)
-            for i in range(mx):
-                r = s0 + i
-                li, si = lam[r], sigma[r]
-                if kind[i] == KIND_FRICTION:
-                    if xmode[i] == 0 and abs(li) > bound[i] * (1 + 1e-12) + 1e-3 * tol / dG[i]:
-                        new[i] = -1 if li > 0 else 1
-                        viol[i] = dG[i] * (abs(li) - bound[i])
-                    elif xmode[i] == 1 and si < -tol:
-                        new[i], viol[i] = 0, -si
-                    elif xmode[i] == -1 and si > tol:
-                        new[i], viol[i] = 0, si
-                elif kind[i] == KIND_LIMIT:
-                    if xmode[i] == 0 and li < -1e-3 * tol / dG[i]:
-                        new[i], viol[i] = 2, -dG[i] * li
-                    elif xmode[i] == 2 and si < -tol:
-                        new[i], viol[i] = 0, -si
-            if (new == xmode).all():
-                break
-            key = xmode.tobytes()
-            if key in seen or rnd > 20:      # cycling: switch only the worst row
-                i = int(np.argmax(viol))
-                xmode[i] = new[i]
-            else:
-                xmode = new
-            seen.add(key)
-        converged = bool((new == xmode).all()) and (res is None or res.converged)
-        # the residual of the new rows' conditions
-        rx = 0.0
-        if mx:
-            eqr = np.abs(sigma[s0:])[xmode == 0]
-            rx = float(eqr.max()) if len(eqr) else 0.0
-        resid = max(rx, res.residual if res is not None else 0.0)
-        converged = converged and rx <= max(100 * tol, 1e-9 * max(1.0, float(np.abs(g).max())))
-        self._warm = {rs.ids[i]: int(xmode[i]) for i in range(mx)}
-        if res is not None:
-            modes, lact = res.modes, res.limit_active
-            method = res.method
-        else:
-            modes, lact = np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool)
-            method = "elimination"
-        active = np.concatenate([np.asarray(lact, dtype=bool), xmode == 0])
-        return lam, sigma, modes, active, its, resid, converged, method, xmode
+        # the compiled NCPSolver: the reduced NCPs' stage 1 inside the kernel (later stages,
+        # rarely, here); any other solver (compiled=False, a user's subclass) gets every
+        # reduced NCP through its own solve()
+        delegate = not (type(solver).__name__ == "NCPSolver" and solver.settings.compiled)
+        return self._solve_compiled(solver, G, g, nc, nl, mu, rs, xmode, lam0, modes0, delegate,
+                                    cold)
 
-    def _solve_compiled(self, solver, G, g, nc, nl, mu, rs, xmode, lam0, modes0):
-        """``solve`` by the compiled port (diffgym.sim.equality_kernels.mixed_solve). A round whose
-        reduced stage 1 fails has its reduced problem solved here from stage 2 on (as the
-        reference's ``solver.solve`` does), and the kernel resumes with that result."""
+    def _solve_compiled(self, solver, G, g, nc, nl, mu, rs, xmode, lam0, modes0, delegate=False,
+                        cold=None):
+        """``solve`` by its one implementation, diffgym.sim.equality_kernels.mixed_solve. A round
+        whose reduced stage 1 fails has its reduced problem solved here from stage 2 on, and the
+        kernel resumes with that result; ``delegate``: every round's reduced problem is solved
+        here by ``solver.solve``."""
         from .equality_kernels import mixed_solve
         st = solver.settings
         f64 = np.float64
@@ -641,17 +627,21 @@ class ExtraRows:
         modes0 = np.zeros(0, dtype=np.int64) if modes0 is None else np.ascontiguousarray(modes0, dtype=np.int64)
         mx = G.shape[0] - 3 * nc - nl
         state = (0, 0, np.zeros((61, mx), dtype=np.int64), 0)
+        cold = xmode.copy() if cold is None else np.ascontiguousarray(cold, dtype=np.int64)
+        xmode = np.ascontiguousarray(xmode, dtype=np.int64)
+        restarted = False
         inj = (False, np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool), 0, 0.0,
                False, True)
-        later = _LaterStages(solver)
-        for _ in range(61):
+        later = solver if delegate else _LaterStages(solver)
+        for _ in range(62):          # (at most one call per round, 60 rounds, and the first)
             out = mixed_solve(G, g, nc, nl, mu, kind, bound, xmode, lam0, modes0, has,
                               float(st.tol), float(st.mode_tol), int(st.newton_iter),
-                              int(st.mode_rounds), int(st.newton_budget), *state, *inj)
+                              int(st.mode_rounds), int(st.newton_budget), *state, *inj,
+                              bool(delegate), cold, restarted)
             ok, lam, sigma, modes, lact, xmode, its, resid, conv, elim, stt = out
             if ok:
                 break
-            rnd, its0, seen, nseen, Gs, gs, lam0, modes0, has = stt
+            rnd, its0, seen, nseen, Gs, gs, lam0, modes0, has, restarted = stt
             r = self._solve_reduced(later, Gs, gs, np.diagonal(G)[:3 * nc + nl].copy(), nc, nl,
                                     mu, lam0 if len(lam0) else None, modes0 if has else None)
             state = (rnd, its0, seen, nseen)
@@ -659,16 +649,16 @@ class ExtraRows:
                    np.ascontiguousarray(r.modes, dtype=np.int64),
                    np.ascontiguousarray(r.limit_active, dtype=bool), int(r.iterations),
                    float(r.residual), r.method == "elimination", bool(r.converged))
-            later.method = r.method
-        else:
-            return None
+            method_r = r.method
+        else:                                                    # pragma: no cover
+            raise RuntimeError("equality_kernels.mixed_solve did not finish its rounds")
         ids = rs.ids
         self._warm = {ids[i]: int(x) for i, x in enumerate(xmode.tolist())}
         active = np.concatenate([lact, xmode == 0])
         if elim:
             method = "elimination"
-        elif inj[0] and stt[0] == state[0]:       # (the last round's reduced solve: stage 2+)
-            method = later.method
+        elif inj[0] and stt[0] == state[0]:       # (the last round's reduced solve: here)
+            method = method_r
         else:
             method = "newton"
         return (lam, sigma, modes, active, int(its), float(resid), bool(conv), method, xmode)

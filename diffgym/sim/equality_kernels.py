@@ -1,18 +1,18 @@
 """Compiled mixed solve of the :mod:`diffgym.sim.equality` rows (joint dry friction, equality
 constraints, ball and tendon limits) with the contact / joint-limit NCP.
 
-``mixed_solve`` is a port of :meth:`diffgym.sim.equality.ExtraRows.solve` and its
-``_solve_reduced`` (which stay the reference, run when ``SolverSettings(compiled=False)``): the
-same active set over the new rows (equality rows eliminated by a minimum-norm Schur complement,
-``pinv`` with ``rcond = 1e-11``; sliding friction and inactive unilateral rows at fixed
-impulses), the same mode checks, cycling rule and round limit, and the reduced contact /
-joint-limit NCP solved by the compiled stage 1 (``solver_kernels.solve_stage1``) with the same
-warm starts and the same elimination of rows whose impulse no longer moves anything. Only the
-linear algebra is written out (loops, and numba's SVD-based ``pinv`` where the reference uses
-the symmetric eigensolver): results differ from the reference's in the last bits.
+``mixed_solve`` is the one implementation of the mixed solve (:meth:`diffgym.sim.equality.ExtraRows.solve`
+calls it; it runs as plain Python under ``DIFFGYM_JIT=0``): an active set over the new rows
+(equality rows eliminated by a minimum-norm Schur complement, ``pinv`` with ``rcond = 1e-11``;
+sliding friction and inactive unilateral rows at fixed impulses; a row violating its mode's
+inequality switches, all at once, only the worst one once a set of modes repeats or after 20
+rounds, at most 60 rounds), and the reduced contact / joint-limit NCP solved by the compiled
+stage 1 (``solver_kernels.solve_stage1``) warm-started by the previous round, rows whose impulse
+no longer moves anything (their Schur diagonal below 1e-12 of theirs in G) left out.
 
-Where a reduced solve's stage 1 fails (the reference would go on to stages 2-4) the kernel
-returns ``ok`` False and the caller runs the reference from the start.
+Where a reduced solve's stage 1 fails the kernel returns ``ok`` False with its state; the caller
+solves that reduced problem by the later stages (stage 2-4, Python) and resumes the kernel with
+the result. With ``delegate`` every reduced problem goes to the caller's solver that way.
 """
 from __future__ import annotations
 
@@ -30,7 +30,8 @@ _EMPTY_I = np.zeros(0, dtype=np.int64)
 def _reduced(Gs, gs, d0, nc, nl, mu, lam0, modes0, has_modes, tol, mode_tol, newton_iter,
              mode_rounds, budget):
     """``ExtraRows._solve_reduced`` with stage 1: (ok, lam, sigma, modes, lim_act, its, res,
-    elimination) (``elimination``: no row left to solve)."""
+    elimination) (``elimination``: no row left to solve). (``ExtraRows._solve_reduced`` does the
+    same for a delegated or failed reduced problem, with the caller's solver.)"""
     s0 = 3 * nc + nl
     dead = np.zeros(s0, np.bool_)
     for i in range(s0):
@@ -135,17 +136,26 @@ def _reduced(Gs, gs, d0, nc, nl, mu, lam0, modes0, has_modes, tol, mode_tol, new
 @njit
 def mixed_solve(G, g, nc, nl, mu, kind, bound, xmode_in, lam0, modes0, has_modes, tol,
                 mode_tol, newton_iter, mode_rounds, budget, rnd0, its0, seen_in, nseen0, inj,
-                inj_lam, inj_modes, inj_act, inj_its, inj_resid, inj_elim, inj_conv):
+                inj_lam, inj_modes, inj_act, inj_its, inj_resid, inj_elim, inj_conv, delegate,
+                xmode_cold, restarted0):
     """``ExtraRows.solve`` (its warm-started ``xmode_in`` given): (ok, lam, sigma, modes,
     limit_active (the ``nl`` joint-limit rows), xmode, iterations, residual, converged,
     elimination, state) with ``elimination`` True where no reduced NCP was solved (the
-    reference's method "elimination").
+    method "elimination").
 
     ``ok`` False: the reduced stage 1 of round ``state[0]`` failed; ``state`` = (round,
     iterations, seen modes, their count, Gs, gs, lam0, modes0, has_modes) lets the caller solve
     that reduced problem by the later stages (``ExtraRows._solve_reduced`` from stage 2) and
     resume here: ``rnd0, its0, seen_in, nseen0`` the state, ``xmode_in`` the round's modes,
-    ``inj`` True with the reduced result (``inj_*``) for round ``rnd0``."""
+    ``inj`` True with the reduced result (``inj_*``) for round ``rnd0``. ``delegate`` True:
+    every round's reduced problem goes to the caller that way (a solver other than the
+    compiled ``NCPSolver``: ``SolverSettings(compiled=False)`` or a user's own).
+
+    ``xmode_cold``: the modes without a warm start (friction rows sticking, limits by their
+    free velocity). The first time a set of modes repeats (the warm start led the rounds into
+    a cycle), the rounds restart once from them (``restarted0``: already done, for a resumed
+    call); only a cycle after that switches one row at a time. (On a Go1 with joint friction
+    a warm start cycled for 59 rounds where the cold modes converge in 4.)"""
     m = G.shape[0]
     s0 = 3 * nc + nl
     mx = m - s0
@@ -154,6 +164,7 @@ def mixed_solve(G, g, nc, nl, mu, kind, bound, xmode_in, lam0, modes0, has_modes
     R = 61
     seen = seen_in.copy()
     nseen = nseen0
+    restarted = restarted0
     res_conv = True
     lam = np.zeros(m)
     sigma = np.zeros(m)
@@ -239,12 +250,16 @@ def mixed_solve(G, g, nc, nl, mu, kind, bound, xmode_in, lam0, modes0, has_modes
                 lr, mr, ar, itr, rr, el = inj_lam, inj_modes, inj_act, inj_its, inj_resid, inj_elim
                 res_conv = inj_conv
             else:
-                ok, lr, sr, mr, ar, itr, rr, el = _reduced(
-                    Gs, gs, d0, nc, nl, mu, cur_lam0, cur_modes0, cur_has, tol, mode_tol,
-                    newton_iter, mode_rounds, budget)
+                if delegate:
+                    ok = False
+                else:
+                    ok, lr, sr, mr, ar, itr, rr, el = _reduced(
+                        Gs, gs, d0, nc, nl, mu, cur_lam0, cur_modes0, cur_has, tol, mode_tol,
+                        newton_iter, mode_rounds, budget)
                 if not ok:
                     return (False, lam, sigma, res_modes, res_act, xmode, its, 0.0, False, elim,
-                            (rnd, its, seen, nseen, Gs, gs, cur_lam0, cur_modes0, cur_has))
+                            (rnd, its, seen, nseen, Gs, gs, cur_lam0, cur_modes0, cur_has,
+                             restarted))
                 res_conv = True
             for i in range(s0):
                 lam[i] = lr[i]
@@ -317,6 +332,17 @@ def mixed_solve(G, g, nc, nl, mu, kind, bound, xmode_in, lam0, modes0, has_modes
                 known = True
                 break
         key = xmode.copy()
+        if known and not restarted:
+            restarted = True
+            cold = True
+            for i in range(mx):
+                if xmode_cold[i] != xmode_in[i]:
+                    cold = False
+                    break
+            if not cold:             # a cycle from the warm start: once more from the cold modes
+                xmode = xmode_cold.copy()
+                nseen = 0
+                continue
         if known or rnd > 20:       # cycling: switch only the worst row
             k = 0
             best = viol[0]
@@ -349,4 +375,4 @@ def mixed_solve(G, g, nc, nl, mu, kind, bound, xmode_in, lam0, modes0, has_modes
     if not have_res:
         elim = True
     return (True, lam, sigma, res_modes, res_act, xmode, its, resid, conv, elim,
-            (last, its, seen, nseen, Gs, gs, cur_lam0, cur_modes0, cur_has))
+            (last, its, seen, nseen, Gs, gs, cur_lam0, cur_modes0, cur_has, restarted))

@@ -1138,7 +1138,8 @@ class Simulator:
         Minv = pin.computeMinverse(model, data, q) if trees is None else trees.minverse(q)
         if nv == 1:
             Minv = Minv.reshape(1, 1)
-        cons, G0, g0, MJt0, Ms = cb.assemble(Jw, contacts, limits, dt, Minv, v_free)
+        # (v: Newton's impact law of restitution contacts, as on the path without these rows)
+        cons, G0, g0, MJt0, Ms = cb.assemble(Jw, contacts, limits, dt, Minv, v_free, v)
         nc, nl = cons.nc, len(cons.limits)
         MJx = Ms @ xrows.J.T
         J = np.vstack([cons.J, xrows.J])

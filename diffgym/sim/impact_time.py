@@ -154,23 +154,36 @@ def _time_derivatives(sim, cons, it: ImpactTimes, q, v):
     if not len(ks):
         return Tq, Tv
     model = sim.model
-    data = sim.__dict__.get("_toi_data")
-    if data is None:
-        data = sim._toi_data = model.createData()
     c = cons.contacts
     gj = sim.constraints.geom_joint
     j1s, j2s = gj[c.geom1], gj[c.geom2]
-    kin = _Kin(model, data, q, v, np.concatenate([j1s, j2s]))
+    joints = np.concatenate([j1s, j2s])
+    # the simulator's own kinematics, brought to this pass's (q, v) and back to the step's after:
+    # its per-tree groups (diffgym.sim.trees) or, for a single group, its Data (no Data of the
+    # whole model of its own: that is cubic in nv)
+    trees = sim.__dict__.get("_trees")
+    if trees is not None:
+        kin = _Kin(model, None, q, v, joints, trees)
+        trees.kinematics(q, v)
+        trees.geometry_placements(sim.geom_model, sim.geom_data)
+    else:
+        data = sim.data
+        kin = _Kin(model, data, q, v, joints)
+        pin.updateGeometryPlacements(model, data, sim.geom_model, sim.geom_data)
     # the geometry derivatives read the placements in sim.geom_data: those of the first pass's
     # configuration q here (after impact_substep they are at the second pass's), restored after
-    pin.updateGeometryPlacements(model, data, sim.geom_model, sim.geom_data)
     try:
         dp, dn, dd = geometry_derivatives(sim, kin, cons)
     finally:
-        q_now = sim.cache.get("q")
-        if q_now is not None and q_now is not q:
-            pin.framesForwardKinematics(model, data, q_now)
-            pin.updateGeometryPlacements(model, data, sim.geom_model, sim.geom_data)
+        q_now, v_now = sim.cache.get("q"), sim.cache.get("v")
+        if q_now is not None:
+            if trees is not None:
+                trees.kinematics(q_now, v_now)
+                trees.geometry_placements(sim.geom_model, sim.geom_data)
+            else:
+                pin.forwardKinematics(model, data, q_now, v_now)
+                pin.computeJointJacobians(model, data)
+                pin.updateGeometryPlacements(model, data, sim.geom_model, sim.geom_data)
     p = c.pos
     n = cons.frames[:, :, 2]
     vrel, dvrel = relative_velocity(kin, j1s, j2s, p, v, dp)

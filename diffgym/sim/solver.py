@@ -45,7 +45,7 @@ Stages:
    over the island's dofs (sparse envelope Cholesky, dependent dofs deflated; see
    ``solver_kernels.body_factor``): the same minimum-norm least-squares solution as the dense
    LU / rank test / SVD path, at the cost of the bodies' contact graph instead of O(m^3).
-1b. If that fails, **proximal active-set Newton** (``_proximal``): proximal-point iterations
+1b. If that fails, **proximal active-set Newton** (``solver_kernels.proximal``): proximal-point iterations
    whose subproblems are the NCPs of ``G + rho I`` and ``g - rho lam_k`` (``rho = 1e-6`` of the
    mean Delassus diagonal), each solved by the same active-set kernel from the previous modes,
    then the active-set Newton on the original problem from the modes found. Redundant contacts
@@ -61,12 +61,15 @@ Stages:
    pinocchio ADMM runs, then our ADMM and projected Gauss-Seidel. If nothing reaches the
    tolerance, the best iterate is returned with ``converged = False``.
 
-Stages 1 and 1b run compiled in one call (``solver_kernels.solve_stage1``; ``_proximal`` below
-is the reference of ``solver_kernels.proximal``). Stage 1 runs compiled (``solver_kernels.py``,
+Stages 1 and 1b run compiled in one call (``solver_kernels.solve_stage1``). Stage 1b has one
+implementation, ``solver_kernels.proximal`` (``_proximal`` below calls it; under
+``DIFFGYM_JIT=0`` it runs as plain Python); ``tests/test_solver.py`` checks it against pinocchio's
+ADMM and the NCP conditions. Stage 1 runs compiled (``solver_kernels.py``,
 numba: a faithful port of ``_active_set`` and everything it calls, with a hand-written LU, LAPACK's Cholesky for the rank test, and a Jacobi
 SVD for the minimum-norm least squares of up to 32 unknowns); ``SolverSettings(compiled=False)``
-runs the Python implementation below, the reference ``tests/test_solver_kernels.py`` compares
-it with on recorded and random problems. Stages 2-4 are Python (rare).
+runs the Python stage 1 below (still a twin of the kernel, which ``tests/test_solver_kernels.py``
+compares it with on recorded and random problems; both stage-1 paths share the compiled stage
+1b). Stages 2-4 are Python (rare).
 
 Convergence is measured by the natural-map residual in velocity units (m/s),
 ``max_i || D_i (lam_i - P_K(lam_i - D_i^-1 (sigma_i + Gamma(sigma_i)))) ||`` with ``D_i`` the
@@ -707,52 +710,30 @@ class NCPSolver:
         return None
 
     # -- stage 1b: proximal active-set Newton ---------------------------------------------
-    def _proximal(self, G, g, nc, mu, modes, lim_act, lam, dG, dc, vscale, rho_rel=1e-6,
-                  max_outer=8):
-        """Proximal-point iterations: each subproblem is the NCP of ``G + rho I`` and
-        ``g - rho lam_k`` (``lam_{k+1}`` closest to ``lam_k`` among the solutions), solved by the
-        active-set Newton from the previous modes. Where contacts are redundant (a face on a
-        face) the impulses of ``G`` are not unique and the active-set iteration can wander
-        between equivalent impulses and modes; the subproblems have unique impulses, and the
-        outer iteration converges to a solution of the original NCP (the velocity solution
-        ``sigma`` is unique; the error in the range of G shrinks by ``rho / (rho + eig)``
-        each outer step, the null-space part of the impulses stays where the warm start put
-        it). Rows with a zero diagonal stay eliminated. Returns ``_active_set``'s tuple for the
-        original problem (modes made canonical by ``_finish``), or None."""
+    def _proximal(self, G, g, nc, mu, modes, lim_act, lam, dG, dc, vscale):
+        """Stage 1b from one start: ``solver_kernels.proximal`` (the one implementation; it
+        runs as plain Python under ``DIFFGYM_JIT=0``). Proximal-point iterations whose
+        subproblems are the NCPs of ``G + rho I`` and ``g - rho lam_k`` (unique impulses where
+        contacts are redundant), each solved by the compiled active set from the previous
+        modes, then the active set on the original problem. Returns ``_active_set``'s tuple
+        or None. Uses ``self._zero_rows`` set by ``_solve``."""
         s = self.settings
         m = G.shape[0]
-        # a pile activates layer by layer from a cold start (each round's solution makes the
-        # next layer approach): as many rounds as constraints, a few Newton steps each
-        rounds = max(s.mode_rounds, nc + (m - 3 * nc) + 2)
-        budget = max(s.newton_budget, 4 * rounds)
-        rho = rho_rel * float(np.mean(dG))
-        Gr = G + rho * np.eye(m)
-        dGr, dcr = dG + rho, dc + rho
-        lam = np.array(lam, dtype=float)
-        modes = np.asarray(modes, dtype=np.int64)
-        lim_act = np.asarray(lim_act, dtype=bool)
-        total = 0
-        for _ in range(max_outer):
-            out = self._aset(Gr, g - rho * lam, nc, mu, modes, lim_act, lam, dGr, dcr, vscale,
-                             budget, rounds)
-            if out is None:
-                return None
-            lam, _, modes, lim_act, its, _ = out
-            total += its
-            sigma = G @ lam + g
-            res = natural_residual(lam, sigma, nc, mu, dG)
-            if res <= s.tol:
-                # the modes are found: the active-set Newton on the original problem from them
-                # solves the mode equations to machine precision (one or two steps)
-                out = self._aset(G, g, nc, mu, modes, lim_act, lam, dG, dc, vscale, budget,
-                                 rounds)
-                if out is not None:
-                    return out[:4] + (total + out[4], out[5])
-                fin = self._finish(G, g, nc, mu, modes, lim_act, lam, sigma, dG, dc, vscale)
-                if fin is not None:
-                    return fin[:4] + (total + fin[4], fin[5])
-                return lam, sigma, modes, lim_act, total, res
-        return None
+        zero = self.__dict__.get("_zero_rows")
+        f64 = np.float64
+        out = _sk.proximal(np.ascontiguousarray(G, dtype=f64), np.ascontiguousarray(g, dtype=f64),
+                           int(nc), np.ascontiguousarray(mu, dtype=f64),
+                           np.ascontiguousarray(modes, dtype=np.int64),
+                           np.ascontiguousarray(lim_act, dtype=np.bool_),
+                           np.ascontiguousarray(lam, dtype=f64),
+                           np.ascontiguousarray(dG, dtype=f64), np.ascontiguousarray(dc, dtype=f64),
+                           np.zeros(m, dtype=np.bool_) if zero is None else zero,
+                           zero is not None, float(vscale), int(s.newton_budget), float(s.tol),
+                           float(s.mode_tol), int(s.newton_iter), int(s.mode_rounds),
+                           _sk._NO_J, _sk._NO_J, _sk._NO_I, _sk._NO_I)
+        if not out[0]:
+            return None
+        return out[1:]
 
     # -- stage 2: semismooth Newton on the natural map ------------------------------------
     def _natural_map(self, G, g, nc, mu, lam, rc, rl):

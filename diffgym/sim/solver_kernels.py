@@ -1053,7 +1053,7 @@ PROX_OUTER = 8          # its outer (proximal-point) iterations at most
 @njit
 def proximal(G, g, nc, mu, modes, lim_act, lam, dG, dc, zero, haszero, vscale, budget, tol,
              mode_tol, newton_iter, mode_rounds, Jb, Mb, tlo, thi):
-    """``NCPSolver._proximal`` (stage 1b): proximal-point iterations whose subproblems are the
+    """Stage 1b, its one implementation (``NCPSolver._proximal`` calls it): proximal-point iterations whose subproblems are the
     NCPs of ``G + rho I`` and ``g - rho lam_k`` (unique impulses where contacts are redundant),
     each solved by ``active_set`` from the previous modes; once the natural residual of the
     original problem is within ``tol``, ``active_set`` on the original problem from those
