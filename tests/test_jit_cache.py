@@ -107,3 +107,42 @@ def test_dependencies_of_the_fused_step():
     files = {os.path.basename(p) for p in jit.kernel_dependencies(
         collision_kernels.detect_closed_form.py_func)[0]}
     assert files == {"collision_kernels.py"}
+
+
+# kernels allowed more than one machine-code copy after a run of every environment (each copy
+# costs its whole compilation again on first use): dynamics_terms gets the column-major ABA
+# derivatives of Trees (several trees, DiffBilliards) and row-major ones otherwise, and passes
+# them on to dynamics_terms_system and _all_finite (a callee shows its signatures when it was
+# compiled in this process, not when its caller came from the disk cache)
+EXTRA_SIGNATURES = {"dynamics_terms": 2, "dynamics_terms_system": 2, "_all_finite": 2}
+
+
+def test_each_kernel_is_compiled_once_across_the_environments():
+    """The first use of diffgym compiles each kernel once: every environment calls the kernels
+    with the same argument types (a layout or dtype that differs in one environment would
+    compile a kernel, and everything it calls, a second time: DiffBilliards' column-major M^-1
+    did that to the whole constrained step)."""
+    import gymnasium as gym
+    import numba
+
+    import diffgym  # noqa: F401  (registers the environments)
+    for env_id in ("DiffCartPole-v0", "DiffHopper-v0", "DiffGo1-v0", "DiffPush-v0",
+                   "DiffBilliards-v0"):
+        env = gym.make(env_id)
+        env.reset(seed=0)
+        env.action_space.seed(0)
+        for _ in range(2):
+            env.step(env.action_space.sample())
+            env.unwrapped.step_with_jacobian(env.action_space.sample())
+        env.close()
+    counts = {}
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith("diffgym"):
+            continue
+        for k, v in list(vars(mod).items()):
+            if isinstance(v, numba.core.dispatcher.Dispatcher) and v.__module__ == name:
+                counts[f"{name}.{k}"] = (k, v.signatures)
+    assert any(s for _, s in counts.values())          # (the run did use the kernels)
+    many = {q: [str(s) for s in sigs] for q, (k, sigs) in counts.items()
+            if len(sigs) > EXTRA_SIGNATURES.get(k, 1)}
+    assert not many, f"kernels compiled for several argument types: {many}"

@@ -1028,13 +1028,18 @@ class Simulator:
             frames = contacts.frames
             if frames is None:
                 frames = tangent_frames(contacts.normal) if nc else _NO_FRAMES
+            # the kernel takes M^-1 row-major: the layout pinocchio's computeMinverse gives one
+            # tree, while Trees.minverse (several trees) builds it column-major; a second layout
+            # would compile the whole constrained step (and everything it calls) a second time.
+            # (The kernels read M^-1 entry by entry: the copy changes no result.)
+            Mk = Minv if Minv.flags.c_contiguous else np.ascontiguousarray(Minv)
             w = self._warm
             st = solver.settings
             args = (contacts.pos, frames, contacts.geom1, contacts.geom2, cb.geom_joint,
                     contacts.dist, contacts.mu, contacts.pair, contacts.point, Jw, cb.support,
                     cb.sup_ptr, cb.sup_idx, cb.joint_tree, cb.tree_lo, cb.tree_hi,
                     q, v, cb.lim_q, cb.lim_v, cb.lim_bound, cb.lim_sign, cb.limit_margin, dt,
-                    cb.erp, cb.skin, Minv, v_free, w is not None, *(w if w is not None else _NO_WARM),
+                    cb.erp, cb.skin, Mk, v_free, w is not None, *(w if w is not None else _NO_WARM),
                     st.tol, st.mode_tol, st.newton_iter, st.mode_rounds, st.newton_budget,
                     cb.pair_restitution,
                     cb.restitution_thr(dt) if len(cb.pair_restitution) else 0.0)
