@@ -28,7 +28,7 @@ velocity is:
   problem in the modes found, whose linear system is solved for the minimum-norm change of the
   impulses (``diffgym.sim.derivatives``, step 3); the change of the velocity is the same for
   every member of the family. Checked against central differences at every sub-step of random
-  rollouts (``tests/test_push_jacobian.py``): no disagreement other than mode switches.
+  rollouts (``tests/test_envs_manip.py``): no disagreement other than mode switches.
 - **Box sliding while it spins on its face**: the slip directions differ from corner to
   corner, so moving normal impulse between corners changes the friction torque. Rigid
   Coulomb point contact then has a one-parameter family of solutions *of the velocity too*
