@@ -45,7 +45,16 @@ velocity is:
   (``velocity_indeterminacy``: the mode system has a null direction of the impulses that moves
   the velocity), never *explained* or *agreeing*.
 
-The old scene (box on three feet, frictionless rod) avoided both cases; this one is the
+- **The rod sticking to the box face while the box slides on the table** (a steady push with
+  the rod flat against the face): the rod's vertical friction can carry part of the box's
+  weight, and what it carries sets the table's friction: again a family of velocities
+  (``velocity_indeterminacy`` says so; the Jacobian is as in the case above). Here the solver
+  does not converge at the stated tolerance: stages 1 and 1b fail and ADMM/PGS stop at
+  residuals of 1e-8 to 5e-7 m/s (``sim.last.converged`` is False, with a ``SolverWarning``);
+  ``tests/data/push_nonconverged.npz`` is such a step. This is a limitation of the core
+  (issue 16), not of the scene.
+
+The old scene (box on three feet, frictionless rod) avoided these cases; this one is the
 paper's. ``sim.last`` reports the solver's statistics per step (``converged``, ``method``,
 ``iterations``, ``residual``).
 
