@@ -3,20 +3,60 @@
 ## Description
 A horizontal stick (a capsule 0.2 m long between its cap centres, radius 2 cm, 1 kg) moves in
 the plane of a table on two slide joints and a yaw hinge, its axis 3.5 cm above the table; it
-touches only a 10 cm, 0.5 kg box (free joint) that stands on the table on three small spherical
-feet with Coulomb friction 0.3. The task is to push the box onto a target point. After the
-Push benchmark of the long-range-gradients contact-model paper
+touches only a 10 cm, 0.5 kg box (free joint) that lies on its face on the table. Coulomb
+friction 0.3 on every contact, the rod's included. The task is to push the box onto a target
+point. This is the scene of the Push benchmark of the long-range-gradients contact-model paper
 (``shared/papers/contact-model-long-range-gradients.txt``: the position and orientation of a
-PD-controlled rod, 200 frames at dt = 0.04 s). Model: ``assets/push.xml``, time step 0.04 s,
-one simulator step per environment step.
+PD-controlled rod pushing a box lying on a table, 200 frames at dt = 0.04 s); our rod has the
+three planar degrees of freedom of that task (the paper's rod has six). Model:
+``assets/push.xml``, time step 0.04 s, one simulator step per environment step. The
+simulator's contact margin is raised to 15 cm for this environment so that a rod accelerated
+by the PD layer within a step cannot enter the box unseen (``CONTACT_MARGIN``; see
+``_make_sim``).
 
-The scene is built so that every contact force, and hence every step Jacobian, is unique: three
-feet are a statically determinate support (a box sliding and spinning on a full face has four
-coplanar contacts whose split of the normal force is not unique), and the stick-box contact is
-frictionless (vertical friction there would share the box's weight with the feet in a
-non-unique way); the stick's yaw acts through where it touches the box. The simulator's contact
-margin is raised to 15 cm for this environment so that a rod accelerated by the PD layer within
-a step cannot enter the box unseen (``CONTACT_MARGIN``; see ``_make_sim``).
+## Contact, uniqueness and what the Jacobian is
+The box face on the table is four coplanar corner contacts (a statically indeterminate
+support); with friction at the rod the rod can also carry part of the box's weight. The
+impulses are then not unique, and what the step and its Jacobian are depends on whether the
+velocity is:
+
+- **Box at rest, sticking, or sliding without spinning** (and every rod-box contact): the
+  impulses form a family but the next velocity is unique (a self-equilibrated change of the
+  normal impulses moves no body; for a face translating without spin it also leaves the net
+  friction force and torque alone). The step is a function of the state, and the Jacobian
+  ``step_with_jacobian`` returns is its derivative: the implicit derivative of the contact
+  problem in the modes found, whose linear system is solved for the minimum-norm change of the
+  impulses (``diffgym.sim.derivatives``, step 3); the change of the velocity is the same for
+  every member of the family. Checked against central differences at every sub-step of random
+  rollouts (``tests/test_envs_manip.py``): no disagreement other than mode switches.
+- **Box sliding while it spins on its face**: the slip directions differ from corner to
+  corner, so moving normal impulse between corners changes the friction torque. Rigid
+  Coulomb point contact then has a one-parameter family of solutions *of the velocity too*
+  (17 independent conditions on 18 unknowns per face): the next state is not a function of the
+  state. The solver returns the member its warm start leads to (the previous step's impulses,
+  hidden state: ``snapshot()``/``restore()`` carry it). Measured on random pushing rollouts:
+  about 20% of steps, with the box's spin after a step differing by up to 0.67 rad/s between a
+  warm and a cold start, both converged (``tests/data/push_nonunique.npz``). There the Jacobian
+  is the same formula (minimum-norm change of the impulses) at the member returned: the
+  derivative of the one solution found, holding the free split of normal impulse to its
+  minimum-norm change. It is a valid first-order model of that solution branch but not the
+  derivative of a step map (there is none); central differences of the solver's output may
+  disagree with it or jump. ``diffgym.gradcheck`` labels such disagreements *indeterminate*
+  (``velocity_indeterminacy``: the mode system has a null direction of the impulses that moves
+  the velocity), never *explained* or *agreeing*.
+
+- **The rod sticking to the box face while the box slides on the table** (a steady push with
+  the rod flat against the face): the rod's vertical friction can carry part of the box's
+  weight, and what it carries sets the table's friction: again a family of velocities
+  (``velocity_indeterminacy`` says so; the Jacobian is as in the case above). Here the solver
+  does not converge at the stated tolerance: stages 1 and 1b fail and ADMM/PGS stop at
+  residuals of 1e-8 to 5e-7 m/s (``sim.last.converged`` is False, with a ``SolverWarning``);
+  ``tests/data/push_nonconverged.npz`` is such a step. This is a limitation of the core
+  (issue 16), not of the scene.
+
+The old scene (box on three feet, frictionless rod) avoided these cases; this one is the
+paper's. ``sim.last`` reports the solver's statistics per step (``converged``, ``method``,
+``iterations``, ``residual``).
 
 ## Action space
 ``Box(-1, 1, (3,))`` for the rod's x, y and yaw, through a PD layer computed inside the step

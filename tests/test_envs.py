@@ -198,6 +198,35 @@ def test_make_vec_through_gymnasium():
     assert isinstance(venv, diffgym.DiffVectorEnv) and venv.num_envs == 2
 
 
+def _push_rod_drawn_back(venv, K):
+    """DiffPush-v0 pose actions that draw each copy's rod back from its box (8 cm further along
+    the line from the box centre, random wiggles of up to 5 mm and 0.05 rad) while the box
+    rests on its face: four sticking corners whose impulses are not unique but whose velocity
+    is (checked here with gradcheck.velocity_indeterminacy at every step). A rod hitting the
+    box mostly sets it sliding while it spins, where the step's velocity is not unique and has
+    no derivative (envs/push.py)."""
+    from diffgym.gradcheck import velocity_indeterminacy
+    venv.reset(seed=0)
+    X = venv.get_state()
+    rng = np.random.default_rng(0)
+    A = np.zeros((K, len(X), 3))
+    for n, x in enumerate(X):
+        e = venv.envs[n]
+        rod = x[0:2] + e._rod_offset
+        d = (rod - x[3:5]) / np.linalg.norm(rod - x[3:5])
+        A[:, n, :2] = (rod + 0.08 * d) / e.WORKSPACE + rng.uniform(-0.01, 0.01, (K, 2))
+        A[:, n, 2] = x[2] / np.pi + rng.uniform(-0.016, 0.016, K)
+    env = gym.make("DiffPush-v0").unwrapped
+    env.reset(seed=0)
+    for n, x in enumerate(X):
+        env.set_state(x)
+        for k in range(K):
+            env.step(A[k, n])
+            assert env.sim.last.contact_modes.count("sticking") == 4
+            assert not velocity_indeterminacy(env.sim)
+    return A
+
+
 @pytest.mark.parametrize("env_id", ["DiffCartPole-v0", "DiffPush-v0"])
 def test_torch_bridge_rollout_gradient(env_id):
     torch = pytest.importorskip("torch")  # torch is in the dev extra; skipped only outside it
@@ -207,6 +236,8 @@ def test_torch_bridge_rollout_gradient(env_id):
     tenv = TorchVecEnv(venv, dtype=torch.float64)
     n_a = venv.n_a
     A0 = torch.tensor(np.random.default_rng(0).uniform(-0.5, 0.5, (K, N, n_a)))
+    if env_id == "DiffPush-v0":
+        A0 = torch.tensor(_push_rod_drawn_back(venv, K))
 
     def loss(A, x0=None):
         tenv.reset(seed=0)

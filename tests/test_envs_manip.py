@@ -1,8 +1,10 @@
 """DiffPush-v0 and DiffBilliards-v0 beyond the generic suite of test_envs.py: the PD layer, a
-pushed box reaching its target, step Jacobians through impacts and sliding (where contact
-forces are unique by design of the push scene), observation derivatives at rotated bodies,
+pushed box reaching its target, the push scene's contact problem (a box on its face, friction
+at the rod: convergence, energy, where its velocity is unique and where it is not), step
+Jacobians along pushing rollouts at every sub-step, observation derivatives at rotated bodies,
 task sampling and arguments, and a short billiards shot whose exact gradient drives descent."""
 import warnings
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -10,6 +12,7 @@ import pinocchio as pin
 import pytest
 
 import diffgym  # noqa: F401  (registers the ids)
+import diffgym.envs
 
 
 def _fd_step_errors(e, a, rng, n_dirs=3, eps=1e-6):
@@ -96,10 +99,62 @@ def test_push_ramped_pose_target_pushes_box_onto_target():
     assert trunc and not term
     assert info["success"] and info["distance"] < 0.02, info
     assert r == pytest.approx(-info["distance"] ** 2)
-    assert abs(e.get_state()[5] - 0.05) < 1e-4        # the box stayed on its feet
+    x = e.get_state()
+    assert abs(x[5] - 0.05) < 1e-4                   # the box stayed flat on its face
+    assert pin.Quaternion(x[9], *x[6:9]).toRotationMatrix()[2, 2] > 1 - 1e-8
 
 
-def test_push_box_stays_on_its_feet_under_random_actions():
+def _seeking_actions(env, seed, n):
+    """Pose actions of a random pushing policy (the rollout it drives): every 4 steps, with
+    probability 0.7 a pose target within 12 cm of the box centre (random yaw), otherwise a
+    uniformly random action. Leaves the environment after the rollout."""
+    e = env.unwrapped
+    rng = np.random.default_rng(1000 + seed)
+    env.reset(seed=seed)
+    acts = []
+    for k in range(n):
+        x = e.get_state()
+        if k % 4 == 0:
+            if rng.uniform() < 0.7:
+                tgt = x[3:5] + rng.uniform(-0.12, 0.12, 2)
+                a = np.clip(np.r_[tgt / e.WORKSPACE, rng.uniform(-1, 1)], -1, 1)
+            else:
+                a = rng.uniform(-1, 1, 3)
+        acts.append(a)
+        env.step(a)
+    return np.array(acts)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "core (issue 16): the rod held flat against the box face and sticking there (friction at "
+    "the rod) while the box slides on its face: the weight the rod's friction carries, and with "
+    "it the table's friction, is not unique; stage 1 and 1b fail and ADMM/PGS stop at residuals "
+    "1e-8 to 5e-7 m/s for 65 consecutive steps (tests/data/push_nonconverged.npz)"))
+def test_push_steady_push_converges_without_slow_stages():
+    """The ramped push of the test above: every step converges at the stated tolerance without
+    the slow fallback stages (issue 16's bar for redundant contacts)."""
+    target = np.array([0.25, 0.1])
+    env = gym.make("DiffPush-v0", target=tuple(target))
+    env.reset(seed=0)
+    e = env.unwrapped
+    u = target / np.linalg.norm(target)
+    yaw = np.arctan2(u[1], u[0])
+    start = -0.12 * u
+    e.set_state(_push_state(e, rod_xy=start, rod_yaw=yaw, target=tuple(target)))
+    goal = target - 0.07 * u
+    bad = []
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for k in range(130):
+            g = start + min(1.0, k / 120) * (goal - start)
+            env.step(np.array([g[0] / e.WORKSPACE, g[1] / e.WORKSPACE, yaw / np.pi]))
+            last = e.sim.last
+            if not last.converged or last.method not in ("newton", "prox+newton", "none"):
+                bad.append((k, last.method, last.residual))
+    assert not bad, bad
+
+
+def test_push_box_stays_flat_under_random_actions():
     env = gym.make("DiffPush-v0")
     rng = np.random.default_rng(0)
     for seed in range(2):
@@ -114,13 +169,102 @@ def test_push_box_stays_on_its_feet_under_random_actions():
         assert max(abs(np.array(z) - 0.05)) < 5e-3
 
 
+def test_push_rollouts_converge_and_velocity_is_unique_where_the_audit_says():
+    """Pushing rollouts (3 x 100 steps): every step converges (the independent residual check
+    included) and the box stays on the table; at every step the gradient audit's test
+    (gradcheck.velocity_indeterminacy) calls determinate, a cold-started solve returns the
+    same next state as the warm-started one (1e-9), so the step there is a function of the
+    state; at the steps it calls indeterminate (a face sliding while it spins) the two may
+    differ, and do on these rollouts (the velocity is not unique: envs/push.py)."""
+    from diffgym.gradcheck import velocity_indeterminacy
+    env = gym.make("DiffPush-v0")
+    e = env.unwrapped
+    det_gap, ind_gap, n_ind, rod = 0.0, 0.0, 0, 0
+    for seed in range(3):
+        acts = _seeking_actions(env, seed, 100)
+        env.reset(seed=seed)
+        for a in acts:
+            snap = e.snapshot()
+            env.step(a)
+            last = e.sim.last
+            assert last.converged, (seed, last)
+            rod += any(set(g) == {"rod", "box"} and m != "breaking"
+                       for g, m in zip(last.contact_geoms, last.contact_modes))
+            x1, why = e.get_state(), velocity_indeterminacy(e.sim)
+            assert abs(x1[5] - 0.05) < 0.02
+            e.restore(dict(snap, warm_start=None))
+            env.step(a)
+            assert e.sim.last.converged
+            gap = float(np.abs(e.get_state() - x1).max())
+            if why:
+                n_ind, ind_gap = n_ind + 1, max(ind_gap, gap)
+            else:
+                det_gap = max(det_gap, gap)
+            e.restore(snap)
+            env.step(a)
+    assert rod >= 30                                  # the rollouts push the box
+    assert det_gap < 1e-9, det_gap
+    assert n_ind > 0 and ind_gap > 1e-3, (n_ind, ind_gap)
+
+
+def test_push_nonunique_velocity_recorded_state():
+    """A recorded push step (tests/data/push_nonunique.npz: the rod's end strikes the box, which
+    slides and spins on its face): from its warm start and from a cold start the solver returns
+    two converged solutions whose box spin differs by 0.67 rad/s: the velocity of this step is
+    not unique, and the gradient audit's test says so."""
+    from diffgym.gradcheck import velocity_indeterminacy
+    d = np.load(Path(__file__).parent / "data" / "push_nonunique.npz")
+    sim = gym.make("DiffPush-v0").unwrapped.sim
+    warm = tuple(d[f"warm{i}"] for i in range(6))
+    sim.set_warm_start_state(warm)
+    _, v_warm = sim.step(d["q"], d["v"], d["tau"])
+    assert sim.last.converged and velocity_indeterminacy(sim)
+    sim.set_warm_start_state(None)
+    _, v_cold = sim.step(d["q"], d["v"], d["tau"])
+    assert sim.last.converged and velocity_indeterminacy(sim)
+    assert abs(v_warm[8] - v_cold[8]) > 0.5          # the box's spin (body z)
+
+
+def test_push_passive_energy_never_grows():
+    """The box thrown sliding and spinning at the resting rod, no actuation (the rod's joints
+    damped): the total energy decreases at every step and every step converges."""
+    sim = gym.make("DiffPush-v0").unwrapped.sim
+    m = sim.model
+    data = m.createData()
+
+    def energy(q, v):
+        return 0.5 * v @ pin.crba(m, data, q) @ v + pin.computePotentialEnergy(m, data, q)
+
+    rng = np.random.default_rng(0)
+    hits = 0
+    for _ in range(6):
+        q, v = sim.q0.copy(), np.zeros(sim.nv)
+        q[0], q[1], q[2] = rng.uniform(0.12, 0.16), rng.uniform(-0.06, 0.06), rng.uniform(-np.pi, np.pi)
+        v[3:5] = [-rng.uniform(0.8, 1.5), rng.uniform(-0.3, 0.3)]     # towards the rod (at -x)
+        v[8] = rng.uniform(-15, 15)
+        E = energy(q, v)
+        sim.reset_warmstart()
+        for _ in range(40):
+            q, v = sim.step(q, v, np.zeros(sim.nv))
+            assert sim.last.converged
+            hits += any(set(g) == {"rod", "box"} and mo != "breaking"
+                        for g, mo in zip(sim.last.contact_geoms, sim.last.contact_modes))
+            E1 = energy(q, v)
+            assert E1 <= E + 1e-12, (E, E1)
+            E = E1
+    assert hits >= 3                                  # the box met the rod
+
+
 @pytest.mark.parametrize("control", ["pose", "velocity"])
 def test_push_step_jacobian_through_impacts_and_sliding(control):
-    """Every step of the first contacts (rod hitting the box, box sliding on its feet) against
-    central differences: the scene is designed so that contact forces are unique."""
+    """Every step of the first contacts (rod hitting the box, box sliding on its face) against
+    central differences, where the step's velocity is unique (velocity_indeterminacy); where
+    it is not (a face sliding while it spins: most steps after a hit) there is no step
+    derivative to compare with."""
+    from diffgym.gradcheck import velocity_indeterminacy
     env = gym.make("DiffPush-v0", control=control)
     rng = np.random.default_rng(5)
-    modes_seen = set()
+    modes_seen, checked = set(), 0
     for seed in (0, 2):
         env.reset(seed=seed)
         e = env.unwrapped
@@ -131,9 +275,26 @@ def test_push_step_jacobian_through_impacts_and_sliding(control):
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")
                 err, last = _fd_step_errors(e, a, rng)
+            if velocity_indeterminacy(e.sim):
+                continue
+            checked += 1
             modes_seen.update(last.contact_modes)
             assert err < 2e-4, (seed, err, last)
-    assert "sliding" in modes_seen                   # the check covered a sliding box
+    # (measured: 3 of these 16 steps have a unique velocity, the box sticking; after the rod's
+    # hit the box slides and spins, and the flush head-on push of test_gradient_audit covers a
+    # face sliding without spin)
+    assert checked >= 3 and "sticking" in modes_seen
+
+
+def test_push_step_jacobian_along_pushing_rollouts():
+    """The gradient audit along a pushing rollout (60 steps, 12 audited, every sub-step and
+    every column): no disagreement with central differences that neither a mode switch inside
+    the stencil nor a non-unique velocity at the state explains."""
+    env = gym.make("DiffPush-v0")
+    acts = _seeking_actions(env, 1, 60)
+    rep = diffgym.envs.check_jacobians(env, seed=1, actions=acts, max_states=12)
+    assert rep.states == 12 and rep.failed == 0, str(rep)
+    assert rep.agreeing > 0.5 * rep.checked, repr(rep)     # measured 804 of 1368
 
 
 def test_push_observation_jacobian_at_a_tilted_spinning_box():

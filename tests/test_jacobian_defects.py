@@ -169,6 +169,8 @@ def test_frictionless_sticking_is_differentiated_as_a_ray(monkeypatch):
 # step 10 of a head-on push in DiffPush-v0 (velocity control 0.4 m/s, seed 0): the rod flush
 # against a box face, its two contact points with zero slip on the frictionless face (the
 # solver labelled them "sticking"; errors up to 9.9 relative in dv_dq, 1.6 in dv_dv)
+# (recorded when the rod was frictionless and the box stood on three feet; replayed on the
+# push model with the rod-box pair frictionless, the box on its face at the same height)
 PUSH_FLUSH = dict(
     q=[0.27570061141191926, -0.01704864712226692, -2.8841484100105235, -0.09209629409241489,
        -0.03489867567934513, 0.05, 3.385774327896889e-16, -2.1106575232256828e-17,
@@ -180,8 +182,20 @@ PUSH_FLUSH = dict(
          0.0, 0.0])
 
 
+def _frictionless_push_sim():
+    """DiffPush-v0's model with the rod-box pair frictionless (friction 0 on both geoms; the
+    table-box pair keeps the table's 0.3): the scene this regression was recorded in had a
+    frictionless rod (and the box on three feet, its centre at the same height)."""
+    from diffgym.resources import asset_path
+    xml = open(asset_path("push.xml")).read()
+    for g in ('name="rod" type="capsule"', 'name="box" type="box"'):
+        assert xml.count(g) == 1
+        xml = xml.replace(g, g + ' friction="0"')
+    return diffgym.Simulator.from_string(xml, margin=gym.make("DiffPush-v0").unwrapped.CONTACT_MARGIN)
+
+
 def test_push_flush_rod_frictionless_contacts():
-    sim = _env_sim("DiffPush-v0")
+    sim = _frictionless_push_sim()
     q, v, tau = _state(PUSH_FLUSH)
     jac, errors, one_sided = step_jacobian_errors(sim, q, v, tau, tau_scale=1.0)
     rod_box = [m for m, g in zip(sim.last.contact_modes, sim.last.contact_geoms) if "rod" in g]

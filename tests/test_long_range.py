@@ -178,8 +178,8 @@ def test_force_negligible_at_contact_in_the_shipped_scenes(env_id):
     P, f = potential(sim, q)
     weight = np.abs(pin.computeGeneralizedGravity(sim.model, sim.model.createData(), q))
     # at the default scale the barrier's generalized force on bodies at rest in contact (balls
-    # in the rack, on the table; the box on its 5 mm feet) is below 1e-3 of gravity's
-    # (measured: 8.6e-6 billiards, 2.6e-4 push)
+    # in the rack, on the table; the box on its face) is below 1e-3 of gravity's
+    # (measured: 8.6e-6 billiards, 1.0e-6 push; 2.6e-4 when the box stood on 5 mm feet)
     assert np.abs(f).max() < 1e-3 * weight.max()
     assert np.abs(f).max() > 0.0
     # the forward step differs from the exact one by the potential's force only
@@ -297,6 +297,7 @@ def test_relaxed_long_range_matches_relaxed_differences_at_a_visited_push_state(
 
 
 def test_relaxed_long_range_tends_to_long_range_as_rho_goes_to_zero():
+    from diffgym.gradcheck import velocity_indeterminacy
     sim, states = _push_states()
     checked = 0
     for q, v, tau in states:
@@ -304,6 +305,11 @@ def test_relaxed_long_range_tends_to_long_range_as_rho_goes_to_zero():
         sim.reset_warmstart()
         _, _, je = sim.step(q, v, tau, jacobian=True)
         if je.diagnostics.min_margin < 1e-4:   # (as in test_smooth_gradient: held with margin)
+            continue
+        if velocity_indeterminacy(sim):
+            # the push box sliding while it spins on its face: the velocity is not unique and
+            # the exact Jacobian is not a step derivative (envs/push.py); the relaxed one's
+            # limit differs from it there (measured 5e-3 to 4e-2 at every rho)
             continue
         scale = max(np.abs(je.state).max(), np.abs(je.control).max())
         errs = []
