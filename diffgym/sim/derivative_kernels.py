@@ -517,18 +517,43 @@ def _all_finite(x):
 
 @njit
 def _mm(A, B):
-    """A @ B (plain loops, C-ordered result), skipping the zeros of A (the same sums for a
-    finite B: the callers check that their inputs are finite)."""
+    """A @ B (plain loops, C-ordered result), skipping the zeros of A and of B (the same sums for
+    a finite B: the callers check that their inputs are finite). B's rows are read through the
+    list of their nonzero columns where they are sparse (the contact rows of a scene of many
+    trees touch a few dofs), else densely."""
     n, k = A.shape
     m = B.shape[1]
     C = np.zeros((n, m))
+    nzc = np.empty(k * m, dtype=np.int64)   # per row of B, its nonzero columns (when sparse)
+    start = np.zeros(k + 1, dtype=np.int64)
+    dense = np.zeros(k, dtype=np.bool_)
+    p = 0
+    for l in range(k):
+        start[l] = p
+        cnt = 0
+        for j in range(m):
+            if B[l, j] != 0.0:
+                cnt += 1
+        if 2 * cnt > m:
+            dense[l] = True
+        else:
+            for j in range(m):
+                if B[l, j] != 0.0:
+                    nzc[p] = j
+                    p += 1
+    start[k] = p
     for i in range(n):
         for l in range(k):
             a = A[i, l]
             if a == 0.0:
                 continue
-            for j in range(m):
-                C[i, j] += a * B[l, j]
+            if dense[l]:
+                for j in range(m):
+                    C[i, j] += a * B[l, j]
+            else:
+                for t in range(start[l], start[l + 1]):
+                    j = nzc[t]
+                    C[i, j] += a * B[l, j]
     return C
 
 
@@ -584,13 +609,22 @@ def _qr_min_norm(A, B):
     rank, |r_mm| > 1e-6 |r_11|) or is the minimum-norm least-squares solution of the clear rank
     r (trailing |r_kk| < 1e-14 |r_11|, complete orthogonal decomposition); status 1: neither
     (a rank that is not clear), X unset."""
+    X, status, _ = _qr_min_norm_range(A, B, np.zeros((A.shape[0], 0)))
+    return X, status
+
+
+@njit
+def _qr_min_norm_range(A, B, C):
+    """``_qr_min_norm`` and, for a rank-deficient A, how far the columns of C are from the range
+    of A^T: the largest over C's nonzero columns of |component in the left null space of A^T| /
+    |column| (0 when A has full rank or C has no columns)."""
     m, n = A.shape
     nb = B.shape[1]
     R = A.copy()
     Bt = B.copy()
     piv = np.arange(n)
     vv = np.zeros(max(m, n))
-    acc = np.zeros(max(n, nb))
+    acc = np.zeros(max(n, nb, C.shape[1]))
     d = np.zeros(n)
     cn = np.zeros(n)
     for k in range(n):
@@ -618,7 +652,7 @@ def _qr_min_norm(A, B):
     X = np.zeros((n, nb))
     d0 = d[0]
     if d0 == 0.0:
-        return X, 0                                   # A = 0: the minimum-norm solution is 0
+        return X, 0, 0.0                              # A = 0: the minimum-norm solution is 0
     if d[n - 1] > 1e-6 * d0:                          # full rank: back substitution
         Y = np.zeros((n, nb))
         for i in range(n - 1, -1, -1):
@@ -633,13 +667,13 @@ def _qr_min_norm(A, B):
         for i in range(n):
             for c in range(nb):
                 X[piv[i], c] = Y[i, c]
-        return X, 0
+        return X, 0, 0.0
     r = 0
     while r < n and d[r] > 1e-6 * d0:
         r += 1
     for k in range(r, n):
         if d[k] >= 1e-14 * d0:
-            return X, 1
+            return X, 1, 0.0
     # rank r: R1 = R[:r] (r x n) = T^T Q2^T with R1^T = Q2 [T; 0]; y = Q2 [T^-T c; 0]
     R1t = np.ascontiguousarray(R[:r].T)               # (n, r)
     vs = np.zeros((r, n))
@@ -670,22 +704,74 @@ def _qr_min_norm(A, B):
     for i in range(n):
         for c in range(nb):
             X[piv[i], c] = Z[i, c]
-    return X, 0
+    # range(A^T) = P range(R1^T) = P span(Q2[:, :r]) (R1^T = Q2 [T; 0], P the pivoting): the
+    # components r: of Q2^T P^T c are those of c in the left null space of A^T
+    nc = C.shape[1]
+    incons = 0.0
+    if nc:
+        Zc = np.empty((n, nc))
+        for i in range(n):
+            for c in range(nc):
+                Zc[i, c] = C[piv[i], c]
+        for k in range(r):                            # Q2^T = H_r ... H_1
+            if nrm[k] != 0.0:
+                _reflect(Zc, k, 0, vs[k], nrm[k], acc)
+        for c in range(nc):
+            tot = 0.0
+            for i in range(n):
+                tot += C[i, c] * C[i, c]
+            if tot == 0.0:
+                continue
+            res = 0.0
+            for i in range(r, n):
+                res += Zc[i, c] * Zc[i, c]
+            incons = max(incons, np.sqrt(res / tot))
+    return X, 0, incons
+
+
+# a reduced block whose right-hand side leaves the range of its rows by more than this (relative)
+# is not the block of the whole system's minimum-norm solution: the whole system is solved instead
+RANGE_TOL = 1e-9
 
 
 @njit
-def _block_min_norm(A, B):
-    """``_qr_min_norm`` block by block: the rows and columns of the square A linked through its
-    nonzeros (connected components; contacts of different islands never are) form diagonal
-    blocks, and the minimum-norm solution of a block-diagonal system is that of each block, so
-    each block is solved on its own (O(sum m_i^3) instead of O(m^3)). Same (X, status); a
-    block whose rank is not clear gives status 1 for the whole."""
+def _island_min_norm(A, W, WD, JM):
+    """``(YT, status)`` with ``YT^T W D = M^-1 J^T A^+ W D`` for ``M^-1 J^T d lam`` of the mode
+    system ``A d lam = -W D`` (``JM = J M^-1``), solved island by island of the active rows.
+
+    Rows whose equation is ``a d lam_k = 0`` (A's row a multiple of e_k, W's row zero: breaking
+    contacts, frictionless tangents, inactive limits) fix ``d lam_k = 0`` and add nothing to
+    ``W D``; they are dropped, with their columns. The other rows fall into the connected
+    components of A's nonzeros (contacts of different islands, and contacts of one island linked
+    only through a breaking contact, never share one), and each component's block B is solved on
+    its own with ``_qr_min_norm_range`` of B^T, on the columns of JM its rows touch (the dofs of
+    its trees): O(sum m_i^3) instead of O(m^3). This is the minimum-norm solution of the whole
+    system where it is unique or where the block's right-hand side lies in the range of B (its
+    rows are consistent); a rank-deficient block linked to a dropped column whose right-hand side
+    leaves B's range (by more than ``RANGE_TOL``) gives status 2 (the caller solves the whole
+    system). Status 1: a block's rank is not clear."""
     m = A.shape[0]
-    nb = B.shape[1]
+    nv = JM.shape[1]
+    nw = WD.shape[1]
+    triv = np.zeros(m, dtype=np.bool_)
+    for k in range(m):
+        t = A[k, k] != 0.0
+        if t:
+            for j in range(m):
+                if (j != k and A[k, j] != 0.0) or W[k, j] != 0.0:
+                    t = False
+                    break
+        triv[k] = t
     parent = np.arange(m)
+    linked = np.zeros(m, dtype=np.bool_)       # a row reading a dropped column
     for i in range(m):
+        if triv[i]:
+            continue
         for j in range(m):
             if i != j and A[i, j] != 0.0:
+                if triv[j]:
+                    linked[i] = True
+                    continue
                 a = _find(parent, i)
                 b = _find(parent, j)
                 if a != b:
@@ -693,39 +779,52 @@ def _block_min_norm(A, B):
                         parent[b] = a
                     else:
                         parent[a] = b
-    root = np.empty(m, dtype=np.int64)
-    nblk = 0
-    for i in range(m):
-        a = _find(parent, i)
-        root[i] = a
-        if a == i:
-            nblk += 1
-    if nblk <= 1:
-        return _qr_min_norm(A, B)
-    X = np.zeros((m, nb))
+    YT = np.zeros((m, nv))
     idx = np.empty(m, dtype=np.int64)
+    cols = np.empty(nv, dtype=np.int64)
+    root = np.empty(m, dtype=np.int64)
+    for i in range(m):
+        root[i] = -1 if triv[i] else _find(parent, i)
     for r in range(m):
         if root[r] != r:
             continue
         n = 0
+        link = False
         for i in range(r, m):
             if root[i] == r:
                 idx[n] = i
                 n += 1
-        As = np.empty((n, n))
+                link = link or linked[i]
+        nb = 0
+        for c in range(nv):
+            for a in range(n):
+                if JM[idx[a], c] != 0.0:
+                    cols[nb] = c
+                    nb += 1
+                    break
+        As = np.empty((n, n))                  # B^T
         Bs = np.empty((n, nb))
         for a in range(n):
             for b in range(n):
-                As[a, b] = A[idx[a], idx[b]]
+                As[b, a] = A[idx[a], idx[b]]
             for c in range(nb):
-                Bs[a, c] = B[idx[a], c]
-        Xs, status = _qr_min_norm(As, Bs)
+                Bs[a, c] = JM[idx[a], cols[c]]
+        if link:
+            Cs = np.empty((n, nw))
+            for a in range(n):
+                for c in range(nw):
+                    Cs[a, c] = WD[idx[a], c]
+        else:
+            Cs = np.zeros((n, 0))
+        Xs, status, incons = _qr_min_norm_range(As, Bs, Cs)
         if status != 0:
-            return X, status
+            return YT, status
+        if incons > RANGE_TOL:
+            return YT, 2
         for a in range(n):
             for c in range(nb):
-                X[idx[a], c] = Xs[a, c]
-    return X, 0
+                YT[idx[a], cols[c]] = Xs[a, c]
+    return YT, 0
 
 
 @njit
@@ -799,7 +898,7 @@ def dynamics_terms_system(ddq_dq, ddq_dv, Minv_u, kstiff, has_stiff, damping, da
         # M^-1 J^T d lam with d lam = A^+ (-W D): where the pivoted QR of A^T settles the rank,
         # (A^+)^T (M^-1 J^T)^T = (A^T)^+ (J M^-1) is solved (nv right-hand sides instead of
         # 3 nv) and applied to W D; else d lam as the reference computes it (LAPACK)
-        YT, status = _block_min_norm(np.ascontiguousarray(A.T), JM)
+        YT, status = _island_min_norm(A, W, WD, JM)
         if status != 0:
             return 2, A, WD, JM, Vq, Vv, Vt
         if not _all_finite(YT):
