@@ -609,22 +609,20 @@ def _qr_min_norm(A, B):
     rank, |r_mm| > 1e-6 |r_11|) or is the minimum-norm least-squares solution of the clear rank
     r (trailing |r_kk| < 1e-14 |r_11|, complete orthogonal decomposition); status 1: neither
     (a rank that is not clear), X unset."""
-    X, status, _ = _qr_min_norm_range(A, B, np.zeros((A.shape[0], 0)))
+    X, status, _ = _qr_min_norm_rank(A, B)
     return X, status
 
 
 @njit
-def _qr_min_norm_range(A, B, C):
-    """``_qr_min_norm`` and, for a rank-deficient A, how far the columns of C are from the range
-    of A^T: the largest over C's nonzero columns of |component in the left null space of A^T| /
-    |column| (0 when A has full rank or C has no columns)."""
+def _qr_min_norm_rank(A, B):
+    """``_qr_min_norm`` and the rank it found (A's size where A has full rank)."""
     m, n = A.shape
     nb = B.shape[1]
     R = A.copy()
     Bt = B.copy()
     piv = np.arange(n)
     vv = np.zeros(max(m, n))
-    acc = np.zeros(max(n, nb, C.shape[1]))
+    acc = np.zeros(max(n, nb))
     d = np.zeros(n)
     cn = np.zeros(n)
     for k in range(n):
@@ -652,7 +650,7 @@ def _qr_min_norm_range(A, B, C):
     X = np.zeros((n, nb))
     d0 = d[0]
     if d0 == 0.0:
-        return X, 0, 0.0                              # A = 0: the minimum-norm solution is 0
+        return X, 0, 0                                # A = 0: the minimum-norm solution is 0
     if d[n - 1] > 1e-6 * d0:                          # full rank: back substitution
         Y = np.zeros((n, nb))
         for i in range(n - 1, -1, -1):
@@ -667,13 +665,13 @@ def _qr_min_norm_range(A, B, C):
         for i in range(n):
             for c in range(nb):
                 X[piv[i], c] = Y[i, c]
-        return X, 0, 0.0
+        return X, 0, n
     r = 0
     while r < n and d[r] > 1e-6 * d0:
         r += 1
     for k in range(r, n):
         if d[k] >= 1e-14 * d0:
-            return X, 1, 0.0
+            return X, 1, r
     # rank r: R1 = R[:r] (r x n) = T^T Q2^T with R1^T = Q2 [T; 0]; y = Q2 [T^-T c; 0]
     R1t = np.ascontiguousarray(R[:r].T)               # (n, r)
     vs = np.zeros((r, n))
@@ -704,38 +702,38 @@ def _qr_min_norm_range(A, B, C):
     for i in range(n):
         for c in range(nb):
             X[piv[i], c] = Z[i, c]
-    # range(A^T) = P range(R1^T) = P span(Q2[:, :r]) (R1^T = Q2 [T; 0], P the pivoting): the
-    # components r: of Q2^T P^T c are those of c in the left null space of A^T
-    nc = C.shape[1]
-    incons = 0.0
-    if nc:
-        Zc = np.empty((n, nc))
-        for i in range(n):
-            for c in range(nc):
-                Zc[i, c] = C[piv[i], c]
-        for k in range(r):                            # Q2^T = H_r ... H_1
-            if nrm[k] != 0.0:
-                _reflect(Zc, k, 0, vs[k], nrm[k], acc)
-        for c in range(nc):
-            tot = 0.0
-            for i in range(n):
-                tot += C[i, c] * C[i, c]
-            if tot == 0.0:
-                continue
-            res = 0.0
-            for i in range(r, n):
-                res += Zc[i, c] * Zc[i, c]
-            incons = max(incons, np.sqrt(res / tot))
-    return X, 0, incons
-
-
-# a reduced block whose right-hand side leaves the range of its rows by more than this (relative)
-# is not the block of the whole system's minimum-norm solution: the whole system is solved instead
-RANGE_TOL = 1e-9
+    return X, 0, r
 
 
 @njit
-def _island_min_norm(A, W, WD, JM):
+def _solve_block(A, JM, idx, n, cols, nvc):
+    """``_qr_min_norm_rank`` of B^T, B = A[idx[:n], idx[:n]], on the columns ``cols[:nvc]`` of
+    JM: (X, status, rank)."""
+    As = np.empty((n, n))
+    Bs = np.empty((n, nvc))
+    for a in range(n):
+        for b in range(n):
+            As[b, a] = A[idx[a], idx[b]]
+        for c in range(nvc):
+            Bs[a, c] = JM[idx[a], cols[c]]
+    return _qr_min_norm_rank(As, Bs)
+
+
+@njit
+def _block_columns(JM, idx, n, cols):
+    """The columns of JM where the rows idx[:n] are nonzero, into cols; returns their count."""
+    nb = 0
+    for c in range(JM.shape[1]):
+        for a in range(n):
+            if JM[idx[a], c] != 0.0:
+                cols[nb] = c
+                nb += 1
+                break
+    return nb
+
+
+@njit
+def _island_min_norm(A, W, JM):
     """``(YT, status)`` with ``YT^T W D = M^-1 J^T A^+ W D`` for ``M^-1 J^T d lam`` of the mode
     system ``A d lam = -W D`` (``JM = J M^-1``), solved island by island of the active rows.
 
@@ -746,13 +744,15 @@ def _island_min_norm(A, W, WD, JM):
     only through a breaking contact, never share one), and each component's block B is solved on
     its own with ``_qr_min_norm_range`` of B^T, on the columns of JM its rows touch (the dofs of
     its trees): O(sum m_i^3) instead of O(m^3). This is the minimum-norm solution of the whole
-    system where it is unique or where the block's right-hand side lies in the range of B (its
-    rows are consistent); a rank-deficient block linked to a dropped column whose right-hand side
-    leaves B's range (by more than ``RANGE_TOL``) gives status 2 (the caller solves the whole
-    system). Status 1: a block's rank is not clear."""
+    system where B has full rank (the solution is unique) or reads no dropped column (B is then
+    a diagonal block of A). A rank-deficient block that reads a dropped column (its minimum-norm
+    least-squares solution is the whole system's only where its right-hand side lies in B's
+    range, which rounding cannot tell near a small singular value), or a block whose rank is not
+    clear, is solved within the component of the whole system it belongs to (linked through the
+    dropped rows too: an exact diagonal block of A), as the dense path does. Status 1: a rank
+    that is not clear there either (the caller solves the whole system with LAPACK)."""
     m = A.shape[0]
     nv = JM.shape[1]
-    nw = WD.shape[1]
     triv = np.zeros(m, dtype=np.bool_)
     for k in range(m):
         t = A[k, k] != 0.0
@@ -762,13 +762,21 @@ def _island_min_norm(A, W, WD, JM):
                     t = False
                     break
         triv[k] = t
-    parent = np.arange(m)
-    linked = np.zeros(m, dtype=np.bool_)       # a row reading a dropped column
+    parent = np.arange(m)                      # components of the active rows
+    whole = np.arange(m)                       # components of all rows (exact blocks of A)
+    linked = np.zeros(m, dtype=np.bool_)       # an active row reading a dropped column
     for i in range(m):
-        if triv[i]:
-            continue
         for j in range(m):
             if i != j and A[i, j] != 0.0:
+                a = _find(whole, i)
+                b = _find(whole, j)
+                if a != b:
+                    if a < b:
+                        whole[b] = a
+                    else:
+                        whole[a] = b
+                if triv[i]:
+                    continue
                 if triv[j]:
                     linked[i] = True
                     continue
@@ -779,14 +787,17 @@ def _island_min_norm(A, W, WD, JM):
                         parent[b] = a
                     else:
                         parent[a] = b
+    root = np.empty(m, dtype=np.int64)
+    wroot = np.empty(m, dtype=np.int64)
+    for i in range(m):
+        root[i] = -1 if triv[i] else _find(parent, i)
+        wroot[i] = _find(whole, i)
     YT = np.zeros((m, nv))
     idx = np.empty(m, dtype=np.int64)
     cols = np.empty(nv, dtype=np.int64)
-    root = np.empty(m, dtype=np.int64)
-    for i in range(m):
-        root[i] = -1 if triv[i] else _find(parent, i)
+    redo = np.zeros(m, dtype=np.bool_)         # whole components to solve as one
     for r in range(m):
-        if root[r] != r:
+        if root[r] != r or redo[wroot[r]]:
             continue
         n = 0
         link = False
@@ -795,32 +806,26 @@ def _island_min_norm(A, W, WD, JM):
                 idx[n] = i
                 n += 1
                 link = link or linked[i]
-        nb = 0
-        for c in range(nv):
-            for a in range(n):
-                if JM[idx[a], c] != 0.0:
-                    cols[nb] = c
-                    nb += 1
-                    break
-        As = np.empty((n, n))                  # B^T
-        Bs = np.empty((n, nb))
+        nb = _block_columns(JM, idx, n, cols)
+        Xs, status, rank = _solve_block(A, JM, idx, n, cols, nb)
+        if status != 0 or (link and rank < n):
+            redo[wroot[r]] = True
+            continue
         for a in range(n):
-            for b in range(n):
-                As[b, a] = A[idx[a], idx[b]]
             for c in range(nb):
-                Bs[a, c] = JM[idx[a], cols[c]]
-        if link:
-            Cs = np.empty((n, nw))
-            for a in range(n):
-                for c in range(nw):
-                    Cs[a, c] = WD[idx[a], c]
-        else:
-            Cs = np.zeros((n, 0))
-        Xs, status, incons = _qr_min_norm_range(As, Bs, Cs)
+                YT[idx[a], cols[c]] = Xs[a, c]
+    for r in range(m):
+        if not redo[r]:
+            continue
+        n = 0
+        for i in range(m):
+            if wroot[i] == r:
+                idx[n] = i
+                n += 1
+        nb = _block_columns(JM, idx, n, cols)
+        Xs, status, rank = _solve_block(A, JM, idx, n, cols, nb)
         if status != 0:
             return YT, status
-        if incons > RANGE_TOL:
-            return YT, 2
         for a in range(n):
             for c in range(nb):
                 YT[idx[a], cols[c]] = Xs[a, c]
@@ -898,7 +903,7 @@ def dynamics_terms_system(ddq_dq, ddq_dv, Minv_u, kstiff, has_stiff, damping, da
         # M^-1 J^T d lam with d lam = A^+ (-W D): where the pivoted QR of A^T settles the rank,
         # (A^+)^T (M^-1 J^T)^T = (A^T)^+ (J M^-1) is solved (nv right-hand sides instead of
         # 3 nv) and applied to W D; else d lam as the reference computes it (LAPACK)
-        YT, status = _island_min_norm(A, W, WD, JM)
+        YT, status = _island_min_norm(A, W, JM)
         if status != 0:
             return 2, A, WD, JM, Vq, Vv, Vt
         if not _all_finite(YT):
