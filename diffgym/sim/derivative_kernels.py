@@ -541,6 +541,15 @@ def _mm(A, B):
     n, k = A.shape
     m = B.shape[1]
     C = np.zeros((n, m))
+    if k * m <= 4096:                       # small (a robot): dense rows, no index lists
+        for i in range(n):
+            for l in range(k):
+                a = A[i, l]
+                if a == 0.0:
+                    continue
+                for j in range(m):
+                    C[i, j] += a * B[l, j]
+        return C
     nzc = np.empty(k * m, dtype=np.int64)   # per row of B, its nonzero columns (when sparse)
     start = np.zeros(k + 1, dtype=np.int64)
     dense = np.zeros(k, dtype=np.bool_)
