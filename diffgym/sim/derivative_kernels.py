@@ -250,6 +250,8 @@ def contact_terms(JT, oM, ov, fext, supp, dof_joint, parents, gjoint, static_pla
     Jp = np.empty((3, nv))
     X = np.empty((3, nv))
     Y = np.empty((3, nv))
+    ia = np.empty(nv, dtype=np.int64)
+    ib = np.empty(nv, dtype=np.int64)
     for side in range(2):
         sgn = -1.0 if side == 0 else 1.0
         for k in range(nc):
@@ -293,8 +295,23 @@ def contact_terms(JT, oM, ov, fext, supp, dof_joint, parents, gjoint, static_pla
                 for c in range(nv):
                     acc += Jp[i, c] * v1[c]
                 vrel[k, i] += sgn * acc
-            for a in range(nv):
-                for b in range(nv):
+            # only the dofs that move this body (rows) and that its terms read (columns): the
+            # others add exact zeros (O(nc nv^2) dense on a scene of many trees)
+            na = 0
+            nb = 0
+            for c in range(nv):
+                if Jp[0, c] != 0.0 or Jp[1, c] != 0.0 or Jp[2, c] != 0.0 or \
+                        Jl[sj, 3, c] != 0.0 or Jl[sj, 4, c] != 0.0 or Jl[sj, 5, c] != 0.0:
+                    ia[na] = c
+                    na += 1
+                if X[0, c] != 0.0 or X[1, c] != 0.0 or X[2, c] != 0.0 or \
+                        Y[0, c] != 0.0 or Y[1, c] != 0.0 or Y[2, c] != 0.0:
+                    ib[nb] = c
+                    nb += 1
+            for ai in range(na):
+                a = ia[ai]
+                for bi in range(nb):
+                    b = ib[bi]
                     acc = 0.0
                     for i in range(3):
                         acc += Jp[i, a] * X[i, b] - Jl[sj, 3 + i, a] * Y[i, b]
@@ -517,18 +534,52 @@ def _all_finite(x):
 
 @njit
 def _mm(A, B):
-    """A @ B (plain loops, C-ordered result), skipping the zeros of A (the same sums for a
-    finite B: the callers check that their inputs are finite)."""
+    """A @ B (plain loops, C-ordered result), skipping the zeros of A and of B (the same sums for
+    a finite B: the callers check that their inputs are finite). B's rows are read through the
+    list of their nonzero columns where they are sparse (the contact rows of a scene of many
+    trees touch a few dofs), else densely."""
     n, k = A.shape
     m = B.shape[1]
     C = np.zeros((n, m))
+    if k * m <= 4096:                       # small (a robot): dense rows, no index lists
+        for i in range(n):
+            for l in range(k):
+                a = A[i, l]
+                if a == 0.0:
+                    continue
+                for j in range(m):
+                    C[i, j] += a * B[l, j]
+        return C
+    nzc = np.empty(k * m, dtype=np.int64)   # per row of B, its nonzero columns (when sparse)
+    start = np.zeros(k + 1, dtype=np.int64)
+    dense = np.zeros(k, dtype=np.bool_)
+    p = 0
+    for l in range(k):
+        start[l] = p
+        cnt = 0
+        for j in range(m):
+            if B[l, j] != 0.0:
+                cnt += 1
+        if 2 * cnt > m:
+            dense[l] = True
+        else:
+            for j in range(m):
+                if B[l, j] != 0.0:
+                    nzc[p] = j
+                    p += 1
+    start[k] = p
     for i in range(n):
         for l in range(k):
             a = A[i, l]
             if a == 0.0:
                 continue
-            for j in range(m):
-                C[i, j] += a * B[l, j]
+            if dense[l]:
+                for j in range(m):
+                    C[i, j] += a * B[l, j]
+            else:
+                for t in range(start[l], start[l + 1]):
+                    j = nzc[t]
+                    C[i, j] += a * B[l, j]
     return C
 
 
@@ -584,6 +635,13 @@ def _qr_min_norm(A, B):
     rank, |r_mm| > 1e-6 |r_11|) or is the minimum-norm least-squares solution of the clear rank
     r (trailing |r_kk| < 1e-14 |r_11|, complete orthogonal decomposition); status 1: neither
     (a rank that is not clear), X unset."""
+    X, status, _ = _qr_min_norm_rank(A, B)
+    return X, status
+
+
+@njit
+def _qr_min_norm_rank(A, B):
+    """``_qr_min_norm`` and the rank it found (A's size where A has full rank)."""
     m, n = A.shape
     nb = B.shape[1]
     R = A.copy()
@@ -618,7 +676,7 @@ def _qr_min_norm(A, B):
     X = np.zeros((n, nb))
     d0 = d[0]
     if d0 == 0.0:
-        return X, 0                                   # A = 0: the minimum-norm solution is 0
+        return X, 0, 0                                # A = 0: the minimum-norm solution is 0
     if d[n - 1] > 1e-6 * d0:                          # full rank: back substitution
         Y = np.zeros((n, nb))
         for i in range(n - 1, -1, -1):
@@ -633,13 +691,13 @@ def _qr_min_norm(A, B):
         for i in range(n):
             for c in range(nb):
                 X[piv[i], c] = Y[i, c]
-        return X, 0
+        return X, 0, n
     r = 0
     while r < n and d[r] > 1e-6 * d0:
         r += 1
     for k in range(r, n):
         if d[k] >= 1e-14 * d0:
-            return X, 1
+            return X, 1, r
     # rank r: R1 = R[:r] (r x n) = T^T Q2^T with R1^T = Q2 [T; 0]; y = Q2 [T^-T c; 0]
     R1t = np.ascontiguousarray(R[:r].T)               # (n, r)
     vs = np.zeros((r, n))
@@ -670,22 +728,84 @@ def _qr_min_norm(A, B):
     for i in range(n):
         for c in range(nb):
             X[piv[i], c] = Z[i, c]
-    return X, 0
+    return X, 0, r
 
 
 @njit
-def _block_min_norm(A, B):
-    """``_qr_min_norm`` block by block: the rows and columns of the square A linked through its
-    nonzeros (connected components; contacts of different islands never are) form diagonal
-    blocks, and the minimum-norm solution of a block-diagonal system is that of each block, so
-    each block is solved on its own (O(sum m_i^3) instead of O(m^3)). Same (X, status); a
-    block whose rank is not clear gives status 1 for the whole."""
+def _solve_block(A, JM, idx, n, cols, nvc):
+    """``_qr_min_norm_rank`` of B^T, B = A[idx[:n], idx[:n]], on the columns ``cols[:nvc]`` of
+    JM: (X, status, rank)."""
+    As = np.empty((n, n))
+    Bs = np.empty((n, nvc))
+    for a in range(n):
+        for b in range(n):
+            As[b, a] = A[idx[a], idx[b]]
+        for c in range(nvc):
+            Bs[a, c] = JM[idx[a], cols[c]]
+    return _qr_min_norm_rank(As, Bs)
+
+
+@njit
+def _block_columns(JM, idx, n, cols):
+    """The columns of JM where the rows idx[:n] are nonzero, into cols; returns their count."""
+    nb = 0
+    for c in range(JM.shape[1]):
+        for a in range(n):
+            if JM[idx[a], c] != 0.0:
+                cols[nb] = c
+                nb += 1
+                break
+    return nb
+
+
+@njit
+def _island_min_norm(A, W, JM):
+    """``(YT, status)`` with ``YT^T W D = M^-1 J^T A^+ W D`` for ``M^-1 J^T d lam`` of the mode
+    system ``A d lam = -W D`` (``JM = J M^-1``), solved island by island of the active rows.
+
+    Rows whose equation is ``a d lam_k = 0`` (A's row a multiple of e_k, W's row zero: breaking
+    contacts, frictionless tangents, inactive limits) fix ``d lam_k = 0`` and add nothing to
+    ``W D``; they are dropped, with their columns. The other rows fall into the connected
+    components of A's nonzeros (contacts of different islands, and contacts of one island linked
+    only through a breaking contact, never share one), and each component's block B is solved on
+    its own with ``_qr_min_norm_range`` of B^T, on the columns of JM its rows touch (the dofs of
+    its trees): O(sum m_i^3) instead of O(m^3). This is the minimum-norm solution of the whole
+    system where B has full rank (the solution is unique) or reads no dropped column (B is then
+    a diagonal block of A). A rank-deficient block that reads a dropped column (its minimum-norm
+    least-squares solution is the whole system's only where its right-hand side lies in B's
+    range, which rounding cannot tell near a small singular value), or a block whose rank is not
+    clear, is solved within the component of the whole system it belongs to (linked through the
+    dropped rows too: an exact diagonal block of A), as the dense path does. Status 1: a rank
+    that is not clear there either (the caller solves the whole system with LAPACK)."""
     m = A.shape[0]
-    nb = B.shape[1]
-    parent = np.arange(m)
+    nv = JM.shape[1]
+    triv = np.zeros(m, dtype=np.bool_)
+    for k in range(m):
+        t = A[k, k] != 0.0
+        if t:
+            for j in range(m):
+                if (j != k and A[k, j] != 0.0) or W[k, j] != 0.0:
+                    t = False
+                    break
+        triv[k] = t
+    parent = np.arange(m)                      # components of the active rows
+    whole = np.arange(m)                       # components of all rows (exact blocks of A)
+    linked = np.zeros(m, dtype=np.bool_)       # an active row reading a dropped column
     for i in range(m):
         for j in range(m):
             if i != j and A[i, j] != 0.0:
+                a = _find(whole, i)
+                b = _find(whole, j)
+                if a != b:
+                    if a < b:
+                        whole[b] = a
+                    else:
+                        whole[a] = b
+                if triv[i]:
+                    continue
+                if triv[j]:
+                    linked[i] = True
+                    continue
                 a = _find(parent, i)
                 b = _find(parent, j)
                 if a != b:
@@ -694,38 +814,48 @@ def _block_min_norm(A, B):
                     else:
                         parent[a] = b
     root = np.empty(m, dtype=np.int64)
-    nblk = 0
+    wroot = np.empty(m, dtype=np.int64)
     for i in range(m):
-        a = _find(parent, i)
-        root[i] = a
-        if a == i:
-            nblk += 1
-    if nblk <= 1:
-        return _qr_min_norm(A, B)
-    X = np.zeros((m, nb))
+        root[i] = -1 if triv[i] else _find(parent, i)
+        wroot[i] = _find(whole, i)
+    YT = np.zeros((m, nv))
     idx = np.empty(m, dtype=np.int64)
+    cols = np.empty(nv, dtype=np.int64)
+    redo = np.zeros(m, dtype=np.bool_)         # whole components to solve as one
     for r in range(m):
-        if root[r] != r:
+        if root[r] != r or redo[wroot[r]]:
             continue
         n = 0
+        link = False
         for i in range(r, m):
             if root[i] == r:
                 idx[n] = i
                 n += 1
-        As = np.empty((n, n))
-        Bs = np.empty((n, nb))
+                link = link or linked[i]
+        nb = _block_columns(JM, idx, n, cols)
+        Xs, status, rank = _solve_block(A, JM, idx, n, cols, nb)
+        if status != 0 or (link and rank < n):
+            redo[wroot[r]] = True
+            continue
         for a in range(n):
-            for b in range(n):
-                As[a, b] = A[idx[a], idx[b]]
             for c in range(nb):
-                Bs[a, c] = B[idx[a], c]
-        Xs, status = _qr_min_norm(As, Bs)
+                YT[idx[a], cols[c]] = Xs[a, c]
+    for r in range(m):
+        if not redo[r]:
+            continue
+        n = 0
+        for i in range(m):
+            if wroot[i] == r:
+                idx[n] = i
+                n += 1
+        nb = _block_columns(JM, idx, n, cols)
+        Xs, status, rank = _solve_block(A, JM, idx, n, cols, nb)
         if status != 0:
-            return X, status
+            return YT, status
         for a in range(n):
             for c in range(nb):
-                X[idx[a], c] = Xs[a, c]
-    return X, 0
+                YT[idx[a], cols[c]] = Xs[a, c]
+    return YT, 0
 
 
 @njit
@@ -799,7 +929,7 @@ def dynamics_terms_system(ddq_dq, ddq_dv, Minv_u, kstiff, has_stiff, damping, da
         # M^-1 J^T d lam with d lam = A^+ (-W D): where the pivoted QR of A^T settles the rank,
         # (A^+)^T (M^-1 J^T)^T = (A^T)^+ (J M^-1) is solved (nv right-hand sides instead of
         # 3 nv) and applied to W D; else d lam as the reference computes it (LAPACK)
-        YT, status = _block_min_norm(np.ascontiguousarray(A.T), JM)
+        YT, status = _island_min_norm(A, W, JM)
         if status != 0:
             return 2, A, WD, JM, Vq, Vv, Vt
         if not _all_finite(YT):

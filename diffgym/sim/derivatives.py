@@ -1015,10 +1015,14 @@ def _step_jacobian_reference(sim, C=None, system=None) -> StepJacobian:
                 # Newton's impact law rows: b = e u(q, v) + erp min(d, 0) / dt, u = n . vrel at
                 # the pre-step v (constraint.restitution_bias): the gain of d, and e du/dq
                 gain = np.where(rest > 0.0, np.where(cons.dist < 0.0, erp / dt, 0.0), gain)
-                data0 = getattr(sim, "_ddata0", None)
-                if data0 is None:
-                    data0 = sim._ddata0 = model.createData()
-                kin0 = _Kin(model, data0, q, v, np.concatenate([j1s, j2s]))
+                trees = sim.__dict__.get("_trees")
+                if trees is not None:      # per-tree groups: no whole-model Data (cubic in nv)
+                    kin0 = _Kin(model, None, q, v, np.concatenate([j1s, j2s]), trees)
+                else:
+                    data0 = getattr(sim, "_ddata0", None)
+                    if data0 is None:
+                        data0 = sim._ddata0 = model.createData()
+                    kin0 = _Kin(model, data0, q, v, np.concatenate([j1s, j2s]))
                 vrel0, dvrel0 = relative_velocity(kin0, j1s, j2s, p, v, dp)
                 du = np.einsum("ka,kan->kn", R[:, :, 2], dvrel0)
                 if dR is not None:
