@@ -256,7 +256,17 @@ def evaluate(node_c, node_r, node_k, roots, pair_a, pair_b, pair_plane, geom_R, 
                         e[m, k] = (pa[k] - pb[k]) / r if r > 0.0 else 0.0
                 dist[m] = r
                 grad[m] = 0.0
-                nnew = 2 if p >= 0 else sc_hi[I] - sc_lo[I] + sc_hi[J] - sc_lo[J]
+                if p >= 0:
+                    leaf_a = node_k[I, 0] < 0
+                    leaf_b = plane or node_k[J, 0] < 0
+                    terminal = (leaf_a and leaf_b) or r >= (1.0 + margin) * d1
+                    nnew = 2
+                else:
+                    terminal = (not open_all) and r >= (1.0 + margin) * d1
+                    # a scene row needs its units only if it ends with a value of its own: a
+                    # centred term, or a blend (r > d1); an opened row within d1 never has one
+                    nnew = (sc_hi[I] - sc_lo[I] + sc_hi[J] - sc_lo[J]
+                            if terminal or (not open_all and r > d1) else 0)
                 if na + nnew > att_g.shape[0]:
                     att_g = _grow_f(att_g, na + nnew)
                     att_p = _grow_2(att_p, na + nnew)
@@ -273,7 +283,7 @@ def evaluate(node_c, node_r, node_k, roots, pair_a, pair_b, pair_plane, geom_R, 
                         for k in range(3):
                             att_p[na, k] = pb[k]
                         na += 1
-                else:
+                elif nnew > 0:
                     wI = 1.0 / (sc_hi[I] - sc_lo[I])
                     for u in range(sc_lo[I], sc_hi[I]):
                         att_g[na] = leaf_geom[u]
@@ -289,12 +299,6 @@ def evaluate(node_c, node_r, node_k, roots, pair_a, pair_b, pair_plane, geom_R, 
                             att_p[na, k] = x[u, k]
                         na += 1
                 att_ptr[m + 1] = na
-                if p >= 0:
-                    leaf_a = node_k[I, 0] < 0
-                    leaf_b = plane or node_k[J, 0] < 0
-                    terminal = (leaf_a and leaf_b) or r >= (1.0 + margin) * d1
-                else:
-                    terminal = (not open_all) and r >= (1.0 + margin) * d1
                 if terminal:
                     val, dp, ddp = _centred(r, scale)
                     val *= cnt
