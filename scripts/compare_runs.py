@@ -49,7 +49,7 @@ def main():
                 w.writerow([label, s, f"{t:.1f}", f"{r:.2f}"])
     common = min(steps for _, steps, _ in curves.values())
     lines = [f"| run | env steps reached | wall-clock (s) | env steps/s | last return | best return "
-             f"| return at {common} steps (mean of the last 3 logged) "
+             f"| last logged return at or before {common} steps "
              + (f"| steps to {a.target:g} | seconds to {a.target:g} " if a.target is not None else "")
              + "|", "|---|---|---|---|---|---|---|" + ("---|---|" if a.target is not None else "")]
     for label, (c, steps, wall) in curves.items():
@@ -57,8 +57,8 @@ def main():
         best = max((r for _, _, r in c), default=math.nan)
         line = (f"| {label} | {steps} | {wall:.0f} | {steps / wall if wall else math.nan:.0f} | "
                 f"{last:.0f} | {best:.0f} |")
-        upto = [r for s_, _, r in c if s_ <= common][-3:]
-        line += f" {sum(upto) / len(upto):.0f} |" if upto else " - |"
+        upto = [(s_, r) for s_, _, r in c if s_ <= common]
+        line += f" {upto[-1][1]:.0f} (at {upto[-1][0]}) |" if upto else " - |"
         if a.target is not None:
             hit = [(s, t) for s, t, r in c if r >= a.target]
             line += (f" {hit[0][0]} | {hit[0][1]:.0f} |" if hit else " not reached | not reached |")
