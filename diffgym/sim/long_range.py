@@ -28,7 +28,11 @@ gradients.txt``, sections 4-5), on our rigid bodies and primitive shapes:
   below the centred term, so every blend is decreasing in r too (the paper's Lemma 5.1).
 - A static plane (a half-space) against a node uses the height ``h`` of the node's centre
   above the plane in place of r, with ``d1 = R_I``.
-- The total ``P(q)`` is the sum over the candidate pairs (static-static pairs excluded). Its
+- The total ``P(q)`` is the sum over the candidate pairs (static-static pairs excluded),
+  evaluated through a scene-level tree over the pairs' geoms (``LongRangePotential``): two far
+  clusters of geoms are one centred term at their mean centres, weighted by the number of
+  candidate pairs between them, blended in the same way, so the terms grow about as N log N
+  rather than N^2/2 (``scene_tree=False``: every pair, the exact pair sum). Its
   generalized force ``-dP/dq`` and the exact derivative of that force with respect to q (in
   pinocchio's tangent space) are returned; the simulator adds the force to the applied ones
   before ABA, so it enters the step and its derivative follows the ABA derivative chain like a
