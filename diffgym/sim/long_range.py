@@ -31,8 +31,8 @@ gradients.txt``, sections 4-5), on our rigid bodies and primitive shapes:
 - The total ``P(q)`` is the sum over the candidate pairs (static-static pairs excluded),
   evaluated through a scene-level tree over the pairs' geoms (``LongRangePotential``): two far
   clusters of geoms are one centred term at their mean centres, weighted by the number of
-  candidate pairs between them, blended in the same way, so the terms grow about as N log N
-  rather than N^2/2 (``scene_tree=False``: every pair, the exact pair sum). Its
+  candidate pairs between them, blended in the same way, so the terms grow far slower than
+  the N^2/2 pairs (billiards racks of 16 -> 256 balls: 433 -> 14,491 terms, about N^1.26) (``scene_tree=False``: every pair, the exact pair sum). Its
   generalized force ``-dP/dq`` and the exact derivative of that force with respect to q (in
   pinocchio's tangent space) are returned; the simulator adds the force to the applied ones
   before ABA, so it enters the step and its derivative follows the ABA derivative chain like a
@@ -142,8 +142,8 @@ class LongRangePotential:
     Scene level: the non-plane geoms of the candidate pairs (*units*) are bound into a binary
     scene tree (median splits along the longest axis of their root spheres' centres), so that
     two far clusters of units cost one term (their centres' distance, times the number of
-    candidate pairs between them) instead of one per pair: the number of terms grows about as
-    N log N, not N^2/2. A scene node's centre is the mean of its units' centres; its radius is
+    candidate pairs between them) instead of one per pair (billiards racks, 16 -> 256 balls:
+    433 -> 14,491 terms against 200 -> 33,920 pairs). A scene node's centre is the mean of its units' centres; its radius is
     fixed when the tree is built (the bound at that configuration times ``SLACK``), so within
     a tree the potential is a smooth function of q and its derivative is exact. The tree is
     rebuilt only when a unit has left a node's sphere (checked at every evaluation, before
