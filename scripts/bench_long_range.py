@@ -12,7 +12,14 @@ collision pairs, so its number of root terms grows as N^2/2 (each far pair costs
 term); the hierarchy makes each pair's cost independent of its shapes' resolution. The
 derivative is returned dense (nv x nv), so filling it alone grows as N^2.
 
-    python scripts/bench_long_range.py
+Part 3, the scene-level tree: billiards tables of N balls (``diffgym.bench_smooth``'s
+``billiards_mjcf``: the rack grown to N balls, all ball pairs candidates) at rest and after
+spreading them over the table, per-pair walk (``scene_tree=False``, every candidate pair,
+the previous implementation's sum) against the scene tree, alternating block by block: terms,
+best-of time for P + force and for the force derivative, and the potential's relative
+difference.
+
+    python scripts/bench_long_range.py [part1 part2 part3]
 """
 from __future__ import annotations
 
@@ -27,11 +34,19 @@ from diffgym.sim.long_range import LongRangePotential, _leaves, potential  # noq
 
 def _timed(lr, sim, q, reps=3):
     import pinocchio as pin
-    model, data = sim.model, sim.model.createData()
-    gdata = pin.GeometryData(sim.geom_model)
-    pin.forwardKinematics(model, data, q)
-    pin.updateGeometryPlacements(model, data, sim.geom_model, gdata)
-    pin.computeJointJacobians(model, data, q)
+    model = sim.model
+    trees = sim.__dict__.get("_trees")
+    if trees is not None:        # tree by tree, as the step does (no whole-model Data)
+        data = trees.kinematics(q, np.zeros(model.nv))
+        gdata = sim.geom_data
+        trees.geometry_placements(sim.geom_model, gdata)
+    else:
+        if "_bench_data" not in sim.__dict__:          # one pinocchio Data per scene
+            sim._bench_data = (model.createData(), pin.GeometryData(sim.geom_model))
+        data, gdata = sim._bench_data
+        pin.forwardKinematics(model, data, q)
+        pin.updateGeometryPlacements(model, data, sim.geom_model, gdata)
+        pin.computeJointJacobians(model, data, q)
     J = np.array(data.J).reshape(6, model.nv)
     best = [np.inf, np.inf]
     for _ in range(reps):
@@ -87,6 +102,48 @@ def part2():
               f"{1e3 * (t + d) / len(lr.pairs):.3f} |")
 
 
+def part3(ns=(16, 64, 256), blocks=7):
+    import pinocchio as pin
+
+    from diffgym.bench_smooth import billiards_mjcf
+    print("\n| balls N | state | candidate pairs | terms per-pair | terms scene | ms P+force per-pair "
+          "| ms P+force scene | ratio | ms derivative per-pair | ms derivative scene | ratio "
+          "| rel. P difference |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    for N in ns:
+        sim = Simulator.from_string(billiards_mjcf(N))
+        rng = np.random.default_rng(0)
+        for state in ("rack", "spread"):
+            q = sim.q0.copy()
+            if state == "spread":
+                Q = q.reshape(N, 7)
+                Q[:, 0] = rng.uniform(-1.2, 1.2, N)
+                Q[:, 1] = rng.uniform(-0.6, 0.6, N)
+                # push apart overlapping balls (a few sweeps)
+                for _ in range(50):
+                    d = Q[:, None, :2] - Q[None, :, :2]
+                    r = np.linalg.norm(d, axis=2) + np.eye(N)
+                    over = (r < 0.065) & ~np.eye(N, dtype=bool)
+                    if not over.any():
+                        break
+                    Q[:, :2] += 0.01 * (d * over[..., None] / r[..., None]).sum(1)
+            lrs = {k: LongRangePotential(sim, LongRange(), scene_tree=k) for k in (False, True)}
+            best = {k: [np.inf, np.inf] for k in lrs}
+            Pv = {}
+            for _ in range(blocks):
+                for k, lr in lrs.items():
+                    rows, (t, d) = _timed(lr, sim, q, reps=2)
+                    best[k] = [min(best[k][0], t), min(best[k][1], d)]
+                    Pv[k] = (rows, lr.last[0][0])
+            a, b = best[False], best[True]
+            print(f"| {N} | {state} | {len(lrs[True].pairs)} | {Pv[False][0]} | {Pv[True][0]} | "
+                  f"{1e3 * a[0]:.2f} | {1e3 * b[0]:.2f} | {a[0] / b[0]:.2f} | {1e3 * a[1]:.1f} | "
+                  f"{1e3 * b[1]:.1f} | {a[1] / b[1]:.2f} | "
+                  f"{abs(Pv[True][1] - Pv[False][1]) / Pv[False][1]:.2e} |", flush=True)
+
+
 if __name__ == "__main__":
-    part1()
-    part2()
+    import sys
+    parts = sys.argv[1:] or ["part1", "part2", "part3"]
+    for name in parts:
+        globals()[name]()
