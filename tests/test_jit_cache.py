@@ -117,15 +117,11 @@ def test_dependencies_of_the_fused_step():
 EXTRA_SIGNATURES = {"dynamics_terms": 2, "dynamics_terms_system": 2, "_all_finite": 2}
 
 
-def test_each_kernel_is_compiled_once_across_the_environments():
-    """The first use of diffgym compiles each kernel once: every environment calls the kernels
-    with the same argument types (a layout or dtype that differs in one environment would
-    compile a kernel, and everything it calls, a second time: DiffBilliards' column-major M^-1
-    did that to the whole constrained step)."""
+_SIGNATURES_SCRIPT = textwrap.dedent("""
+    import json, sys
     import gymnasium as gym
     import numba
-
-    import diffgym  # noqa: F401  (registers the environments)
+    import diffgym  # (registers the environments)
     for env_id in ("DiffCartPole-v0", "DiffHopper-v0", "DiffGo1-v0", "DiffPush-v0",
                    "DiffBilliards-v0"):
         env = gym.make(env_id)
@@ -141,8 +137,25 @@ def test_each_kernel_is_compiled_once_across_the_environments():
             continue
         for k, v in list(vars(mod).items()):
             if isinstance(v, numba.core.dispatcher.Dispatcher) and v.__module__ == name:
-                counts[f"{name}.{k}"] = (k, v.signatures)
+                counts[name + "." + k] = [k, [str(s) for s in v.signatures]]
+    print(json.dumps(counts))
+""")
+
+
+def test_each_kernel_is_compiled_once_across_the_environments(tmp_path):
+    """The first use of diffgym compiles each kernel once: every environment calls the kernels
+    with the same argument types (a layout or dtype that differs in one environment would
+    compile a kernel, and everything it calls, a second time: DiffBilliards' column-major M^-1
+    did that to the whole constrained step). Run in a fresh process, from outside the checkout,
+    as a user's first session would (this test process has called the kernels with whatever
+    the other tests passed)."""
+    import json
+    env = dict(os.environ, DIFFGYM_QUIET_COMPILE="1")
+    out = subprocess.run([sys.executable, "-c", _SIGNATURES_SCRIPT], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=1800)
+    assert out.returncode == 0, out.stderr[-3000:]
+    counts = json.loads(out.stdout.strip().splitlines()[-1])
     assert any(s for _, s in counts.values())          # (the run did use the kernels)
-    many = {q: [str(s) for s in sigs] for q, (k, sigs) in counts.items()
+    many = {q: sigs for q, (k, sigs) in counts.items()
             if len(sigs) > EXTRA_SIGNATURES.get(k, 1)}
     assert not many, f"kernels compiled for several argument types: {many}"
