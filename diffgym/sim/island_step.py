@@ -28,7 +28,8 @@ from .constraint import (Constraints, _active_limits, assemble_blocks, blocks_de
 from .forward import _island_gather, _island_scatter, _match_warm_start
 from .jit import njit
 from .solver import NCPSolver, SolverResult
-from .solver_kernels import _NO_I, _NO_J, BODY_MIN_ROWS, natres, solve_stage1
+from .solver_kernels import (_NO_I, _NO_J, BODY_MIN_ROWS, island_mass, natres,
+                             solve_stage1)
 
 # dense bytes (8 (m^2 + 2 m nv)) above which a split model's step uses per-island storage
 BLOCK_MIN_BYTES = 16 * 2 ** 20
@@ -44,12 +45,7 @@ def island_body_blocks(Jv, nz, nnz, rows, Mb, moff, tree_lo, tree_hi, nv):
         for t in range(nnz[r]):
             if Jv[r, t] != 0.0:
                 used[tree_lo[nz[r, t]]] = True
-    loc = np.full(nv, -1, np.int64)
-    n = 0
-    for d in range(nv):
-        if used[tree_lo[d]]:
-            loc[d] = n
-            n += 1
+    loc, n, M, tlo, thi = island_mass(used, tree_lo, tree_hi, _NO_J, Mb, moff)
     Jb = np.zeros((rows.shape[0], n))
     for a in range(rows.shape[0]):
         r = rows[a]
@@ -57,29 +53,6 @@ def island_body_blocks(Jv, nz, nnz, rows, Mb, moff, tree_lo, tree_hi, nv):
             x = Jv[r, t]
             if x != 0.0:
                 Jb[a, loc[nz[r, t]]] = x
-    M = np.zeros((n, n))
-    tlo = np.empty(n, np.int64)
-    thi = np.empty(n, np.int64)
-    d = 0
-    while d < nv:
-        if loc[d] < 0:
-            d += 1
-            continue
-        lo = tree_lo[d]
-        hi = tree_hi[d]
-        w = hi - lo
-        B = np.empty((w, w))
-        for i in range(w):
-            for j in range(i, w):
-                B[i, j] = B[j, i] = Mb[moff[lo] + i * w + j]
-        Bi = np.linalg.inv(B)
-        l0 = loc[lo]
-        for i in range(w):
-            tlo[l0 + i] = l0
-            thi[l0 + i] = l0 + w
-            for j in range(w):
-                M[l0 + i, l0 + j] = Bi[i, j]
-        d = hi
     return Jb, M, tlo, thi
 
 
