@@ -216,6 +216,65 @@ def island_rows(isl_c, isl_l, nis):
 
 
 @njit
+def constraint_rows(pos, frames, j1, j2, dist, Jw, support, sup_ptr, sup_idx, tree_lo, lim_idx,
+                    lim_dist, lim_v, lim_sign, dt, erp, skin):
+    """The rows of the contacts (3 each, in their frames) and active limits over their nonzero
+    columns only (at most the dofs supporting the row's two bodies; a dof supporting both
+    cancels): ``Jv[r, t]`` at dof ``nz[r, t]``, ``t < nnz[r]``, the offsets ``b`` and the (at
+    most two) trees of each row ``rt`` (m, 2), each by its first dof, -1 where there is none.
+    For ``assemble_sparse`` (which scatters them into J) and ``assemble_blocks``."""
+    nc = pos.shape[0]
+    nl = lim_idx.shape[0]
+    m = 3 * nc + nl
+    b = np.zeros(m)
+    wmax = 1
+    for k in range(nc):
+        w = (sup_ptr[j1[k] + 1] - sup_ptr[j1[k]]) + (sup_ptr[j2[k] + 1] - sup_ptr[j2[k]])
+        if w > wmax:
+            wmax = w
+    nz = np.zeros((m, wmax), dtype=np.int64)
+    Jv = np.zeros((m, wmax))
+    nnz = np.zeros(m, dtype=np.int64)
+    for k in range(nc):
+        p0, p1, p2 = pos[k, 0], pos[k, 1], pos[k, 2]
+        for side in range(2):
+            ja, jb = (j2[k], j1[k]) if side == 0 else (j1[k], j2[k])
+            sg = 1.0 if side == 0 else -1.0
+            for t in range(sup_ptr[ja], sup_ptr[ja + 1]):
+                d = sup_idx[t]
+                if support[jb, d]:
+                    continue
+                wx, wy, wz = Jw[3, d], Jw[4, d], Jw[5, d]
+                r0 = sg * (Jw[0, d] - (p1 * wz - p2 * wy))
+                r1 = sg * (Jw[1, d] - (p2 * wx - p0 * wz))
+                r2 = sg * (Jw[2, d] - (p0 * wy - p1 * wx))
+                for a in range(3):
+                    row = 3 * k + a
+                    Jv[row, nnz[row]] = (frames[k, 0, a] * r0 + frames[k, 1, a] * r1
+                                         + frames[k, 2, a] * r2)
+                    nz[row, nnz[row]] = d
+                    nnz[row] += 1
+        b[3 * k + 2] = _offset(dist[k], dt, erp, skin)
+    for i in range(nl):
+        row = 3 * nc + i
+        d = lim_v[lim_idx[i]]
+        Jv[row, 0] = lim_sign[lim_idx[i]]
+        nz[row, 0] = d
+        nnz[row] = 1
+        b[row] = _offset(lim_dist[i], dt, erp, skin)
+    # the (at most two) trees of each row
+    rt = np.full((m, 2), -1, dtype=np.int64)
+    for r in range(m):
+        for t in range(nnz[r]):
+            lo = tree_lo[nz[r, t]]
+            if rt[r, 0] < 0 or rt[r, 0] == lo:
+                rt[r, 0] = lo
+            else:
+                rt[r, 1] = lo
+    return Jv, nz, nnz, b, rt
+
+
+@njit
 def assemble_sparse(pos, frames, j1, j2, dist, Jw, support, sup_ptr, sup_idx, tree_lo, tree_hi,
                     joint_tree, lim_idx, lim_dist, lim_v, lim_sign, dt, erp, skin, Minv, v_free):
     """The rows J (m, nv) and offsets b of the contacts (3 each) and active limits, the
@@ -233,51 +292,13 @@ def assemble_sparse(pos, frames, j1, j2, dist, Jw, support, sup_ptr, sup_idx, tr
     nl = lim_idx.shape[0]
     nv = Jw.shape[1]
     m = 3 * nc + nl
+    Jv, nz, nnz, b, rt = constraint_rows(pos, frames, j1, j2, dist, Jw, support, sup_ptr,
+                                         sup_idx, tree_lo, lim_idx, lim_dist, lim_v, lim_sign,
+                                         dt, erp, skin)
     J = np.zeros((m, nv))
-    b = np.zeros(m)
-    # the nonzero columns of each row: at most the dofs supporting its two bodies
-    wmax = 1
-    for k in range(nc):
-        w = (sup_ptr[j1[k] + 1] - sup_ptr[j1[k]]) + (sup_ptr[j2[k] + 1] - sup_ptr[j2[k]])
-        if w > wmax:
-            wmax = w
-    nz = np.zeros((m, wmax), dtype=np.int64)
-    nnz = np.zeros(m, dtype=np.int64)
-    for k in range(nc):
-        p0, p1, p2 = pos[k, 0], pos[k, 1], pos[k, 2]
-        for side in range(2):
-            ja, jb = (j2[k], j1[k]) if side == 0 else (j1[k], j2[k])
-            sg = 1.0 if side == 0 else -1.0
-            for t in range(sup_ptr[ja], sup_ptr[ja + 1]):
-                d = sup_idx[t]
-                if support[jb, d]:
-                    continue
-                wx, wy, wz = Jw[3, d], Jw[4, d], Jw[5, d]
-                r0 = sg * (Jw[0, d] - (p1 * wz - p2 * wy))
-                r1 = sg * (Jw[1, d] - (p2 * wx - p0 * wz))
-                r2 = sg * (Jw[2, d] - (p0 * wy - p1 * wx))
-                for a in range(3):
-                    row = 3 * k + a
-                    J[row, d] = frames[k, 0, a] * r0 + frames[k, 1, a] * r1 + frames[k, 2, a] * r2
-                    nz[row, nnz[row]] = d
-                    nnz[row] += 1
-        b[3 * k + 2] = _offset(dist[k], dt, erp, skin)
-    for i in range(nl):
-        row = 3 * nc + i
-        d = lim_v[lim_idx[i]]
-        J[row, d] = lim_sign[lim_idx[i]]
-        nz[row, 0] = d
-        nnz[row] = 1
-        b[row] = _offset(lim_dist[i], dt, erp, skin)
-    # the (at most two) trees of each row
-    rt = np.full((m, 2), -1, dtype=np.int64)
     for r in range(m):
         for t in range(nnz[r]):
-            lo = tree_lo[nz[r, t]]
-            if rt[r, 0] < 0 or rt[r, 0] == lo:
-                rt[r, 0] = lo
-            else:
-                rt[r, 1] = lo
+            J[r, nz[r, t]] = Jv[r, t]
     MJt = np.zeros((nv, m))
     for r in range(m):
         for t in range(nnz[r]):
@@ -478,53 +499,12 @@ def assemble_blocks(pos, frames, j1, j2, dist, Jw, support, sup_ptr, sup_idx, tr
     Returns (Jv, nz, nnz, b, g, rt, MJc, isl_c, isl_l, nis, ptr, rows, cptr, cs, lptr, ls, gptr,
     Gb)."""
     nc = pos.shape[0]
-    nl = lim_idx.shape[0]
-    m = 3 * nc + nl
-    b = np.zeros(m)
-    wmax = 1
-    for k in range(nc):
-        w = (sup_ptr[j1[k] + 1] - sup_ptr[j1[k]]) + (sup_ptr[j2[k] + 1] - sup_ptr[j2[k]])
-        if w > wmax:
-            wmax = w
-    nz = np.zeros((m, wmax), dtype=np.int64)
-    Jv = np.zeros((m, wmax))
-    nnz = np.zeros(m, dtype=np.int64)
-    for k in range(nc):
-        p0, p1, p2 = pos[k, 0], pos[k, 1], pos[k, 2]
-        for side in range(2):
-            ja, jb = (j2[k], j1[k]) if side == 0 else (j1[k], j2[k])
-            sg = 1.0 if side == 0 else -1.0
-            for t in range(sup_ptr[ja], sup_ptr[ja + 1]):
-                d = sup_idx[t]
-                if support[jb, d]:
-                    continue
-                wx, wy, wz = Jw[3, d], Jw[4, d], Jw[5, d]
-                r0 = sg * (Jw[0, d] - (p1 * wz - p2 * wy))
-                r1 = sg * (Jw[1, d] - (p2 * wx - p0 * wz))
-                r2 = sg * (Jw[2, d] - (p0 * wy - p1 * wx))
-                for a in range(3):
-                    row = 3 * k + a
-                    Jv[row, nnz[row]] = (frames[k, 0, a] * r0 + frames[k, 1, a] * r1
-                                         + frames[k, 2, a] * r2)
-                    nz[row, nnz[row]] = d
-                    nnz[row] += 1
-        b[3 * k + 2] = _offset(dist[k], dt, erp, skin)
-    for i in range(nl):
-        row = 3 * nc + i
-        d = lim_v[lim_idx[i]]
-        Jv[row, 0] = lim_sign[lim_idx[i]]
-        nz[row, 0] = d
-        nnz[row] = 1
-        b[row] = _offset(lim_dist[i], dt, erp, skin)
-    rt = np.full((m, 2), -1, dtype=np.int64)
+    m = 3 * nc + lim_idx.shape[0]
+    Jv, nz, nnz, b, rt = constraint_rows(pos, frames, j1, j2, dist, Jw, support, sup_ptr,
+                                         sup_idx, tree_lo, lim_idx, lim_dist, lim_v, lim_sign,
+                                         dt, erp, skin)
     tmax = 1
     for r in range(m):
-        for t in range(nnz[r]):
-            lo = tree_lo[nz[r, t]]
-            if rt[r, 0] < 0 or rt[r, 0] == lo:
-                rt[r, 0] = lo
-            else:
-                rt[r, 1] = lo
         w = 0
         for a in range(2):
             if rt[r, a] >= 0:

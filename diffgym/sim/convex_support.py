@@ -446,6 +446,22 @@ def _clip_disc(shapeO, RO, tO, X, height, ids, n, c, radius, tol, max_points):
     return x[sel], h[sel], np.array(keep_id)[sel], np.array(keep_k, dtype=np.int64)[sel]
 
 
+def _rim_crossing(A, u, xl, n, Dn, centre, JF, oF, JO, oO):
+    """d(A + s u) of the point ``xl`` where a line of O (through A along u, both moving with O)
+    crosses the rim circle of F's cap (``centre``; |T (A + s u - centre)| = radius, T = I - n n^T,
+    n the face normal: Dn its derivative), s by implicit differentiation: for
+    ``face_derivatives``' kinds 3 (a capsule's lowered axis) and 4 (a polytope's edge)."""
+    WF, WO = JF[3:], JO[3:]
+    sv = float(u @ (xl - A)) / float(u @ u)
+    y = A + sv * u - centre
+    w = y - (n @ y) * n
+    dA = JO[:3] - _skew(A - oO) @ WO
+    du = -_skew(u) @ WO
+    dc = JF[:3] - _skew(centre - oF) @ WF
+    ds = ((w @ Dn) * (n @ y) - w @ (dA + sv * du - dc)) / float(w @ u)
+    return dA + sv * du + np.outer(u, ds)
+
+
 def face_derivatives(shapeO, RO, tO, n, kind, x, d, JF, oF, JO, oO, centre=None, radius=0.0,
                      edge=None):
     """(dp, dn, dd) of one point of a face contact: x the witness on O (its kind: 0 body-fixed,
@@ -460,29 +476,13 @@ def face_derivatives(shapeO, RO, tO, n, kind, x, d, JF, oF, JO, oO, centre=None,
     if kind == 4:
         # a polytope's edge (body-fixed vertices ``edge`` = (X_i, X_j)) crossing the rim circle
         # of a cap (centre, radius): x = A + s u, |T (x - c)| = radius; s implicitly
-        A, u = edge[0], edge[1] - edge[0]
-        sv = float(u @ (x - A)) / float(u @ u)
-        y = A + sv * u - centre
-        w = y - (n @ y) * n
-        dA = JO[:3] - _skew(A - oO) @ WO
-        du = -_skew(u) @ WO
-        dc = JF[:3] - _skew(centre - oF) @ WF
-        ds = ((w @ Dn) * (n @ y) - w @ (dA + sv * du - dc)) / float(w @ u)
-        dx = dA + sv * du + np.outer(u, ds)
+        dx = _rim_crossing(edge[0], edge[1] - edge[0], x, n, Dn, centre, JF, oF, JO, oO)
     elif kind == 3:
         # a capsule's lowered axis crossing the rim circle of a cap (centre, radius): x = A +
         # s u - r n with |T (A + s u - c)| = radius, T = I - n n^T; s by implicit differentiation
         a = RO[:, 2]
-        u = 2.0 * shapeO.h * a
-        A = tO - shapeO.h * a
-        sv = float(u @ (x + shapeO.r * n - A)) / float(u @ u)
-        y = A + sv * u - centre
-        w = y - (n @ y) * n
-        dA = JO[:3] - _skew(A - oO) @ WO
-        du = -_skew(u) @ WO
-        dc = JF[:3] - _skew(centre - oF) @ WF
-        ds = ((w @ Dn) * (n @ y) - w @ (dA + sv * du - dc)) / float(w @ u)
-        dx = dA + sv * du + np.outer(u, ds) - shapeO.r * Dn
+        dx = (_rim_crossing(tO - shapeO.h * a, 2.0 * shapeO.h * a, x + shapeO.r * n, n, Dn,
+                            centre, JF, oF, JO, oO) - shapeO.r * Dn)
     elif kind == 1:                                   # capsule end: the end point - r n
         end = x + shapeO.r * n
         dx = JO[:3] - _skew(end - oO) @ WO - shapeO.r * Dn

@@ -222,6 +222,46 @@ class Contact:
 
 
 @njit
+def _island_gather(g, mu, lam0, modes0, found, nc, rows, r0, ms, cs, c0, ncs, ls, l0, nls):
+    """The data of one island (rows ``rows[r0:r0 + ms]``, contacts ``cs[c0:c0 + ncs]``, limits
+    ``ls[l0:l0 + nls]``) for ``solve_stage1``: its part of ``g``, its contacts' ``mu`` and, where
+    a warm start was ``found``, its impulses and modes (contacts', then limits'); shared by
+    ``_solve_islands`` (dense G) and ``island_step.constrained_step_blocks`` (per-island G)."""
+    gs = np.empty(ms)
+    for a in range(ms):
+        gs[a] = g[rows[r0 + a]]
+    mus = np.empty(ncs)
+    for t in range(ncs):
+        mus[t] = mu[cs[c0 + t]]
+    if found:
+        lam0s = np.empty(ms)
+        for a in range(ms):
+            lam0s[a] = lam0[rows[r0 + a]]
+        modes0s = np.empty(ncs + nls, dtype=np.int64)
+        for t in range(ncs):
+            modes0s[t] = modes0[cs[c0 + t]]
+        for t in range(nls):
+            modes0s[ncs + t] = modes0[nc + ls[l0 + t]]
+    else:
+        lam0s, modes0s = np.zeros(0), np.zeros(0, dtype=np.int64)
+    return gs, mus, lam0s, modes0s
+
+
+@njit
+def _island_scatter(lam, sigma, modes, lim_act, lam_s, sigma_s, modes_s, lact_s, rows, r0, ms,
+                    cs, c0, ncs, ls, l0, nls):
+    """Writes one island's stage-1 solution back into the step's arrays (the inverse of
+    ``_island_gather``'s indexing)."""
+    for a in range(ms):
+        lam[rows[r0 + a]] = lam_s[a]
+        sigma[rows[r0 + a]] = sigma_s[a]
+    for t in range(ncs):
+        modes[cs[c0 + t]] = modes_s[t]
+    for t in range(nls):
+        lim_act[ls[l0 + t]] = lact_s[t]
+
+
+@njit
 def _solve_islands(G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mode_tol,
                    newton_iter, mode_rounds, budget, J, Minv, tree_lo, tree_hi):
     """Stage 1 of the NCP solve island by island: the rows of different islands do not couple
@@ -263,26 +303,12 @@ def _solve_islands(G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mo
         ncs = cptr[s + 1] - cptr[s]
         nls = lptr[s + 1] - lptr[s]
         Gs = np.empty((ms, ms))
-        gs = np.empty(ms)
         for a in range(ms):
             ra = rows[r0 + a]
-            gs[a] = g[ra]
             for c in range(ms):
                 Gs[a, c] = G[ra, rows[r0 + c]]
-        mus = np.empty(ncs)
-        for t in range(ncs):
-            mus[t] = mu[cs[cptr[s] + t]]
-        if found:
-            lam0s = np.empty(ms)
-            for a in range(ms):
-                lam0s[a] = lam0[rows[r0 + a]]
-            modes0s = np.empty(ncs + nls, dtype=np.int64)
-            for t in range(ncs):
-                modes0s[t] = modes0[cs[cptr[s] + t]]
-            for t in range(nls):
-                modes0s[ncs + t] = modes0[nc + ls[lptr[s] + t]]
-        else:
-            lam0s, modes0s = np.zeros(0), np.zeros(0, dtype=np.int64)
+        gs, mus, lam0s, modes0s = _island_gather(g, mu, lam0, modes0, found, nc, rows, r0, ms,
+                                                 cs, cptr[s], ncs, ls, lptr[s], nls)
         if ms >= BODY_MIN_ROWS:
             Jb, Mb, tlo, thi = island_body(J, Minv, tree_lo, tree_hi, rows[r0:r1])
         else:
@@ -297,13 +323,8 @@ def _solve_islands(G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mo
             continue
         if res_s > res:
             res = res_s
-        for a in range(ms):
-            lam[rows[r0 + a]] = lam_s[a]
-            sigma[rows[r0 + a]] = sigma_s[a]
-        for t in range(ncs):
-            modes[cs[cptr[s] + t]] = modes_s[t]
-        for t in range(nls):
-            lim_act[ls[lptr[s] + t]] = lact_s[t]
+        _island_scatter(lam, sigma, modes, lim_act, lam_s, sigma_s, modes_s, lact_s, rows, r0, ms,
+                        cs, cptr[s], ncs, ls, lptr[s], nls)
     return island_ok, lam, sigma, modes, lim_act, its, res, nprox
 
 

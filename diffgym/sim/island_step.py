@@ -25,10 +25,11 @@ from __future__ import annotations
 import numpy as np
 
 from .constraint import (Constraints, _active_limits, assemble_blocks, blocks_dense)
-from .forward import _match_warm_start
+from .forward import _island_gather, _island_scatter, _match_warm_start
 from .jit import njit
 from .solver import NCPSolver, SolverResult
-from .solver_kernels import _NO_I, _NO_J, BODY_MIN_ROWS, natres, solve_stage1
+from .solver_kernels import (_NO_I, _NO_J, BODY_MIN_ROWS, island_mass, natres,
+                             solve_stage1)
 
 # dense bytes (8 (m^2 + 2 m nv)) above which a split model's step uses per-island storage
 BLOCK_MIN_BYTES = 16 * 2 ** 20
@@ -44,12 +45,7 @@ def island_body_blocks(Jv, nz, nnz, rows, Mb, moff, tree_lo, tree_hi, nv):
         for t in range(nnz[r]):
             if Jv[r, t] != 0.0:
                 used[tree_lo[nz[r, t]]] = True
-    loc = np.full(nv, -1, np.int64)
-    n = 0
-    for d in range(nv):
-        if used[tree_lo[d]]:
-            loc[d] = n
-            n += 1
+    loc, n, M, tlo, thi = island_mass(used, tree_lo, tree_hi, _NO_J, Mb, moff)
     Jb = np.zeros((rows.shape[0], n))
     for a in range(rows.shape[0]):
         r = rows[a]
@@ -57,29 +53,6 @@ def island_body_blocks(Jv, nz, nnz, rows, Mb, moff, tree_lo, tree_hi, nv):
             x = Jv[r, t]
             if x != 0.0:
                 Jb[a, loc[nz[r, t]]] = x
-    M = np.zeros((n, n))
-    tlo = np.empty(n, np.int64)
-    thi = np.empty(n, np.int64)
-    d = 0
-    while d < nv:
-        if loc[d] < 0:
-            d += 1
-            continue
-        lo = tree_lo[d]
-        hi = tree_hi[d]
-        w = hi - lo
-        B = np.empty((w, w))
-        for i in range(w):
-            for j in range(i, w):
-                B[i, j] = B[j, i] = Mb[moff[lo] + i * w + j]
-        Bi = np.linalg.inv(B)
-        l0 = loc[lo]
-        for i in range(w):
-            tlo[l0 + i] = l0
-            thi[l0 + i] = l0 + w
-            for j in range(w):
-                M[l0 + i, l0 + j] = Bi[i, j]
-        d = hi
     return Jb, M, tlo, thi
 
 
@@ -116,6 +89,24 @@ def verify_blocks(Jv, nz, nnz, b, ptr, rows, gptr, Gb, v1, lam, nc, mu):
     for i in range(nc):
         dc[i] = (dG[3 * i] + dG[3 * i + 1] + dG[3 * i + 2]) / 3.0
     return natres(lam, sig, nc, mu, dc, dG), vs
+
+
+@njit
+def blocks_impulses(v_free, MJc, rt, tree_hi, lam):
+    """``v_free + M^-1 J^T lam`` from per-island storage."""
+    v1 = v_free.copy()
+    for r in range(rt.shape[0]):
+        lr = lam[r]
+        if lr == 0.0:
+            continue
+        base = 0
+        for a in range(2):
+            lo = rt[r, a]
+            if lo >= 0:
+                for i in range(lo, tree_hi[lo]):
+                    v1[i] += MJc[r, base + i - lo] * lr
+                base += tree_hi[lo] - lo
+    return v1
 
 
 @njit
@@ -168,23 +159,8 @@ def constrained_step_blocks(pos, frames, geom1, geom2, geom_joint, dist, mu, pai
         ncs = cptr[s + 1] - cptr[s]
         nls = lptr[s + 1] - lptr[s]
         Gs = Gb[gptr[s]:gptr[s + 1]].copy().reshape(ms, ms)
-        gs = np.empty(ms)
-        for a in range(ms):
-            gs[a] = g[rows[r0 + a]]
-        mus = np.empty(ncs)
-        for t in range(ncs):
-            mus[t] = mu[cs[cptr[s] + t]]
-        if found:
-            lam0s = np.empty(ms)
-            for a in range(ms):
-                lam0s[a] = lam0[rows[r0 + a]]
-            modes0s = np.empty(ncs + nls, dtype=np.int64)
-            for t in range(ncs):
-                modes0s[t] = modes0[cs[cptr[s] + t]]
-            for t in range(nls):
-                modes0s[ncs + t] = modes0[nc + ls[lptr[s] + t]]
-        else:
-            lam0s, modes0s = np.zeros(0), np.zeros(0, dtype=np.int64)
+        gs, mus, lam0s, modes0s = _island_gather(g, mu, lam0, modes0, found, nc, rows, r0, ms,
+                                                 cs, cptr[s], ncs, ls, lptr[s], nls)
         if ms >= BODY_MIN_ROWS:
             Jb, Mbd, tlo, thi = island_body_blocks(Jv, nz, nnz, rows[r0:r1], Mb, moff, tree_lo,
                                                    tree_hi, nv)
@@ -201,50 +177,16 @@ def constrained_step_blocks(pos, frames, geom1, geom2, geom_joint, dist, mu, pai
             continue
         if res_s > res:
             res = res_s
-        for a in range(ms):
-            lam[rows[r0 + a]] = lam_s[a]
-            sigma[rows[r0 + a]] = sigma_s[a]
-        for t in range(ncs):
-            modes[cs[cptr[s] + t]] = modes_s[t]
-        for t in range(nls):
-            lim_act[ls[lptr[s] + t]] = lact_s[t]
+        _island_scatter(lam, sigma, modes, lim_act, lam_s, sigma_s, modes_s, lact_s, rows, r0, ms,
+                        cs, cptr[s], ncs, ls, lptr[s], nls)
     # v1 = v_free + M^-1 J^T lam, row by row over its trees (forward._add_impulses' order)
-    v1 = v_free.copy()
-    for r in range(m):
-        lr = lam[r]
-        if lr == 0.0:
-            continue
-        base = 0
-        for a in range(2):
-            lo = rt[r, a]
-            if lo >= 0:
-                for i in range(lo, tree_hi[lo]):
-                    v1[i] += MJc[r, base + i - lo] * lr
-                base += tree_hi[lo] - lo
+    v1 = blocks_impulses(v_free, MJc, rt, tree_hi, lam)
     r1v = 0.0
     vs = 0.0
     if all_ok and m:
         r1v, vs = verify_blocks(Jv, nz, nnz, b, ptr, rows, gptr, Gb, v1, lam, nc, mu)
     return (all_ok, island_ok, lim_idx, lim_dist, lam, sigma, modes, lim_act, its, res, v1, r1v,
             vs, nprox, st)
-
-
-@njit
-def blocks_impulses(v_free, MJc, rt, tree_hi, lam):
-    """``v_free + M^-1 J^T lam`` from per-island storage."""
-    v1 = v_free.copy()
-    for r in range(rt.shape[0]):
-        lr = lam[r]
-        if lr == 0.0:
-            continue
-        base = 0
-        for a in range(2):
-            lo = rt[r, a]
-            if lo >= 0:
-                for i in range(lo, tree_hi[lo]):
-                    v1[i] += MJc[r, base + i - lo] * lr
-                base += tree_hi[lo] - lo
-    return v1
 
 
 class _RowsJ:

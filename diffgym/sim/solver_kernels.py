@@ -1411,29 +1411,20 @@ def body_pinv(Ja, M, tlo, thi, perm, first, L, drop, N, Ainv, nz_ptr, nz, r):
         out[a] = s
     return out
 @njit
-def island_body(J, Minv, tree_lo, tree_hi, rows):
-    """The body-space data of an island (rows ``rows`` of the step's J): its rows restricted to
-    the dofs they touch ``Jb`` (len(rows), n), the mass matrix ``M`` of those dofs (the inverse of
-    each tree's block of ``Minv``, pinocchio's computeMinverse with its upper triangle filled;
-    an island holds whole trees) and each local dof's tree range (tlo, thi)."""
-    nv = J.shape[1]
-    used = np.zeros(nv, np.bool_)
-    for r in rows:
-        for d in range(nv):
-            if J[r, d] != 0.0:
-                used[tree_lo[d]] = True
+def island_mass(used, tree_lo, tree_hi, Minv, Mb, moff):
+    """The local numbering ``loc`` (-1 elsewhere) of the dofs of the trees whose root dof is
+    marked in ``used``, their count ``n``, the mass matrix ``M`` (n, n) of those dofs (the inverse
+    of each tree's block of M^-1, upper triangle filled: read from the dense ``Minv``, or where
+    that is empty from the packed row-major blocks ``Mb`` at ``moff[root]``) and each local
+    dof's tree range (tlo, thi); for ``island_body`` and ``island_step.island_body_blocks``."""
+    nv = used.shape[0]
     loc = np.full(nv, -1, np.int64)
     n = 0
     for d in range(nv):
         if used[tree_lo[d]]:
             loc[d] = n
             n += 1
-    Jb = np.zeros((rows.shape[0], n))
-    for a in range(rows.shape[0]):
-        for d in range(nv):
-            x = J[rows[a], d]
-            if x != 0.0:
-                Jb[a, loc[d]] = x
+    dense = Minv.shape[0] > 0
     M = np.zeros((n, n))
     tlo = np.empty(n, np.int64)
     thi = np.empty(n, np.int64)
@@ -1448,7 +1439,10 @@ def island_body(J, Minv, tree_lo, tree_hi, rows):
         B = np.empty((w, w))
         for i in range(w):
             for j in range(i, w):
-                B[i, j] = B[j, i] = Minv[lo + i, lo + j]
+                if dense:
+                    B[i, j] = B[j, i] = Minv[lo + i, lo + j]
+                else:
+                    B[i, j] = B[j, i] = Mb[moff[lo] + i * w + j]
         Bi = np.linalg.inv(B)
         l0 = loc[lo]
         for i in range(w):
@@ -1457,4 +1451,27 @@ def island_body(J, Minv, tree_lo, tree_hi, rows):
             for j in range(w):
                 M[l0 + i, l0 + j] = Bi[i, j]
         d = hi
+    return loc, n, M, tlo, thi
+
+
+@njit
+def island_body(J, Minv, tree_lo, tree_hi, rows):
+    """The body-space data of an island (rows ``rows`` of the step's J): its rows restricted to
+    the dofs they touch ``Jb`` (len(rows), n), the mass matrix ``M`` of those dofs (the inverse of
+    each tree's block of ``Minv``, pinocchio's computeMinverse with its upper triangle filled;
+    an island holds whole trees) and each local dof's tree range (tlo, thi)."""
+    nv = J.shape[1]
+    used = np.zeros(nv, np.bool_)
+    for r in rows:
+        for d in range(nv):
+            if J[r, d] != 0.0:
+                used[tree_lo[d]] = True
+    loc, n, M, tlo, thi = island_mass(used, tree_lo, tree_hi, Minv, np.zeros(0),
+                                      np.zeros(0, np.int64))
+    Jb = np.zeros((rows.shape[0], n))
+    for a in range(rows.shape[0]):
+        for d in range(nv):
+            x = J[rows[a], d]
+            if x != 0.0:
+                Jb[a, loc[d]] = x
     return Jb, M, tlo, thi
