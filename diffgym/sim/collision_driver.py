@@ -778,6 +778,19 @@ class CollisionDriver:
                 snap = self._snap(k, gdata, n, float(dist[0]))
                 if snap is not None:      # the exact separating axis: points onto its plane
                     n, d, c = snap
+                    # coal's patch projects the support sets along its own normal, off the
+                    # axis by up to 1e-3 rad near contact: a corner at height h above the plane
+                    # lands h * angle away from its projection along the axis, a point that
+                    # then follows coal's normal (the derivatives' candidates do not match it;
+                    # their finite-difference fallback differentiates coal's noisy normal).
+                    # The patch about the axis itself is the one they describe.
+                    self._narrow.patch_along(k, gdata, n)
+                    if pres.numContactPatches() and pres.getContactPatch(0).size() >= 2:
+                        patch = pres.getContactPatch(0)
+                        m = patch.size()
+                        P1 = np.array([patch.getPointShape1(i) for i in range(m)])
+                        P2 = np.array([patch.getPointShape2(i) for i in range(m)])
+                        mid = 0.5 * (P1 + P2)
                     mid = mid - np.outer(mid @ n - c, n)
                     dist, mid = self._patch_distances(k, gdata, n, mid)
                     per_point.add(k)

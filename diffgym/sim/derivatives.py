@@ -723,6 +723,10 @@ def _collision_fd(sim, cons, idx, dp, dn, dd) -> None:
             for k in idx:
                 pair = int(c.pair[k])
                 req, cres, pres = nph.slot(pair)
+                # no GJK guess carried from the last evaluation: the difference is a function
+                # of the state alone, not of which queries came before (the first Jacobian
+                # after a step otherwise differed from the later ones)
+                req.enable_cached_gjk_guess = False
                 req.security_margin = 1.0
                 req.enable_contact = True
                 nph.collide(pair, gdata)

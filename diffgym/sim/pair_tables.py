@@ -87,6 +87,17 @@ class NarrowPhase:
         _, res, pres, preq, _, cp, a, b = self._slots[k]
         cp(self._tf(gdata, a), self._tf(gdata, b), res, preq, pres)
 
+    def patch_along(self, k: int, gdata: pin.GeometryData, n: np.ndarray) -> None:
+        """The contact patch of pair k (after collide) recomputed about the normal n instead of
+        coal's: the support sets along n, projected along n (coal's patch solver reads the
+        normal of the result's contact; the result keeps n)."""
+        _, res, pres, preq, _, cp, a, b = self._slots[k]
+        ct = res.getContact(0)              # (a copy)
+        ct.normal = np.asarray(n, dtype=float)
+        res.clear()
+        res.addContact(ct)
+        cp(self._tf(gdata, a), self._tf(gdata, b), res, preq, pres)
+
     # indexable columns, as a GeometryData's per-pair vectors: requests[k], results[k], ...
     @property
     def requests(self) -> "_Column":
