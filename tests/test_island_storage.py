@@ -97,20 +97,14 @@ def test_storage_grows_with_rows_not_rows_times_dofs():
     assert int(cons.storage[9]) == 16
 
 
-def test_renderer_makes_no_whole_model_data(monkeypatch):
+def test_renderer_makes_no_whole_model_data(monkeypatch, data_sizes):
     """The renderer places a split scene tree by tree (a whole-model Data is cubic in nv) and
     finds the same geom placements as pinocchio's whole-model kinematics."""
     from diffgym.render import Renderer, _placements, scene_bounds
     sim = Simulator.from_string(boxes_mjcf(24))
     q = sim.q0.copy()
     q[0] += 0.3
-    sizes = []
-    orig = pin.Model.createData
-
-    def spy(model):
-        sizes.append(model.nv)
-        return orig(model)
-    monkeypatch.setattr(pin.Model, "createData", spy)
+    sizes = data_sizes
     r = Renderer(sim, width=32, height=24, track="b3")
     img = r.render(q)
     assert img.shape[:2] == (24, 32) and np.ptp(img) > 0

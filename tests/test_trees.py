@@ -139,17 +139,11 @@ def test_tree_jacobians_match_central_differences():
     assert rep.checked > 0 and rep.failed == 0, rep.table() if hasattr(rep, "table") else rep
 
 
-def test_no_whole_model_data_for_a_pile(monkeypatch):
+def test_no_whole_model_data_for_a_pile(data_sizes):
     """Loading, stepping and differentiating a pile of 12 boxes never makes a pinocchio Data
     larger than a group (a whole-model Data is cubic in nv)."""
     from diffgym.bench_scaling import boxes_mjcf
-    sizes = []
-    orig = pin.Model.createData
-
-    def spy(model):
-        sizes.append(model.nv)
-        return orig(model)
-    monkeypatch.setattr(pin.Model, "createData", spy)
+    sizes = data_sizes
     sim = Simulator.from_string(boxes_mjcf(12))
     q, v = sim.q0, np.zeros(sim.nv)
     with warnings.catch_warnings():
