@@ -179,6 +179,18 @@ def test_make_every_id_after_import_diffgym_alone(installed):
         assert re.search(r"diffgym: compiled \d+ kernels in \d+ s", out.stderr), out.stderr
 
 
+def test_make_and_reset_say_nothing_on_a_cold_cache(installed, tmp_path):
+    """`import diffgym` and gym.make + reset of every id on an empty kernel cache write nothing
+    to stderr: the small kernel a model load compiles is not announced (only a compilation still
+    running after a second is)."""
+    code = ("import gymnasium as gym, diffgym\n"
+            f"for i in {IDS!r}:\n"
+            "    e = gym.make(i); e.reset(seed=0); e.close()\n")
+    env = dict(installed["env"], NUMBA_CACHE_DIR=str(tmp_path / "cold"))
+    out = _run([installed["py"], "-c", code], env=env, cwd=installed["work"])
+    assert out.stderr == "", out.stderr
+
+
 def test_readme_python_snippets(installed):
     text = (ROOT / "README.md").read_text(encoding="utf-8")
     blocks = re.findall(r"^```python\n(.*?)^```", text, flags=re.S | re.M)
@@ -233,6 +245,7 @@ def test_read_only_installation_and_home(installed):
     del env["NUMBA_CACHE_DIR"]
     code = ("import gymnasium as gym, numpy as np, diffgym, diffgym.sim.jit as j\n"
             "e = gym.make('DiffCartPole-v0'); e.reset(seed=0); e.step(np.zeros(1))\n"
+            "e.unwrapped.step_with_jacobian(np.zeros(1))\n"
             "print(j.CACHE_MODE, j.CACHE_DIR)\n")
     for p in (home, purelib):
         subprocess.run(["chmod", "-R", "a-w", str(p)], check=True)

@@ -224,13 +224,15 @@ class _CompileAnnouncer(_event.Listener):
     """Says on stderr when diffgym's kernels are being compiled, and how long it took.
 
     numba fires ``numba:compile`` only for real compilations (a kernel loaded from the disk
-    cache fires nothing). A burst of compilations (the kernels one step needs) is announced by
-    one line when it starts and one line, with its duration, once no compilation has followed
+    cache fires nothing). A burst of compilations (the kernels one step needs) still running after
+    ``ANNOUNCE_AFTER`` seconds is announced by one line (a shorter one, such as the small
+    kernel a model load compiles, says nothing) and one line, with its duration, once no compilation has followed
     for a moment; in between, each kernel group (a kernel called from Python, with the kernels
     it calls) that took a second or more gets a line with its time and the time so far, and on
     a terminal a status line names the group being built.
     """
 
+    ANNOUNCE_AFTER = 1.0   # s: a burst that ends sooner (a small load-time kernel) says nothing
     QUIET_GAP = 1.0   # s without a compilation that ends a burst
     REPORT_GROUP = 1.0   # a kernel group (a kernel called from Python) taking this long: a line
 
@@ -240,6 +242,8 @@ class _CompileAnnouncer(_event.Listener):
         self.count = 0
         self.lock = threading.Lock()
         self.timer: threading.Timer | None = None
+        self.announce_timer: threading.Timer | None = None
+        self.announced = False
         self.tty = sys.stderr.isatty() if hasattr(sys.stderr, "isatty") else False
 
     @staticmethod
@@ -256,14 +260,14 @@ class _CompileAnnouncer(_event.Listener):
                 self.timer.cancel()
                 self.timer = None
             if self.burst_start is None:
-                self.burst_start, self.count = time.perf_counter(), 0
-                where = f"cached in {CACHE_DIR}" if CACHE_DIR else "in memory, not cached"
-                print(f"diffgym: compiling the simulation kernels (first use only; {where}; "
-                      "a minute or more)...", file=sys.stderr, flush=True)
+                self.burst_start, self.count, self.announced = time.perf_counter(), 0, False
+                self.announce_timer = threading.Timer(self.ANNOUNCE_AFTER, self._announce)
+                self.announce_timer.daemon = True
+                self.announce_timer.start()
             self.depth += 1
             if self.depth == 1:
                 self.group_start = time.perf_counter()
-                if self.tty:
+                if self.tty and self.announced:
                     print(f"\r\x1b[K  [{self.count + 1}] {_group(event)} "
                           f"({time.perf_counter() - self.burst_start:.0f} s)", end="",
                           file=sys.stderr, flush=True)
@@ -277,9 +281,10 @@ class _CompileAnnouncer(_event.Listener):
                 self.count += 1
                 self.last_end = time.perf_counter()
                 took = self.last_end - self.group_start
-                if self.tty:                       # (the program's own output starts clean)
+                if self.tty and self.announced:    # (the program's own output starts clean)
                     print("\r\x1b[K", end="", file=sys.stderr, flush=True)
                 if took >= self.REPORT_GROUP:
+                    self._say_start()
                     print(f"diffgym:   {_group(event)}: {took:.0f} s "
                           f"({self.last_end - self.burst_start:.0f} s so far)", file=sys.stderr,
                           flush=True)
@@ -287,9 +292,28 @@ class _CompileAnnouncer(_event.Listener):
                 self.timer.daemon = True
                 self.timer.start()
 
+    def _say_start(self):
+        """The burst's first line (the caller holds the lock)."""
+        if self.announced or self.burst_start is None:
+            return
+        self.announced = True
+        where = f"cached in {CACHE_DIR}" if CACHE_DIR else "in memory, not cached"
+        print(f"diffgym: compiling the simulation kernels (first use only; {where}; "
+              "a minute or more)...", file=sys.stderr, flush=True)
+
+    def _announce(self):
+        with self.lock:
+            if self.depth:                     # (still compiling after ANNOUNCE_AFTER)
+                self._say_start()
+
     def _finish(self):
         with self.lock:
             if self.depth or self.burst_start is None or not self.count:
+                return
+            if self.announce_timer is not None:
+                self.announce_timer.cancel()
+            if not self.announced:                 # (a short burst: nothing to say)
+                self.burst_start, self.timer = None, None
                 return
             took = self.last_end - self.burst_start
             print(f"diffgym: compiled {self.count} kernels in {max(took, 0.0):.0f} s"
