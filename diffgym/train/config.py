@@ -373,6 +373,11 @@ def yaml_load(text: str, where: str = "", loader_class=None):
     except _YAMLLimitError as exc:
         raise ConfigError(f"{where}refused: {exc}") from None
     except yaml.YAMLError as exc:
+        if "maximum nesting depth" in str(exc):      # (PyYAML >= 6.0.4 stops deep nesting first)
+            mark = getattr(exc, "problem_mark", None)
+            line = f" (line {mark.line + 1})" if mark is not None else ""
+            raise ConfigError(f"{where}refused: nesting deeper than {MAX_YAML_DEPTH} levels"
+                              f"{line}") from None
         raise ConfigError(f"{where}not valid YAML: {exc}") from None
     finally:
         loader.dispose()
