@@ -332,37 +332,30 @@ def assemble_sparse(pos, frames, j1, j2, dist, Jw, support, sup_ptr, sup_idx, tr
     return J, b, G, g, MJt, isl_c, isl_l, nis, rt
 
 
-@njit
 def support_lists(support, tree_lo):
-    """CSR lists of the dofs supporting each joint and each joint's tree (-1: the world)."""
-    nj, nv = support.shape
+    """CSR lists of the dofs supporting each joint and each joint's tree (-1: the world).
+
+    Plain numpy, run once at model load: a compiled kernel here would make ``gym.make`` compile
+    (and, on a first use under load, announce it)."""
+    support = np.asarray(support, dtype=np.bool_)
+    tree_lo = np.asarray(tree_lo, dtype=np.int64)
+    nj = support.shape[0]
+    counts = support.sum(axis=1)
     ptr = np.zeros(nj + 1, dtype=np.int64)
-    for j in range(nj):
-        c = 0
-        for d in range(nv):
-            if support[j, d]:
-                c += 1
-        ptr[j + 1] = ptr[j] + c
-    idx = np.empty(ptr[nj], dtype=np.int64)
+    np.cumsum(counts, out=ptr[1:])
+    idx = np.nonzero(support)[1].astype(np.int64)    # row-major: each joint's dofs ascending
     tree = np.full(nj, -1, dtype=np.int64)
-    for j in range(nj):
-        n = ptr[j]
-        for d in range(nv):
-            if support[j, d]:
-                idx[n] = d
-                n += 1
-                if tree[j] < 0:
-                    tree[j] = tree_lo[d]
+    has = counts > 0
+    tree[has] = tree_lo[idx[ptr[:-1][has]]]
     return ptr, idx, tree
 
 
 @njit
-def assemble_problem(pos, frames, j1, j2, dist, Jw, support, tree_lo, tree_hi, lim_idx, lim_dist,
-                     lim_v, lim_sign, dt, erp, skin, Minv, v_free):
-    """``assemble_sparse`` with the support lists computed here, returning (J, b, G, g,
+def assemble_problem(pos, frames, j1, j2, dist, Jw, support, sup_ptr, sup_idx, joint_tree, tree_lo,
+                     tree_hi, lim_idx, lim_dist, lim_v, lim_sign, dt, erp, skin, Minv, v_free):
+    """``assemble_sparse`` (support lists from ``support_lists``), returning (J, b, G, g,
     M^-1 J^T, M^-1 with both triangles) (``Minv``: pinocchio's computeMinverse, upper
     triangle filled)."""
-    sup_ptr, sup_idx, joint_tree = support_lists(support, tree_lo)
     J, b, G, g, MJt = assemble_sparse(pos, frames, j1, j2, dist, Jw, support, sup_ptr, sup_idx,
                                       tree_lo, tree_hi, joint_tree, lim_idx, lim_dist, lim_v,
                                       lim_sign, dt, erp, skin, Minv, v_free)[:5]
@@ -459,8 +452,8 @@ class ConstraintBuilder:
             frames = tangent_frames(contacts.normal) if nc else np.zeros((0, 3, 3))
         J, b, G, g, MJt, Ms = assemble_problem(
             contacts.pos, frames, self.geom_joint[contacts.geom1], self.geom_joint[contacts.geom2],
-            contacts.dist, Jw, self.support, self.tree_lo, self.tree_hi, lim_idx, lim_dist,
-            self.lim_v, self.lim_sign, dt, self.erp, self.skin, Minv, v_free)
+            contacts.dist, Jw, self.support, self.sup_ptr, self.sup_idx, self.joint_tree,
+            self.tree_lo, self.tree_hi, lim_idx, lim_dist, self.lim_v, self.lim_sign, dt, self.erp, self.skin, Minv, v_free)
         rest = None
         pr = self.pair_restitution
         if nc and v is not None and len(pr):
