@@ -153,31 +153,31 @@ def _flight_apexes(sim, e, h0, dt, bounces):
 @pytest.mark.parametrize("dt", [1e-3, 2e-3, 5e-3])
 @pytest.mark.parametrize("e", [0.5, 0.9, 1.0])
 def test_apex_sequence_is_the_closed_form(e, dt):
-    """Gravity in the rebound: the apexes after a drop from h0 = 1 m are e^2n h0. The impact
-    law's gravity term (constraint.restitution_bias) leaves an error of O(dt^2) plus, where the
-    impact is declared in the speculative window above the floor (the contact closes within
-    skin + g dt^2 after the step but not before it), (1 - e^2) times that height:
-    tol = (1 - e^2)(skin + g dt^2) + 0.05 V dt. Without the term (b = e u) the first apex at
-    e = 0.9, dt = 1 ms was 7.3 mm short (tol 0.4 mm); with it, 0.03 mm above."""
-    g, h0, skin = 9.81, 1.0, 1e-3
+    """Gravity in the rebound: the apexes after a drop from h0 = 1 m are e^2n h0 to 2.5 g dt^2
+    (0.025 mm at dt = 1 ms). What is left is O(dt^2): the time of impact from the pre-step
+    velocity and the post-impact drift at constant velocity. Without the impact law's gravity
+    term (b = e u) the first apex at e = 0.9, dt = 1 ms was 7.3 mm short; with it but with the
+    impact declared in the skin window above the floor, (1 - e^2) skin off (0.09 mm at e =
+    0.5); now 0.0004 mm (sampled) at e = 0.9."""
+    g, h0 = 9.81, 1.0
     sim = diffgym.Simulator.from_string(BALL.format(dt=dt, z=h0 + 0.1, e=e))
     apex, z = _flight_apexes(sim, e, h0, dt, 3)
-    assert len(apex) >= 3
-    V = np.sqrt(2 * g * h0)
-    tol = (1 - e ** 2) * (skin + g * dt ** 2) + 0.05 * V * dt
-    want = h0 * e ** (2 * np.arange(1, 4))
-    np.testing.assert_allclose(apex[:3], want, rtol=0, atol=tol)
+    assert len(apex) >= 2
+    n = min(len(apex), 3)
+    want = h0 * e ** (2 * np.arange(1, n + 1))
+    np.testing.assert_allclose(apex[:n], want, rtol=0, atol=2.5 * g * dt ** 2)
     assert z.min() > -1e-4
 
 
 def test_elastic_bounces_keep_the_energy():
-    """e = 1 at dt = 1 ms: each bounce keeps the flight's energy to 1.5e-5 (relative; measured
-    +1.0e-5 a bounce, the O(dt^2) left); with b = e u it lost 0.9% a bounce."""
-    dt, h0 = 1e-3, 1.0
+    """e = 1 at dt = 1 ms: each bounce keeps the flight's energy to 0.5 g dt^2 / h0 = 5e-6
+    (relative; measured 2.1e-5 after 9 bounces, the O(dt^2) left); with b = e u it lost 0.9% a
+    bounce."""
+    dt, h0, g = 1e-3, 1.0, 9.81
     sim = diffgym.Simulator.from_string(BALL.format(dt=dt, z=h0 + 0.1, e=1.0))
     apex, _ = _flight_apexes(sim, 1.0, h0, dt, 10)
     assert len(apex) >= 9
-    assert np.all(np.abs(apex - h0) <= 1.5e-5 * h0 * np.arange(1, len(apex) + 1)), apex - h0
+    assert np.all(np.abs(apex - h0) <= 0.5 * g * dt ** 2 * np.arange(1, len(apex) + 1)), apex - h0
 
 
 @pytest.mark.parametrize("e", [1.0, 0.5])
@@ -441,6 +441,40 @@ def test_jacobians_along_bouncing_rollouts(xml, v0, seed):
         impacts += _impacts(sim)
         passes += sim.cache.get("impact_pre") is not None
     assert impacts >= 2 and passes >= 2, (impacts, passes)
+    sim.reset_warmstart()
+    rep = diffgym.check_step_jacobians(sim, states=states)
+    assert rep.ok, str(rep)
+
+
+def test_closing_short_of_contact_then_impact():
+    """A contact closing fast whose free motion ends the step within the skin but short of
+    contact is not an impact yet (b = d / dt: no inelastic stop up to the skin above the
+    floor); the impact comes the next step, at its time. Rollouts of a spinning ball dropped
+    from random heights: the ball never stops short of the floor, and the Jacobians of the
+    closing steps and of the impacts after them agree with central differences."""
+    sim = diffgym.Simulator.from_string(FREE_BALL)
+    rng = np.random.default_rng(3)
+    states = []
+    for z0 in rng.uniform(0.2, 0.45, 60):
+        q = sim.q0.copy()
+        q[2] = z0
+        v = np.array([0.5, 0.2, -1.0, 1.0, -2.0, 0.5])
+        sim.reset_warmstart()
+        for _ in range(40):
+            s0 = (q.copy(), v.copy(), np.zeros(6))
+            q, v = sim.step(q, v, np.zeros(6))
+            c = sim.cache["cons"]
+            t = None if c is None else c.restitution_time
+            if t is not None and (t < 0).any():
+                states.append(s0)
+                assert v[2] < -1.0                 # (not stopped: closing at the free speed)
+                s1 = (q.copy(), v.copy(), np.zeros(6))
+                q, v = sim.step(q, v, np.zeros(6))
+                assert _impacts(sim) and v[2] > 1.0
+                states.append(s1)
+            if v[2] > 0:
+                break
+    assert len(states) >= 4, len(states)
     sim.reset_warmstart()
     rep = diffgym.check_step_jacobians(sim, states=states)
     assert rep.ok, str(rep)

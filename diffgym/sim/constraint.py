@@ -21,13 +21,15 @@ one smooth piece; its only kink is at ``d = s``, away from resting states.
 Restitution (Newton's impact law, ``restitution_bias``): a contact of a pair with coefficient
 ``e > 0`` whose normal velocity at the start of the step, ``u = J_N v`` (the pre-step ``v``, at
 the step's contact frame), is closing faster than the threshold (``u < -thr``) and that closes
-within the step (``u_free < 0`` after the free motion and ``d + dt min(u, u_free) < s``) gets
+within the step (``u_free < 0`` after the free motion and ``d + dt min(u, u_free) < 0``) gets
 the normal row
 ``sigma_N = v_N + e u + a_n ((1 + e) T + (e - 1) dt / 2) + erp min(d, 0) / dt``:
 complementarity of ``lam_N`` with that (equality while it pushes) instead of ``v_N``; the
 positive Baumgarte / speculative part of ``b`` is dropped (it would take velocity off the
 rebound), the penetration correction kept. Every other row is as above (friction cone and De
-Saxce act on the same ``sigma``).
+Saxce act on the same ``sigma``). Such a contact that closes within the skin but not within the
+step (``0 <= d + dt min(u, u_free) < s``) gets ``b = d / dt`` (the free motion is left as it is:
+the impact comes in a later step, at the contact, not up to ``s`` above it).
 
 Gravity in the rebound: ``a_n = (u_free - u) / dt`` is the free normal acceleration and ``T``
 the time into the step at which the impact acts (:mod:`diffgym.sim.impact_time`). The
@@ -64,7 +66,8 @@ class Constraints:
     # law this step (restitution_bias), 0 elsewhere; None: no restitution
     restitution: np.ndarray | None = None
     # (nc,) the time into the step at which each such contact's impact acts (restitution_bias's
-    # T), 0 elsewhere
+    # T), -1 where an impact-law contact closes but not within the step (b = dist / dt), 0
+    # elsewhere
     restitution_time: np.ndarray | None = None
 
     @property
@@ -118,6 +121,10 @@ def restitution_bias(J, b, g, v, dist, pair, pair_rest, nc, dt, erp, skin, thr, 
     (kinematic trees, ``joint_tree`` of the geoms' joints ``j1``/``j2``, linked by the contacts);
     ``spent`` (nv,) (a later pass of ``impact_substep``, from the configuration at the time of
     impact), the time already drifted by the dofs of the contact's tree.
+    A contact that closes that fast but whose free motion ends the step short of contact
+    (``0 <= dist + dt min(u, u_free) < skin``) gets ``b = dist / dt`` instead of the Baumgarte /
+    speculative offset (whose skin would stop it inelastically up to ``skin`` short of contact,
+    where the impact would then be declared) and ``T = -1`` as its mark.
     Returns (2, nc): the coefficient of each contact where the law applies, 0 elsewhere, and
     its ``T``."""
     nv = J.shape[1]
@@ -138,8 +145,18 @@ def restitution_bias(J, b, g, v, dist, pair, pair_rest, nc, dt, erp, skin, thr, 
         if not u < -thr:
             continue
         uf = g[r] - b[r]
-        if not (uf < 0.0 and dist[k] + dt * min(u, uf) < skin):
+        reach = dist[k] + dt * min(u, uf)
+        if not (uf < 0.0 and reach < skin):
             continue                   # (the free motion separates it, or it does not close)
+        if reach >= 0.0:
+            # closing fast, but the free motion ends the step short of contact: no impact yet,
+            # and no skin (the plain row would stop it up to `skin` short, inelastically):
+            # b = dist / dt leaves the free motion as it is (a gap ahead of the impact)
+            nb = dist[k] / dt
+            g[r] += nb - b[r]
+            b[r] = nb
+            out[1, k] = -1.0
+            continue
         out[0, k] = e
         un[k] = u
         an[k] = (uf - u) / dt

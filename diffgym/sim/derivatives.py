@@ -833,6 +833,15 @@ def _restitution(cons):
     return rest
 
 
+def _closing(cons):
+    """(nc,) bool: the impact-law contacts closing short of contact this step (their normal
+    row's offset is ``d / dt``, constraint.restitution_bias), or None if none."""
+    t = getattr(cons, "restitution_time", None)
+    if t is None or not cons.nc or not np.any(t < 0.0):
+        return None
+    return t < 0.0
+
+
 def _joint_torques(sim, cons, res) -> np.ndarray:
     """The generalized forces at which the ABA derivatives are evaluated: the applied and passive
     forces plus the active joint-limit impulses as joint torques (``J_lim^T lam_lim / dt``).
@@ -1113,6 +1122,9 @@ def _step_jacobian_reference(sim, C=None, system=None) -> StepJacobian:
                 if dR is not None:
                     du += np.einsum("kan,ka->kn", dR[:, :, 2], vrel0)
                 Dq_extra[2:3 * nc:3] += rest[:, None] * du
+            closing = _closing(cons)
+            if closing is not None:                            # b = d / dt
+                gain = np.where(closing, 1.0 / dt, gain)
             Dq_extra[2:3 * nc:3] += gain[:, None] * dd
         for jl, (li, ld) in enumerate(zip(cons.limits.tolist(), cons.limit_dist.tolist())):
             lim = sim.sm.limits[li]
@@ -1314,6 +1326,10 @@ def _step_jacobian_compiled(sim, C=None, system=None) -> StepJacobian | None:
                 c.normal, c.dist, cons.dist, cons.frames, res.lam, v1, dt, ccons.erp, ccons.skin)
         rest = _restitution(cons)
         rest = np.zeros(nc) if rest is None else np.ascontiguousarray(rest, dtype=float)
+        bias_n = rest
+        closing = _closing(cons)
+        if closing is not None:            # (-1: closing short of contact, b = d / dt)
+            rest = np.where(closing, -1.0, rest)
         lims = (cons.limits, cons.limit_dist, st.lim_v, st.lim_sign, v, rest)
         corr, Dq, done = K.contact_terms(*args, False, *st.no_geo, *lims)
         if not done:           # pairs without a closed form in the kernel: geometry in Python
@@ -1327,7 +1343,7 @@ def _step_jacobian_compiled(sim, C=None, system=None) -> StepJacobian | None:
         Jc, G, lam, sigma, modes, act, mu = cons.J, C["G"], res.lam, res.sigma, res.modes, \
             res.limit_active, cons.mu
         bias_v = np.zeros(cons.m)            # d b / d v = bias_v[:, None] * J (impact law)
-        bias_v[2:3 * nc:3] = rest
+        bias_v[2:3 * nc:3] = bias_n
     else:
         nc = 0
         if st.dirty:
