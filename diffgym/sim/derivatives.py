@@ -833,6 +833,15 @@ def _restitution(cons):
     return rest
 
 
+def _closing(cons):
+    """(nc,) bool: the impact-law contacts closing short of contact this step (their normal
+    row's offset is ``d / dt``, constraint.restitution_bias), or None if none."""
+    t = getattr(cons, "restitution_time", None)
+    if t is None or not cons.nc or not np.any(t < 0.0):
+        return None
+    return t < 0.0
+
+
 def _joint_torques(sim, cons, res) -> np.ndarray:
     """The generalized forces at which the ABA derivatives are evaluated: the applied and passive
     forces plus the active joint-limit impulses as joint torques (``J_lim^T lam_lim / dt``).
@@ -909,13 +918,94 @@ def step_jacobian(sim, compiled: bool | None = None) -> StepJacobian:
         out = _step_jacobian_compiled(sim, C, system)
     if out is None:
         out = _step_jacobian_reference(sim, C, system)
+    # the gravity term of Newton's impact law (constraint.restitution_bias), on either route
+    bias = _impact_gravity(sim, C, system, out)
     C = sim.cache
     if C.get("impact_times") is not None or C.get("impact_pre") is not None:
         # impacts at their time inside the step (diffgym.sim.impact_time)
         from .impact_time import correct_jacobian
-        correct_jacobian(sim, out, C)
+        correct_jacobian(sim, out, C, bias if C.get("impact_pre") is not None else None)
+    elif bias is not None:
+        # (the q1 rows of the plain step, q1 = q (+) dt v1, from the corrected v1 rows)
+        dI_dv = pin.dIntegrate(sim.model, C["q"], C["v1"] * sim.dt, pin.ArgumentPosition.ARG1)
+        dq_v = sim.dt * dI_dv
+        out.dq_dq = out.dq_dq + dq_v @ bias[3][0]
+        out.dq_dv = out.dq_dv + dq_v @ bias[3][1]
+        out.dq_dtau = out.dq_dtau + dq_v @ bias[3][2]
     out.diagnostics = JacobianDiagnostics(sim, C["cons"], C["res"], C["G"])
     return out
+
+
+def _free_acceleration_derivatives(sim, q, v, tau_total):
+    """d a_free / d(q, v, tau) (nv, nv) each: the acceleration of the free motion (applied and
+    passive forces, no constraint impulse), as the step's fixed-impulse terms are taken."""
+    model, nv = sim.model, sim.nv
+    trees = sim.__dict__.get("_trees")
+    if trees is not None:
+        ddq_dq, ddq_dv, Minv = trees.aba_derivatives(q, v, tau_total,
+                                                     np.zeros((model.njoints, 6)))
+    else:
+        data = getattr(sim, "_dfree", None)
+        if data is None:
+            data = sim._dfree = model.createData()
+        ddq_dq, ddq_dv, Minv = pin.computeABADerivatives(model, data, q, v, tau_total)
+    Minv = np.triu(Minv) + np.triu(Minv, 1).T          # (only the upper triangle may be filled)
+    Fq = _with_long_range(sim, np.array(ddq_dq), Minv)
+    Fv = np.array(ddq_dv)
+    if len(sim._stiff_idx):
+        Fq[:, sim._stiff_idx] -= Minv[:, sim._stiff_idx] * sim._stiff_k
+    if np.any(sim.sm.damping):
+        Fv -= Minv * sim.sm.damping[None, :]
+    ex = sim.__dict__.get("_extra")
+    if ex is not None and ex.passive:      # fixed tendons' springs and dampers
+        Kq, tendon_dv = ex.passive_jacobians(q)
+        Fq += Minv @ Kq
+        Fv += Minv @ tendon_dv
+    return Fq, Fv, Minv
+
+
+def _impact_gravity(sim, C, system, jac):
+    """The gravity term of Newton's impact law, ``b_N = e u + c a_n + ...`` with ``c = (1 + e) T
+    + (e - 1) dt / 2`` and ``a_n = J_N a_free`` (constraint.restitution_bias): the routes
+    differentiate ``e u`` (and the Baumgarte part); here ``c d a_n`` is added to ``jac``'s
+    velocity rows (in place) through ``P = M^-1 J^T d lam / d b_N``, the response of the step's
+    velocity to the offsets of the impact-law rows (the same mode system). Returns None without
+    an impact-law row, else ``(P, ks, (1 + e) a_n, (dv_dq, dv_dv, dv_dtau) added)``: ``T``'s own
+    dependence on the state (a later pass of impact_substep) is chained by
+    ``impact_time.correct_jacobian``."""
+    cons, res = C["cons"], C["res"]
+    rest = _restitution(cons) if cons is not None else None
+    if rest is None:
+        return None
+    from .impact_time import normal_rate_derivatives
+    dt = sim.dt
+    ks = np.flatnonzero(rest > 0.0)
+    e = rest[ks]
+    T = getattr(cons, "restitution_time", None)
+    T = np.zeros(len(ks)) if T is None else np.asarray(T, dtype=float)[ks]
+    c = (1.0 + e) * T + 0.5 * (e - 1.0) * dt
+    S = sim.cache              # (C: the step's cache or the smooth mode's view of it)
+    q, v = S["q"], S["v"]
+    a_free = (S["v_free"] - v) / dt
+    rows = 3 * ks + 2
+    JN = cons.J[rows]
+    Fq, Fv, Minv = _free_acceleration_derivatives(sim, q, v, S["tau_total"])
+    du = normal_rate_derivatives(sim, cons, q, a_free)[1][ks]     # d(J_N w)/dq at w = a_free
+    Bq = c[:, None] * (du + JN @ Fq)
+    Bv = c[:, None] * (JN @ Fv)
+    Bt = c[:, None] * (JN @ Minv)
+    # d lam / d b: the step's linearized conditions (A d lam = -W d g) for d g = d b_N
+    m = cons.m
+    A, W = _mode_system(res, C["G"], cons.nc, cons.mu) if system is None else system
+    E = np.zeros((m, len(ks)))
+    E[rows, np.arange(len(ks))] = 1.0
+    dlam = _solve_min_norm(A, -(W @ E))
+    P = Minv @ (cons.J.T @ dlam)
+    add = (P @ Bq, P @ Bv, P @ Bt)
+    jac.dv_dq = jac.dv_dq + add[0]
+    jac.dv_dv = jac.dv_dv + add[1]
+    jac.dv_dtau = jac.dv_dtau + add[2]
+    return P, ks, (1.0 + e) * (JN @ a_free), add
 
 
 def _step_jacobian_reference(sim, C=None, system=None) -> StepJacobian:
@@ -1032,6 +1122,9 @@ def _step_jacobian_reference(sim, C=None, system=None) -> StepJacobian:
                 if dR is not None:
                     du += np.einsum("kan,ka->kn", dR[:, :, 2], vrel0)
                 Dq_extra[2:3 * nc:3] += rest[:, None] * du
+            closing = _closing(cons)
+            if closing is not None:                            # b = d / dt
+                gain = np.where(closing, 1.0 / dt, gain)
             Dq_extra[2:3 * nc:3] += gain[:, None] * dd
         for jl, (li, ld) in enumerate(zip(cons.limits.tolist(), cons.limit_dist.tolist())):
             lim = sim.sm.limits[li]
@@ -1233,6 +1326,10 @@ def _step_jacobian_compiled(sim, C=None, system=None) -> StepJacobian | None:
                 c.normal, c.dist, cons.dist, cons.frames, res.lam, v1, dt, ccons.erp, ccons.skin)
         rest = _restitution(cons)
         rest = np.zeros(nc) if rest is None else np.ascontiguousarray(rest, dtype=float)
+        bias_n = rest
+        closing = _closing(cons)
+        if closing is not None:            # (-1: closing short of contact, b = d / dt)
+            rest = np.where(closing, -1.0, rest)
         lims = (cons.limits, cons.limit_dist, st.lim_v, st.lim_sign, v, rest)
         corr, Dq, done = K.contact_terms(*args, False, *st.no_geo, *lims)
         if not done:           # pairs without a closed form in the kernel: geometry in Python
@@ -1246,7 +1343,7 @@ def _step_jacobian_compiled(sim, C=None, system=None) -> StepJacobian | None:
         Jc, G, lam, sigma, modes, act, mu = cons.J, C["G"], res.lam, res.sigma, res.modes, \
             res.limit_active, cons.mu
         bias_v = np.zeros(cons.m)            # d b / d v = bias_v[:, None] * J (impact law)
-        bias_v[2:3 * nc:3] = rest
+        bias_v[2:3 * nc:3] = bias_n
     else:
         nc = 0
         if st.dirty:

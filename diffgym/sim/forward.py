@@ -18,7 +18,7 @@ import pinocchio as pin
 
 from .collision_driver import CollisionDriver, Contacts
 from .constraint import (ConstraintBuilder, Constraints, _active_limits, assemble_problem,  # noqa: F401
-                         assemble_sparse, island_rows, restitution_bias)
+                         _NO_SPENT, assemble_sparse, island_rows, restitution_bias)
 from .derivatives import step_jacobian
 from .jit import njit
 from .model import ModelError, SimModel
@@ -333,11 +333,12 @@ def _constrained_velocity(pos, frames, geom1, geom2, geom_joint, dist, mu, pair,
                           sup_ptr, sup_idx, joint_tree, tree_lo, tree_hi,
                           q, v, lim_q, lim_v, lim_bound, lim_sign, limit_margin, dt, erp, skin,
                           Minv, v_free, warm, pair_w, point_w, lam_w, modes_w, limits_w, lim_act_w,
-                          tol, mode_tol, newton_iter, mode_rounds, budget, pair_rest, rest_thr):
+                          tol, mode_tol, newton_iter, mode_rounds, budget, pair_rest, rest_thr,
+                          rest_spent):
     """The constrained part of the step in one compiled call: the active joint limits, the
     problem and its islands (constraint.assemble_sparse), Newton's impact law on the normal rows
     of impacting contacts (constraint.restitution_bias, at the pre-step ``v``; ``pair_rest``
-    empty: none), the warm start (_match_warm_start),
+    empty: none; ``rest_spent``: its ``spent``), the warm start (_match_warm_start),
     stage 1 of the NCP solve per island (_solve_islands) and ``v1 = v_free + M^-1 J^T lam``.
 
     Returns (island_ok, isl_c, isl_l, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes,
@@ -357,7 +358,8 @@ def _constrained_velocity(pos, frames, geom1, geom2, geom_joint, dist, mu, pair,
     J, b, G, g, MJt, isl_c, isl_l, nis, rt = assemble_sparse(
         pos, frames, j1, j2, dist, Jw, support, sup_ptr, sup_idx, tree_lo, tree_hi, joint_tree,
         lim_idx, lim_dist, lim_v, lim_sign, dt, erp, skin, Minv, v_free)
-    rest = restitution_bias(J, b, g, v, dist, pair, pair_rest, nc, dt, erp, skin, rest_thr)
+    rest = restitution_bias(J, b, g, v, dist, pair, pair_rest, nc, dt, erp, skin, rest_thr, j1, j2,
+                            joint_tree, rest_spent)
     m = G.shape[0]
     found = False
     if warm:
@@ -441,7 +443,8 @@ def _constrained_step(pos, frames, geom1, geom2, geom_joint, dist, mu, pair, poi
                       sup_ptr, sup_idx, joint_tree, tree_lo, tree_hi,
                       q, v, lim_q, lim_v, lim_bound, lim_sign, limit_margin, dt, erp, skin,
                       Minv, v_free, warm, pair_w, point_w, lam_w, modes_w, limits_w, lim_act_w,
-                      tol, mode_tol, newton_iter, mode_rounds, budget, pair_rest, rest_thr):
+                      tol, mode_tol, newton_iter, mode_rounds, budget, pair_rest, rest_thr,
+                      rest_spent):
     """``_constrained_velocity`` (same arguments) and, when every island's stage 1 succeeded,
     the check of its solution at the final velocity (``_verify_velocity``), in one compiled call
     that returns only what the common step keeps (every returned array costs numba a boxing
@@ -455,7 +458,8 @@ def _constrained_step(pos, frames, geom1, geom2, geom_joint, dist, mu, pair, poi
         pos, frames, geom1, geom2, geom_joint, dist, mu, pair, point, Jw, support, sup_ptr,
         sup_idx, joint_tree, tree_lo, tree_hi, q, v, lim_q, lim_v, lim_bound, lim_sign,
         limit_margin, dt, erp, skin, Minv, v_free, warm, pair_w, point_w, lam_w, modes_w,
-        limits_w, lim_act_w, tol, mode_tol, newton_iter, mode_rounds, budget, pair_rest, rest_thr)
+        limits_w, lim_act_w, tol, mode_tol, newton_iter, mode_rounds, budget, pair_rest, rest_thr,
+        rest_spent)
     all_ok = True
     for s in range(island_ok.shape[0]):
         if not island_ok[s]:
@@ -1024,6 +1028,9 @@ class Simulator:
         solver = self.solver
         nc = len(contacts)
         nis = 1
+        # a later pass of impact_substep: the time each dof has drifted (impact_time)
+        pre = self.__dict__.get("_toi_pass")
+        spent = consumed_time(pre) if pre else None
         xrows = None
         verified = None
         blk = None
@@ -1063,13 +1070,15 @@ class Simulator:
                     cb.erp, cb.skin, Mk, v_free, w is not None, *(w if w is not None else _NO_WARM),
                     st.tol, st.mode_tol, st.newton_iter, st.mode_rounds, st.newton_budget,
                     cb.pair_restitution,
-                    cb.restitution_thr(dt) if len(cb.pair_restitution) else 0.0)
+                    cb.restitution_thr(dt) if len(cb.pair_restitution) else 0.0,
+                    _NO_SPENT if spent is None else spent)
             # (the solve and the check of its solution at v1 in one compiled call)
             (all_ok, nis, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, lim_act,
              its, resid, v1, rest, r1, vs, nprox) = _constrained_step(*args)
             if G.shape[0]:
                 cons = Constraints(J, b, nc, contacts.mu, frames, contacts, lim_idx, lim_dist,
-                                   contacts.dist, rest if len(cb.pair_restitution) else None)
+                                   contacts.dist, *(rest if len(cb.pair_restitution) else
+                                                    (None, None)))
                 if all_ok:
                     res = SolverResult(lam, sigma, modes, lim_act, its, resid, True,
                                        "prox+newton" if nprox else "newton")
@@ -1092,7 +1101,8 @@ class Simulator:
                         else trees.minverse(q))
                 if nv == 1:
                     Minv = Minv.reshape(1, 1)
-                cons, G, g, MJt, Minv = cb.assemble(Jw, contacts, limits, dt, Minv, v_free, v)
+                cons, G, g, MJt, Minv = cb.assemble(Jw, contacts, limits, dt, Minv, v_free, v,
+                                                    spent)
                 lam0, modes0 = self._warm_start(cons)
                 res = self._solve(solver, G, g, cons, lam0, modes0, v)
                 v1 = v_free + MJt @ res.lam
@@ -1111,8 +1121,7 @@ class Simulator:
                 res = dataclasses.replace(res, converged=False, residual=float(r1),
                                           method=res.method + "+unverified")
         # an impact-law contact: the impact at its time inside the step (diffgym.sim.impact_time)
-        pre, toi = self.__dict__.get("_toi_pass"), None
-        spent = consumed_time(pre) if pre else None
+        toi = None
         if cons is not None and getattr(cons, "restitution", None) is not None:
             toi = impact_times(self, cons, v, spent)
             if toi is not None and toi.interior.any() and len(pre or ()) < MAX_PASSES:
@@ -1165,7 +1174,9 @@ class Simulator:
         if nv == 1:
             Minv = Minv.reshape(1, 1)
         # (v: Newton's impact law of restitution contacts, as on the path without these rows)
-        cons, G0, g0, MJt0, Ms = cb.assemble(Jw, contacts, limits, dt, Minv, v_free, v)
+        pre = self.__dict__.get("_toi_pass")
+        cons, G0, g0, MJt0, Ms = cb.assemble(Jw, contacts, limits, dt, Minv, v_free, v,
+                                             consumed_time(pre) if pre else None)
         nc, nl = cons.nc, len(cons.limits)
         MJx = Ms @ xrows.J.T
         J = np.vstack([cons.J, xrows.J])

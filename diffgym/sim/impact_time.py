@@ -147,28 +147,42 @@ def consumed_time(passes) -> np.ndarray:
 
 def _time_derivatives(sim, cons, it: ImpactTimes, q, v):
     """(dt_k/dq, dt_k/dv) (nc, nv) of the interior impact times (zero rows elsewhere)."""
-    from .derivatives import _Kin, geometry_derivatives, relative_velocity
     nc, nv = cons.nc, sim.nv
     Tq, Tv = np.zeros((nc, nv)), np.zeros((nc, nv))
     ks = np.flatnonzero(it.interior)
     if not len(ks):
         return Tq, Tv
+    dd, du = normal_rate_derivatives(sim, cons, q, v)
+    d, u = np.asarray(cons.dist, dtype=float), it.u
+    for k in ks.tolist():
+        Tq[k] = -dd[k] / u[k] + d[k] * du[k] / u[k] ** 2
+        Tv[k] = d[k] * cons.J[3 * k + 2] / u[k] ** 2
+    return Tq, Tv
+
+
+def normal_rate_derivatives(sim, cons, q, w):
+    """(d dist/dq, d(n . vrel(w))/dq) (nc, nv) of the step's contacts at configuration ``q``:
+    the distances' derivatives and those of the normal component of the relative velocity of
+    the contact points for the generalized velocity ``w`` at fixed ``w`` (linear in ``w``: the
+    pre-step ``v`` for the times of impact, the free acceleration for the impact law's gravity
+    term, constraint.restitution_bias)."""
+    from .derivatives import _Kin, geometry_derivatives, relative_velocity
     model = sim.model
     c = cons.contacts
     gj = sim.constraints.geom_joint
     j1s, j2s = gj[c.geom1], gj[c.geom2]
     joints = np.concatenate([j1s, j2s])
-    # the simulator's own kinematics, brought to this pass's (q, v) and back to the step's after:
+    # the simulator's own kinematics, brought to this pass's (q, w) and back to the step's after:
     # its per-tree groups (diffgym.sim.trees) or, for a single group, its Data (no Data of the
     # whole model of its own: that is cubic in nv)
     trees = sim.__dict__.get("_trees")
     if trees is not None:
-        kin = _Kin(model, None, q, v, joints, trees)
-        trees.kinematics(q, v)
+        kin = _Kin(model, None, q, w, joints, trees)
+        trees.kinematics(q, w)
         trees.geometry_placements(sim.geom_model, sim.geom_data)
     else:
         data = sim.data
-        kin = _Kin(model, data, q, v, joints)
+        kin = _Kin(model, data, q, w, joints)
         pin.updateGeometryPlacements(model, data, sim.geom_model, sim.geom_data)
     # the geometry derivatives read the placements in sim.geom_data: those of the first pass's
     # configuration q here (after impact_substep they are at the second pass's), restored after
@@ -186,13 +200,9 @@ def _time_derivatives(sim, cons, it: ImpactTimes, q, v):
                 pin.updateGeometryPlacements(model, data, sim.geom_model, sim.geom_data)
     p = c.pos
     n = cons.frames[:, :, 2]
-    vrel, dvrel = relative_velocity(kin, j1s, j2s, p, v, dp)
+    vrel, dvrel = relative_velocity(kin, j1s, j2s, p, w, dp)
     du = np.einsum("ka,kan->kn", n, dvrel) + np.einsum("kan,ka->kn", dn, vrel)
-    d, u = np.asarray(cons.dist, dtype=float), it.u
-    for k in ks.tolist():
-        Tq[k] = -dd[k] / u[k] + d[k] * du[k] / u[k] ** 2
-        Tv[k] = d[k] * cons.J[3 * k + 2] / u[k] ** 2
-    return Tq, Tv
+    return dd, du
 
 
 def _tau_derivatives(sim, cons, it: ImpactTimes, q, v):
@@ -206,12 +216,15 @@ def _tau_derivatives(sim, cons, it: ImpactTimes, q, v):
     return dq, dv
 
 
-def correct_jacobian(sim, jac, C) -> None:
+def correct_jacobian(sim, jac, C, bias=None) -> None:
     """Rebuild the ``q1`` rows of ``jac`` (a StepJacobian, in place) for a step whose impacts
     were placed at their time of impact: ``C["impact_pre"]`` (the passes of
     :func:`impact_substep`: chain through ``q_c,k = q_c,k-1 (+) tau_k(q_c,k-1, v) v``; ``jac``'s
     velocity rows are those of the last pass, from ``q_c,K``) or ``C["impact_times"]`` (times at
-    the step's ends, constant)."""
+    the step's ends, constant). ``bias``: ``(P, ks, s, ..)`` of the last pass's impact-law rows
+    (``derivatives._impact_gravity``): ``v1`` moves by ``P[:, i]`` per unit of the offset of
+    contact ``ks[i]``'s normal row, whose time of impact ``T`` (the time drifted, a function of
+    the step's ``(q, v)``) enters it as ``s[i] T``."""
     model, dt, nv = sim.model, sim.dt, sim.nv
     pre = C.get("impact_pre")
     if pre is not None:
@@ -230,6 +243,15 @@ def correct_jacobian(sim, jac, C) -> None:
             Sq, Sv = Sq + dtq, Sv + dtv
         dv_dq = jac.dv_dq @ Qq
         dv_dv = jac.dv_dv + jac.dv_dq @ Qv
+        if bias is not None:
+            # the impact law's T (constraint.restitution_bias: the time drifted by the dofs of
+            # the contact's tree) is sum_k tau_k: d T = (Sq, Sv) rows of that tree's dof
+            P, ks, sc = bias[:3]
+            cb, c = sim.constraints, C["cons"].contacts
+            tr = cb.joint_tree[cb.geom_joint[c.geom1[ks]]]
+            tr = np.where(tr >= 0, tr, cb.joint_tree[cb.geom_joint[c.geom2[ks]]])
+            dv_dq = dv_dq + P @ (sc[:, None] * Sq[tr])
+            dv_dv = dv_dv + P @ (sc[:, None] * Sv[tr])
         dv_dtau = jac.dv_dtau
         consumed = consumed_time(passes)
         w = (dt - consumed)[:, None]
