@@ -280,6 +280,38 @@ def _lin_solve(A, F, x, deficient, anchored):
     return out
 
 
+LM_SLIDING = False   # (measured: see _lm_step)
+
+
+@njit
+def _lm_step(A, F, x, anchored, mu_lm):
+    """The Newton step of a rank-deficient sliding system, regularized (Levenberg-Marquardt):
+    ``(A^T A + mu I) delta = A^T F`` (+ ``mu x`` unless ``anchored``: the step towards the
+    minimum-norm iterate), ``mu = ||F||`` (Fan and Yuan): as the residual vanishes it is the
+    minimum-norm (least-squares) step of ``_lin_solve``, but directions the singular Jacobian
+    barely sees are damped, and where the linearization is inconsistent (a residual in the
+    left null space of A at a non-isolated solution) the step still descends."""
+    n = A.shape[0]
+    N = np.empty((n, n))
+    r = np.empty(n)
+    for i in range(n):
+        t = 0.0
+        for k in range(n):
+            t += A[k, i] * F[k]
+        r[i] = t
+        for j in range(i, n):
+            t = 0.0
+            for k in range(n):
+                t += A[k, i] * A[k, j]
+            N[i, j] = t
+            N[j, i] = t
+        N[i, i] += mu_lm
+    ok, d = _lu_solve(N, r)
+    if ok:
+        return d
+    return _lin_solve(A, F, x, True, anchored)
+
+
 # -- mode bookkeeping --------------------------------------------------------------------------
 @njit
 def _prepare(lam, nc, mu, modes, lim_act):
@@ -637,6 +669,7 @@ def _newton(G, g, nc, mu, modes, lim_act, lam, dc, vscale, max_its, anchored, mi
         phi = _dot(F)
         fn = _maxabs(F)
         A = np.empty((na, na))
+        lm = False
         while True:
             if fn <= ftol and its >= min_steps:
                 ok = True
@@ -678,7 +711,10 @@ def _newton(G, g, nc, mu, modes, lim_act, lam, dc, vscale, max_its, anchored, mi
                     A[b, c] = c2 * Gaa[a, c] + c1 * Gaa[b, c]
                 A[b, a] += s2 / rho - f2 * w1
                 A[b, b] += -s1 / rho - f2 * w2
-            delta = _lin_solve(A, F, x, deficient == 1, anchored)
+            if lm:
+                delta = _lm_step(A, F, x, anchored, math.sqrt(phi))
+            else:
+                delta = _lin_solve(A, F, x, deficient == 1, anchored)
             # backtracking line search on ||F||^2
             t = 1.0
             while True:
@@ -692,6 +728,11 @@ def _newton(G, g, nc, mu, modes, lim_act, lam, dc, vscale, max_its, anchored, mi
                 if t < 1e-3:
                     break
             fn_new = _maxabs(F_new)
+            if t < 1e-3 and deficient == 1 and LM_SLIDING and not lm and fn > stall:
+                # no descent along the least-squares step of a singular system: from now on
+                # the regularized step (_lm_step)
+                lm = True
+                continue
             if t < 1e-3:
                 # no descent: converged at the arithmetic's precision, or stuck
                 mn = fn_new if fn_new < fn else fn
@@ -836,6 +877,29 @@ def _finish(G, g, nc, mu, modes, lim_act, lam, sigma, dG, dc, vscale, zero, hasz
 
 # -- the active-set iteration ----------------------------------------------------------------
 @njit
+def _infeasible_sticking(lam, sigma, nc, mu, modes, new_modes, tol):
+    """After a Newton step that stalled with no mode violation: the sticking contacts whose slip
+    is still above ``tol`` (their equations had no solution) become sliding, with the friction
+    impulse (in ``lam``, in place) on the cone opposite that slip. Whether any did."""
+    anysw = False
+    for i in range(nc):
+        if modes[i] != STICKING:
+            continue
+        j = 3 * i
+        s0 = sigma[j]
+        s1 = sigma[j + 1]
+        sl = math.sqrt(s0 * s0 + s1 * s1)
+        ln = lam[j + 2]
+        if sl > tol and ln > 0.0:
+            new_modes[i] = SLIDING
+            f = mu[i] * ln / sl
+            lam[j] = -s0 * f
+            lam[j + 1] = -s1 * f
+            anysw = True
+    return anysw
+
+
+@njit
 def _seen_index(seen_m, seen_l, n, modes, lim_act):
     """Row of (modes, lim_act) among the first n recorded sets, or -1."""
     for r in range(n):
@@ -898,6 +962,19 @@ def active_set(G, g, nc, mu, modes_in, lim_in, lam_in, dG, dc, zero, haszero, vs
             done, lam_f, sigma_f, modes_f, its_f, res = _finish(
                 G, g, nc, mu, modes, lim_act, lam_n, sigma, dG, dc, vscale, zero, haszero, tol,
                 mode_tol, newton_iter, Jb, Mb, tlo, thi)
+            if (not done and not ok
+                    and _infeasible_sticking(lam_n, sigma, nc, mu, modes, new_modes, tol)
+                    and _seen_index(seen_m, seen_l, nseen, new_modes, new_lim) < 0):
+                # Newton stalled without a mode violation and the solution is not accepted:
+                # the sticking equations are inconsistent (a least-squares point whose sticking
+                # rows keep a slip; e.g. a rod holding a box by friction against the 1e-8 m/s
+                # the table's drift correction lifts it by). In the rigid problem such a contact
+                # slides, its friction on the cone opposite that slip: those modes next.
+                total += its_f
+                modes = new_modes
+                lam = lam_n
+                _prepare(lam, nc, mu, modes, lim_act)
+                continue
             return done, lam_f, sigma_f, modes_f, lim_act, total + its_f, res
         if (not ok) or single or _seen_index(seen_m, seen_l, nseen, new_modes, new_lim) >= 0:
             # Newton failed or the modes cycled: from now on switch one row at a time
