@@ -280,38 +280,6 @@ def _lin_solve(A, F, x, deficient, anchored):
     return out
 
 
-LM_SLIDING = False   # (measured: see _lm_step)
-
-
-@njit
-def _lm_step(A, F, x, anchored, mu_lm):
-    """The Newton step of a rank-deficient sliding system, regularized (Levenberg-Marquardt):
-    ``(A^T A + mu I) delta = A^T F`` (+ ``mu x`` unless ``anchored``: the step towards the
-    minimum-norm iterate), ``mu = ||F||`` (Fan and Yuan): as the residual vanishes it is the
-    minimum-norm (least-squares) step of ``_lin_solve``, but directions the singular Jacobian
-    barely sees are damped, and where the linearization is inconsistent (a residual in the
-    left null space of A at a non-isolated solution) the step still descends."""
-    n = A.shape[0]
-    N = np.empty((n, n))
-    r = np.empty(n)
-    for i in range(n):
-        t = 0.0
-        for k in range(n):
-            t += A[k, i] * F[k]
-        r[i] = t
-        for j in range(i, n):
-            t = 0.0
-            for k in range(n):
-                t += A[k, i] * A[k, j]
-            N[i, j] = t
-            N[j, i] = t
-        N[i, i] += mu_lm
-    ok, d = _lu_solve(N, r)
-    if ok:
-        return d
-    return _lin_solve(A, F, x, True, anchored)
-
-
 # -- mode bookkeeping --------------------------------------------------------------------------
 @njit
 def _prepare(lam, nc, mu, modes, lim_act):
@@ -669,7 +637,6 @@ def _newton(G, g, nc, mu, modes, lim_act, lam, dc, vscale, max_its, anchored, mi
         phi = _dot(F)
         fn = _maxabs(F)
         A = np.empty((na, na))
-        lm = False
         while True:
             if fn <= ftol and its >= min_steps:
                 ok = True
@@ -711,10 +678,7 @@ def _newton(G, g, nc, mu, modes, lim_act, lam, dc, vscale, max_its, anchored, mi
                     A[b, c] = c2 * Gaa[a, c] + c1 * Gaa[b, c]
                 A[b, a] += s2 / rho - f2 * w1
                 A[b, b] += -s1 / rho - f2 * w2
-            if lm:
-                delta = _lm_step(A, F, x, anchored, math.sqrt(phi))
-            else:
-                delta = _lin_solve(A, F, x, deficient == 1, anchored)
+            delta = _lin_solve(A, F, x, deficient == 1, anchored)
             # backtracking line search on ||F||^2
             t = 1.0
             while True:
@@ -728,11 +692,6 @@ def _newton(G, g, nc, mu, modes, lim_act, lam, dc, vscale, max_its, anchored, mi
                 if t < 1e-3:
                     break
             fn_new = _maxabs(F_new)
-            if t < 1e-3 and deficient == 1 and LM_SLIDING and not lm and fn > stall:
-                # no descent along the least-squares step of a singular system: from now on
-                # the regularized step (_lm_step)
-                lm = True
-                continue
             if t < 1e-3:
                 # no descent: converged at the arithmetic's precision, or stuck
                 mn = fn_new if fn_new < fn else fn
@@ -880,7 +839,8 @@ def _finish(G, g, nc, mu, modes, lim_act, lam, sigma, dG, dc, vscale, zero, hasz
 def _infeasible_sticking(lam, sigma, nc, mu, modes, new_modes, tol):
     """After a Newton step that stalled with no mode violation: the sticking contacts whose slip
     is still above ``tol`` (their equations had no solution) become sliding, with the friction
-    impulse (in ``lam``, in place) on the cone opposite that slip. Whether any did."""
+    impulse (in ``lam``, in place) on the cone opposite that slip. Whether any did. (The
+    Python stage 1 of solver.py has no such rule.)"""
     anysw = False
     for i in range(nc):
         if modes[i] != STICKING:
