@@ -125,11 +125,30 @@ def _seeking_actions(env, seed, n):
     return np.array(acts)
 
 
+def test_push_recorded_inconsistent_sticking_converges_in_stage1():
+    """tests/data/push_nonconverged.npz: the rod flat against the face, sticking, while the box
+    slides. The table's drift correction lifts the box by about 1.4e-8 m/s, which the rod's
+    vertical friction, sticking, cannot allow: the sticking equations have no solution (the
+    Newton step stalls at a least-squares point 7e-9 m/s off). The rigid problem's solution has
+    the rod contacts sliding that slowly, their friction on the cone pressing the box down.
+    Stage 1 finds it (it switches a sticking contact whose equations stalled with a slip to
+    sliding, friction opposite the slip); before, stages 1 and 1b failed and ADMM/PGS stopped
+    at 1.5e-8 m/s."""
+    d = np.load(Path(__file__).parent / "data" / "push_nonconverged.npz")
+    sim = gym.make("DiffPush-v0").unwrapped.sim
+    sim.set_warm_start_state(tuple(d[f"warm{i}"] for i in range(6)))
+    sim.step(d["q"], d["v"], d["tau"])
+    last = sim.last
+    assert last.converged and last.method == "newton", last
+    assert last.residual <= sim.solver.settings.tol
+    rod = [i for i, gs in enumerate(last.contact_geoms) if set(gs) == {"rod", "box"}]
+    assert rod and all(last.contact_modes[i] == "sliding" for i in rod)
+
+
 @pytest.mark.xfail(strict=True, reason=(
-    "core (issue 16): the rod held flat against the box face and sticking there (friction at "
-    "the rod) while the box slides on its face: the weight the rod's friction carries, and with "
-    "it the table's friction, is not unique; stage 1 and 1b fail and ADMM/PGS stop at residuals "
-    "1e-8 to 5e-7 m/s for 65 consecutive steps (tests/data/push_nonconverged.npz)"))
+    "core (issue 16): along the 200-step ramped push some steps still leave stage 1 (the box "
+    "sliding while it spins: a singular sliding system whose min-norm Newton converges slowly; "
+    "stage 1b, pinocchio's ADMM, and ADMM/PGS stopping at 2e-7 to 5e-7 m/s on 3 steps)"))
 def test_push_steady_push_converges_without_slow_stages():
     """The ramped push of the test above: every step converges at the stated tolerance without
     the slow fallback stages (issue 16's bar for redundant contacts)."""

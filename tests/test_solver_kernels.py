@@ -135,13 +135,22 @@ def _compare(problems):
     ref, comp = reference(), NCPSolver()
     assert comp.settings.compiled
     stats = dict(n=0, null_space=0, max_lam=0.0, max_sigma=0.0, its_diff=0, rounding_method=0,
-                 null_space_scenes=set())
+                 stage1_rule=0, null_space_scenes=set())
     for name, G, g, nc, mu, lam0, modes0 in problems:
         for warm in (True, False):
             args = (G, g, nc, mu) + ((lam0, modes0) if warm else (None, None))
             a = ref.solve(*args)
             b = comp.solve(*args)
             what = (name, warm, a.method, b.method, a.modes, b.modes)
+            if a.method != b.method and b.method == "newton" and b.converged:
+                # the compiled stage 1 switches a sticking contact whose Newton stalled with a
+                # slip to sliding (solver_kernels._infeasible_sticking; the Python stage 1 does
+                # not): it solves in stage 1 what the reference leaves to later stages. Its
+                # solution must satisfy the problem's conditions to the tolerance.
+                assert natural_residual(b.lam, b.sigma, nc, mu, np.diag(G)) <= comp.settings.tol
+                stats["stage1_rule"] += 1
+                stats["n"] += 1
+                continue
             if a.method != b.method:
                 # allowed only where the reference's own choice is decided by rounding (a
                 # numerically singular Newton system that passes the rank test): a 1-ulp change

@@ -836,6 +836,30 @@ def _finish(G, g, nc, mu, modes, lim_act, lam, sigma, dG, dc, vscale, zero, hasz
 
 # -- the active-set iteration ----------------------------------------------------------------
 @njit
+def _infeasible_sticking(lam, sigma, nc, mu, modes, new_modes, tol):
+    """After a Newton step that stalled with no mode violation: the sticking contacts whose slip
+    is still above ``tol`` (their equations had no solution) become sliding, with the friction
+    impulse (in ``lam``, in place) on the cone opposite that slip. Whether any did. (The
+    Python stage 1 of solver.py has no such rule.)"""
+    anysw = False
+    for i in range(nc):
+        if modes[i] != STICKING:
+            continue
+        j = 3 * i
+        s0 = sigma[j]
+        s1 = sigma[j + 1]
+        sl = math.sqrt(s0 * s0 + s1 * s1)
+        ln = lam[j + 2]
+        if sl > tol and ln > 0.0:
+            new_modes[i] = SLIDING
+            f = mu[i] * ln / sl
+            lam[j] = -s0 * f
+            lam[j + 1] = -s1 * f
+            anysw = True
+    return anysw
+
+
+@njit
 def _seen_index(seen_m, seen_l, n, modes, lim_act):
     """Row of (modes, lim_act) among the first n recorded sets, or -1."""
     for r in range(n):
@@ -898,6 +922,19 @@ def active_set(G, g, nc, mu, modes_in, lim_in, lam_in, dG, dc, zero, haszero, vs
             done, lam_f, sigma_f, modes_f, its_f, res = _finish(
                 G, g, nc, mu, modes, lim_act, lam_n, sigma, dG, dc, vscale, zero, haszero, tol,
                 mode_tol, newton_iter, Jb, Mb, tlo, thi)
+            if (not done and not ok
+                    and _infeasible_sticking(lam_n, sigma, nc, mu, modes, new_modes, tol)
+                    and _seen_index(seen_m, seen_l, nseen, new_modes, new_lim) < 0):
+                # Newton stalled without a mode violation and the solution is not accepted:
+                # the sticking equations are inconsistent (a least-squares point whose sticking
+                # rows keep a slip; e.g. a rod holding a box by friction against the 1e-8 m/s
+                # the table's drift correction lifts it by). In the rigid problem such a contact
+                # slides, its friction on the cone opposite that slip: those modes next.
+                total += its_f
+                modes = new_modes
+                lam = lam_n
+                _prepare(lam, nc, mu, modes, lim_act)
+                continue
             return done, lam_f, sigma_f, modes_f, lim_act, total + its_f, res
         if (not ok) or single or _seen_index(seen_m, seen_l, nseen, new_modes, new_lim) >= 0:
             # Newton failed or the modes cycled: from now on switch one row at a time
