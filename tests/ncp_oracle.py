@@ -87,7 +87,9 @@ def pinocchio_ncp(G, g, nc, mu, tol=1e-13, max_iter=50000):
     """pinocchio's ADMM NCP solver on our problem. A point contact's rows are (t1, t2, n) as ours
     (tests/test_solver.py checks it); a joint limit row becomes the normal row of a frictionless
     point contact whose two tangential rows are decoupled dummies (zero impulse, zero
-    velocity). Returns (lam, sigma)."""
+    velocity). Returns (lam, sigma). (Written apart from the solver's own fallback,
+    ``NCPSolver._pin_admm``, on purpose: an oracle sharing its embedding would share its
+    mistakes.)"""
     m = G.shape[0]
     nl = m - 3 * nc
     M = 3 * nc + 3 * nl
