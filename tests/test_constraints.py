@@ -516,8 +516,8 @@ def test_matches_mujoco(which):
 def test_mixed_solve_satisfies_the_problem(which):
     """The mixed solve of the new rows (equality_kernels.mixed_solve, its one implementation)
     on each element's rollout under random forces, with the compiled solver and with
-    ``SolverSettings(compiled=False)`` (every reduced NCP through NCPSolver.solve's Python
-    stage 1): at every step the solution satisfies the problem's conditions, checked from their
+    ``SolverSettings(compiled=False)`` (every reduced NCP through NCPSolver.solve, the
+    stage-by-stage route): at every step the solution satisfies the problem's conditions, checked from their
     definitions (tests/mixed_oracle.py) on the step's own G and g, and both give the same
     trajectory (the velocity solution is unique)."""
     if which == "mixed":

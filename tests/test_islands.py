@@ -54,8 +54,10 @@ def test_row_islands_union_of_trees():
 def test_islands_match_the_monolithic_reference():
     """Two columns of boxes, a rack of touching balls struck by one of them and a lone rolling
     ball: the island by island compiled step follows the same trajectory as the monolithic
-    Python solve. (No box slides on a face: four sliding corners split their normal impulse
-    in a way that is not unique, and neither is the friction torque; see the README.)"""
+    stage-by-stage solve (``SolverSettings(compiled=False)``: the whole problem assembled in
+    Python, one NCPSolver.solve). (No box slides on a face: four sliding corners split their
+    normal impulse in a way that is not unique, and neither is the friction torque; see the
+    README.)"""
     xml = _scene(_stack(0, 0, 3, "a") + _stack(0.5, 0, 2, "b")
                  + "".join(f'<body name="s{i}" pos="{1 + 0.1 * i} 0 0.05"><freejoint/>'
                            f'<geom name="sg{i}" type="sphere" size="0.05" mass="0.2"/></body>'

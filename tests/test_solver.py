@@ -3,13 +3,13 @@
 simulated scenes. NCP solutions need not be unique in lam (redundant contacts) and, with friction,
 not always in sigma either; where they differ, both must be solutions."""
 import numpy as np
-import pinocchio as pin
 import pytest
 
 import diffgym
 from diffgym.resources import asset_path
 from diffgym.sim.solver import (BREAKING, MODE_NAMES, SLIDING, STICKING, NCPSolver, SolverResult,
                             SolverSettings, desaxce, natural_residual, project_cone)
+from ncp_oracle import assert_modes_consistent, pinocchio_ncp
 
 BOX = """<mujoco><option timestep="0.01"/><worldbody><geom type="plane" size="5 5 .1" friction="{mu}"/>
 <body name="box" pos="0 0 0.1"><freejoint/><geom type="box" size="0.1 0.15 0.1" friction="{mu}"/>
@@ -23,71 +23,6 @@ SPHERE = """<mujoco><option timestep="0.005"/><worldbody><geom type="plane" size
 def own_only():
     """Our solver without pinocchio's ADMM as a fallback (an independent cross-check)."""
     return NCPSolver(SolverSettings(pin_fallback=False))
-
-
-_PIN_MODEL = pin.Model()
-_PIN_MODEL.addJoint(0, pin.JointModelFreeFlyer(), pin.SE3.Identity(), "body")
-_PIN_MODEL.appendBodyToJoint(1, pin.Inertia.FromSphere(1.0, 0.1), pin.SE3.Identity())
-
-
-def pinocchio_ncp(G, g, nc, mu, tol=1e-13, max_iter=50000):
-    """pinocchio's ADMM NCP solver on our problem. A point contact's rows are (t1, t2, n) as ours
-    (checked below); a joint limit row becomes the normal row of a frictionless point contact
-    whose two tangential rows are decoupled dummies (zero impulse, zero velocity)."""
-    m = G.shape[0]
-    nl = m - 3 * nc
-    M = 3 * nc + 3 * nl
-    idx = np.concatenate((np.arange(3 * nc), 3 * nc + 3 * np.arange(nl) + 2))
-    Ge = np.eye(M) * float(np.mean(np.diag(G)))
-    Ge[np.ix_(idx, idx)] = G
-    ge = np.zeros(M)
-    ge[idx] = g
-    models = pin.StdVec_ConstraintModel()
-    for f in np.concatenate((mu, np.zeros(nl))):
-        pc = pin.PointContactConstraintModel(_PIN_MODEL, 1)
-        pc.setFriction(float(f))
-        models.append(pin.ConstraintModel(pc))
-    datas = pin.StdVec_ConstraintData()
-    for cm in models:
-        datas.append(cm.createData())
-    st = pin.ADMMSolverSettings()
-    st.solve_ncp = True
-    st.max_iterations = max_iter
-    st.absolute_feasibility_tol = st.absolute_complementarity_tol = tol
-    st.relative_feasibility_tol = st.relative_complementarity_tol = tol
-    res = pin.ADMMSolverResult()
-    pin.ADMMConstraintSolver(M).solve(pin.DelassusOperatorDense(Ge), ge, models, datas, st, res)
-    lam = np.asarray(res.retrieveConstraintImpulses())[idx].copy()
-    return lam, G @ lam + g
-
-
-def assert_modes_consistent(res: SolverResult, G, g, nc, mu, eq_tol=1e-10):
-    """The mode equations hold (to eq_tol, relative to |g|) and so do the modes' inequalities."""
-    vs = max(1.0, float(np.abs(g).max()))
-    lam, sigma = res.lam, res.sigma
-    ls = max(1e-12, float(np.abs(lam).max()))
-    assert np.allclose(sigma, G @ lam + g, rtol=0, atol=1e-12 * vs)
-    assert res.modes.shape == (nc,) and res.limit_active.shape == (G.shape[0] - 3 * nc,)
-    for i in range(nc):
-        l, s = lam[3 * i:3 * i + 3], sigma[3 * i:3 * i + 3]
-        if res.modes[i] == BREAKING:
-            assert np.all(l == 0.0)
-            assert s[2] >= -eq_tol * vs
-        elif res.modes[i] == STICKING:
-            assert np.linalg.norm(s) <= eq_tol * vs, (i, s)
-            assert np.linalg.norm(l[:2]) <= mu[i] * l[2] + 1e-9 * ls, (i, l)
-        else:
-            assert res.modes[i] == SLIDING
-            assert abs(s[2]) <= eq_tol * vs and l[2] >= -1e-9 * ls, (i, l, s)
-            slip = np.linalg.norm(s[:2])
-            assert slip > 0.0
-            assert np.allclose(l[:2], -mu[i] * l[2] * s[:2] / slip, rtol=0, atol=1e-9 * ls), (i, l, s)
-    for j, act in enumerate(res.limit_active):
-        k = 3 * nc + j
-        if act:
-            assert abs(sigma[k]) <= eq_tol * vs and lam[k] >= -1e-9 * ls
-        else:
-            assert lam[k] == 0.0 and sigma[k] >= -eq_tol * vs
 
 
 def random_problem(rng, nc, nl, extra=3):

@@ -184,7 +184,7 @@ def test_go1_joint_friction_mixed_solve_satisfies_the_problem(monkeypatch):
     torques: every step's solution satisfies the problem's conditions checked from their
     definitions (tests/mixed_oracle.py), the rows stick and slide, some rounds' reduced problems
     need the later solver stages (the kernel's resume path), the run with
-    ``SolverSettings(compiled=False)`` (reduced NCPs through the Python stage 1) gives the same
+    ``SolverSettings(compiled=False)`` (reduced NCPs through NCPSolver.solve) gives the same
     trajectory, and the step Jacobians agree at visited states."""
     from diffgym.sim.equality import ExtraRows
     from diffgym.resources import asset_path

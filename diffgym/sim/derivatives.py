@@ -25,7 +25,8 @@ Jacobian of the smooth piece the current state lies on); no smoothing is applied
 Collision geometry (how contact points, normals and distances move with q) is closed form for
 a static plane against every shape (``_plane_contacts``: sphere and capsule roll about their
 centre or segment point, box and mesh witness points are body-fixed vertices, a tilted
-cylinder's witness is the lowest point of its cap rim, an ellipsoid's its support point), for
+cylinder's witness is the lowest point of its cap rim, an ellipsoid's its support point or a
+body-fixed surface sample), for
 sphere-sphere, for sphere-box (``_sphere_box``: face, edge, corner and centre-inside regions;
 either body static or moving), for sphere-capsule (``_sphere_capsule``: the centre against the
 axis segment), for every pair of boxes and convex meshes, a capsule with either, and
@@ -384,10 +385,10 @@ def _plane_contacts(sim, kin: _Kin, cons, idx: np.ndarray, dp, dn, dd) -> None:
     segment point) minus r n, so it moves with that body-fixed point; for a box, a mesh or a
     cylinder lying flat it is a body-fixed vertex; for a tilted cylinder it is the lowest point
     of a cap's rim, c - r u with u the unit projection of the plane normal on the cap plane; for
-    an ellipsoid it is the support point c - E m / sqrt(m^T E m), E = R diag(radii^2) R^T, along
-    m = n or one of the fixed tilted directions (plane_contacts.ellipsoid_directions). The
-    plane's normal is constant, so dn = 0, d dist = n_X . dx and the contact point (the projection
-    of x on the plane) moves by dx - n d dist.
+    an ellipsoid, point 0 is the support point c - E m / sqrt(m^T E m), E = R diag(radii^2) R^T,
+    along m = n, and points 1.. are body-fixed surface samples (plane_contacts.ELLIPSOID_U),
+    which move as a box's vertices. The plane's normal is constant, so dn = 0, d dist = n_X . dx
+    and the contact point (the projection of x on the plane) moves by dx - n d dist.
     """
     c = cons.contacts
     geoms = sim.sm.geoms
@@ -435,7 +436,7 @@ def _plane_contacts(sim, kin: _Kin, cons, idx: np.ndarray, dp, dn, dd) -> None:
             if int(c.point[idx[r]]) >= 1:               # (a body-fixed surface sample)
                 continue
             E = Rg @ np.diag(np.asarray(geoms[int(gx[r])].size[:3], float) ** 2) @ Rg.T
-            # (point k is the support point along the fixed direction k of the plane's normal)
+            # (point 0: the support point along the plane's normal)
             m = ellipsoid_directions(m)[int(c.point[idx[r]])]
             y = E @ m
             s2 = float(m @ y)

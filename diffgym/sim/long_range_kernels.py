@@ -54,6 +54,12 @@ def _grow_2(a, n):
     return b
 
 
+# the columns of ``evaluate``'s stack of frames (node pairs being summed): I, J, pair (-1: scene
+# level), row (-1: a scene self pair, never blended), first hessian entry, number of children,
+# next child, then the children (I, J, pair) x 4
+_S_I, _S_J, _S_P, _S_ROW, _S_H, _S_NCH, _S_NEXT, _S_CH = 0, 1, 2, 3, 4, 5, 6, 7
+
+
 @njit
 def _centred(r, scale):
     s = r ** -0.5
@@ -159,17 +165,9 @@ def evaluate(node_c, node_r, node_k, roots, pair_a, pair_b, pair_plane, geom_R, 
     hv = np.empty(hcap)
     nrows = 0
     nh = 0
-    # the stack of node pairs being summed: I, J, pair (-1: scene level), row (-1: a scene self
-    # pair, never blended), first hessian entry, children (I, J, pair) x 4, next child, sum
+    # the stack of node pairs being summed: a row of ``stk`` a frame (columns _S_*), its sum in sS
     smax = 256
-    sI = np.empty(smax, dtype=np.int64)
-    sJ = np.empty(smax, dtype=np.int64)
-    sP = np.empty(smax, dtype=np.int64)
-    srow = np.empty(smax, dtype=np.int64)
-    sh = np.empty(smax, dtype=np.int64)
-    sch = np.empty((smax, 12), dtype=np.int64)
-    snch = np.empty(smax, dtype=np.int64)
-    snext = np.empty(smax, dtype=np.int64)
+    stk = np.empty((smax, _S_CH + 12), dtype=np.int64)
     sS = np.empty(smax)
     total = 0.0
     pa = np.empty(3)
@@ -313,21 +311,14 @@ def evaluate(node_c, node_r, node_k, roots, pair_a, pair_b, pair_plane, geom_R, 
                     nh += 1
                     has_val = True
             if not has_val:
-                if depth == sI.shape[0]:
-                    sI = _grow_f(sI, depth + 1)
-                    sJ = _grow_f(sJ, depth + 1)
-                    sP = _grow_f(sP, depth + 1)
-                    srow = _grow_f(srow, depth + 1)
-                    sh = _grow_f(sh, depth + 1)
-                    sch = _grow_2(sch, depth + 1)
-                    snch = _grow_f(snch, depth + 1)
-                    snext = _grow_f(snext, depth + 1)
+                if depth == stk.shape[0]:
+                    stk = _grow_2(stk, depth + 1)
                     sS = _grow_f(sS, depth + 1)
-                sI[depth] = I
-                sJ[depth] = J
-                sP[depth] = p
-                srow[depth] = m
-                sh[depth] = nh
+                stk[depth, _S_I] = I
+                stk[depth, _S_J] = J
+                stk[depth, _S_P] = p
+                stk[depth, _S_ROW] = m
+                stk[depth, _S_H] = nh
                 n = 0
                 if p >= 0:
                     leaf_a = node_k[I, 0] < 0
@@ -336,9 +327,9 @@ def evaluate(node_c, node_r, node_k, roots, pair_a, pair_b, pair_plane, geom_R, 
                     ny = 1 if leaf_b else 2
                     for xx in range(nx):
                         for yy in range(ny):
-                            sch[depth, 3 * n] = I if leaf_a else node_k[I, xx]
-                            sch[depth, 3 * n + 1] = J if leaf_b else node_k[J, yy]
-                            sch[depth, 3 * n + 2] = p
+                            stk[depth, _S_CH + 3 * n] = I if leaf_a else node_k[I, xx]
+                            stk[depth, _S_CH + 3 * n + 1] = J if leaf_b else node_k[J, yy]
+                            stk[depth, _S_CH + 3 * n + 2] = p
                             n += 1
                 else:
                     la = sc_k[I, 0] < 0
@@ -357,25 +348,25 @@ def evaluate(node_c, node_r, node_k, roots, pair_a, pair_b, pair_plane, geom_R, 
                                 if _count(cand_cum, sc_lo[ci], sc_hi[ci], sc_lo[ci],
                                           sc_hi[ci]) == 0:
                                     continue
-                                sch[depth, 3 * n] = ci
-                                sch[depth, 3 * n + 1] = ci
-                                sch[depth, 3 * n + 2] = -1
+                                stk[depth, _S_CH + 3 * n] = ci
+                                stk[depth, _S_CH + 3 * n + 1] = ci
+                                stk[depth, _S_CH + 3 * n + 2] = -1
                                 n += 1
                                 continue
                             if _count(cand_cum, sc_lo[ci], sc_hi[ci], sc_lo[cj], sc_hi[cj]) == 0:
                                 continue
                             if sc_k[ci, 0] < 0 and sc_k[cj, 0] < 0:
                                 q = leaf_pair[sc_lo[ci], sc_lo[cj]]
-                                sch[depth, 3 * n] = roots[pair_a[q]]
-                                sch[depth, 3 * n + 1] = roots[pair_b[q]]
-                                sch[depth, 3 * n + 2] = q
+                                stk[depth, _S_CH + 3 * n] = roots[pair_a[q]]
+                                stk[depth, _S_CH + 3 * n + 1] = roots[pair_b[q]]
+                                stk[depth, _S_CH + 3 * n + 2] = q
                             else:
-                                sch[depth, 3 * n] = ci
-                                sch[depth, 3 * n + 1] = cj
-                                sch[depth, 3 * n + 2] = -1
+                                stk[depth, _S_CH + 3 * n] = ci
+                                stk[depth, _S_CH + 3 * n + 1] = cj
+                                stk[depth, _S_CH + 3 * n + 2] = -1
                             n += 1
-                snch[depth] = n
-                snext[depth] = 0
+                stk[depth, _S_NCH] = n
+                stk[depth, _S_NEXT] = 0
                 sS[depth] = 0.0
                 depth += 1
             # hand values up and close finished frames until a child is pending or all is done
@@ -392,24 +383,24 @@ def evaluate(node_c, node_r, node_k, roots, pair_a, pair_b, pair_plane, geom_R, 
                     done = True
                     break
                 d = depth - 1
-                if snext[d] < snch[d]:
-                    c = snext[d]
-                    snext[d] += 1
-                    pend_I = sch[d, 3 * c]
-                    pend_J = sch[d, 3 * c + 1]
-                    pend_P = sch[d, 3 * c + 2]
+                if stk[d, _S_NEXT] < stk[d, _S_NCH]:
+                    c = stk[d, _S_NEXT]
+                    stk[d, _S_NEXT] += 1
+                    pend_I = stk[d, _S_CH + 3 * c]
+                    pend_J = stk[d, _S_CH + 3 * c + 1]
+                    pend_P = stk[d, _S_CH + 3 * c + 2]
                     break
                 # frame d is complete: the children's sum, blended with its centred term
-                m = srow[d]
+                m = stk[d, _S_ROW]
                 S = sS[d]
                 depth -= 1
                 has_val = True
                 val = S
                 if m < 0:
                     continue                              # a scene self pair: the plain sum
-                p = sP[d]
-                I = sI[d]
-                J = sJ[d]
+                p = stk[d, _S_P]
+                I = stk[d, _S_I]
+                J = stk[d, _S_J]
                 r = dist[m]
                 cnt = 1.0
                 if p >= 0:
@@ -429,7 +420,7 @@ def evaluate(node_c, node_r, node_k, roots, pair_a, pair_b, pair_plane, geom_R, 
                 pv *= cnt
                 dp *= cnt
                 ddp *= cnt
-                for k in range(sh[d], nh):
+                for k in range(stk[d, _S_H], nh):
                     hv[k] *= 1.0 - f
                 need = nh + 2 * (nrows - m - 1) + 1
                 if need > hi.shape[0]:

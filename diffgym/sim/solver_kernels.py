@@ -1,17 +1,16 @@
 """Compiled stage 1 of the NCP solve (``diffgym/sim/solver.py``): the warm-started active-set Newton.
 
-A line-by-line port of ``NCPSolver._active_set`` and everything it calls (``_prepare``,
-``_newton`` with its linear and sliding branches, line search, iterative refinement and
-anchored / minimum-norm least-squares steps, ``_scatter``, ``_tols``, ``_violations`` with its
-quick test, ``_finish``, ``_natres``, ``_rank_deficient``, ``_lin_solve``, the elimination of
-rows with a zero Delassus diagonal) and of the preamble of ``NCPSolver.solve``. The Python
-methods stay the reference (``SolverSettings(compiled=False)``); the decisions, tolerances and
-iteration counts here are the same. Only the linear algebra is written out: matrix-vector
-products as loops, LU with partial pivoting (LAPACK ``dgetf2``'s order: reciprocal pivot,
-row-oriented rank-1 updates) instead of ``dgesv``, Cholesky (``dpotf2``) for the rank test, and
-numba's ``np.linalg.lstsq`` (LAPACK ``dgelsd``, SVD based: minimum norm, ``rcond = 1e-11``) for
-rank-deficient systems, as the reference. Results therefore differ from the reference's in the
-last bits only (sums in another order).
+Its one implementation (``NCPSolver.solve`` calls ``solve_stage1`` under any settings, the
+step's fused call runs it, the later stages polish with ``active_set``; ``DIFFGYM_JIT=0`` runs
+it as plain Python): ``active_set`` with ``_prepare``, ``_newton`` (linear and sliding
+branches, line search, iterative refinement, anchored / minimum-norm least-squares steps),
+``_tols``, ``_violations`` with its quick test, ``_finish``, ``natres``, ``_rank_deficient``,
+``_lin_solve`` and the elimination of rows with a zero Delassus diagonal, and the solve's
+preamble (``solve_stage1``). The linear algebra is written out: matrix-vector products as
+loops, LU with partial pivoting (LAPACK ``dgetf2``'s order: reciprocal pivot, row-oriented
+rank-1 updates), Cholesky (``dpotrf``) for the rank test, and a Jacobi SVD or numba's
+``np.linalg.lstsq`` (LAPACK ``dgelsd``: minimum norm, ``rcond = 1e-11``) for rank-deficient
+systems. Tested against independent oracles (tests/test_solver_kernels.py, tests/test_solver.py).
 
 Arrays: ``modes`` int64 (nc), ``lim_act`` bool (nl), everything else float64; kernels allocate
 their own outputs and return tuples (``found`` first).
