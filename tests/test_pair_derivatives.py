@@ -59,8 +59,13 @@ CASES = [
     ("flat", "cylinder", TILTED, 0.02),        # cylinder on its side on a mesh facet
     ("capsule", "cylinder", UPRIGHT, 0.02),    # a cap on a capsule: the axis clipped by the rim
     ("cylinder", "box", UPRIGHT, 0.24),        # a box face across the rim: clipped by the disc
+    # a capsule lying on a capsule, axes parallel: a line contact, the 2-point patch of the ends
+    # of the overlap (collision_derivatives.capsule_line_patch); centred across (y = 0, else it
+    # rolls off the round base) and off-centre along the axis
+    ("capsule", "capsule", pair_scenes.LYING, (0.02, 0.0)),
+    ("capsule", "capsule", pair_scenes.LYING, (0.33, 0.0)),  # hanging over the base's end
 ]
-FACE_CASES = CASES[17:]
+FACE_CASES = CASES[17:]      # (and the capsule line patches: at least 2 points)
 # the box across the rim, spinning: its 4 points slide and their impulses are not unique; the
 # step Jacobian then disagrees with central differences by 4e-4 to 2e-3 of the block's scale in
 # every block, dq_dtau included, which no geometry derivative enters (the one-sided
@@ -71,7 +76,8 @@ MODE_SYSTEM_GAP = {(("cylinder", "box", UPRIGHT, 0.24), "spinning")}
 
 
 def _scene(tmp_path, base, top, euler, x):
-    return pair_scenes.load(tmp_path, base, top, euler, x)
+    x, y = x if isinstance(x, tuple) else (x, 0.01)
+    return pair_scenes.load(tmp_path, base, top, euler, x, y)
 
 
 def _drop(sim, steps):
@@ -88,14 +94,20 @@ def _drop(sim, steps):
     return q, v
 
 
-@pytest.mark.parametrize("base, top, euler, x", CASES, ids=[f"{b}-{t}" + ("-tilted" if e == TILTED and b in ("flat", "cylinder", "plane") and t in ("cylinder", "capsule", "ellipsoid") else "")
-                              for b, t, e, _ in CASES])
+def _case_id(b, t, e, x):
+    if e == pair_scenes.LYING:
+        return f"{b}-{t}-lying-x{x[0]}"
+    return f"{b}-{t}" + ("-tilted" if e == TILTED and b in ("flat", "cylinder", "plane")
+                         and t in ("cylinder", "capsule", "ellipsoid") else "")
+
+
+@pytest.mark.parametrize("base, top, euler, x", CASES, ids=[_case_id(*c) for c in CASES])
 def test_pair_jacobian_closed_form(base, top, euler, x, tmp_path, monkeypatch):
     def boom(sim, cons, idx, *a):
         pytest.fail(f"collision finite-difference fallback used ({base}-{top})")
     monkeypatch.setattr(derivatives, "_collision_fd", boom)
     sim = _scene(tmp_path, base, top, euler, x)
-    if x > 0.3:                   # over the edge: just touching, moving into the box
+    if not isinstance(x, tuple) and x > 0.3:     # over the edge: just touching, moving into the box
         q, v = _drop(sim, 0)
         v = np.r_[0, 0, -0.3, 0, 0, 0]
     else:

@@ -40,7 +40,8 @@ import coal
 import numpy as np
 import pinocchio as pin
 
-from .collision_derivatives import box_corners, patch_distances, segments_parallel, snap_pair
+from .collision_derivatives import (box_corners, capsule_axis, capsule_line_patch,
+                                    patch_distances, segments_parallel, snap_pair)
 from .frames import tangent_frames
 from .pinviews import gather_placements, placement_view
 from .model import SimModel
@@ -640,6 +641,32 @@ class CollisionDriver:
         rows_d += height.tolist()
         return True
 
+    def _capsule_line(self, k, gdata, margin, rows_pair, rows_pt, rows_pos, rows_n, rows_d) -> bool:
+        """Closed-form points of capsule-capsule pair k whose axes lie along each other: the
+        ends of their overlap (collision_derivatives.capsule_line_patch), each with its own
+        normal and distance; False where the axes are not near-parallel (coal decides)."""
+        ga, gb = self._caps_caps[k]
+        a0, a1, ra = capsule_axis(self.sm, ga, gdata)
+        b0, b1, rb = capsule_axis(self.sm, gb, gdata)
+        out = capsule_line_patch(a0, a1, ra, b0, b1, rb, float(self._patch_tol))
+        if out is None:
+            return False
+        L = [float(np.linalg.norm(pb - pa)) for _, pa, pb in out]
+        if not min(L) > 0.0:
+            return False
+        if min(L) - ra - rb >= margin:
+            return True                        # (no contact)
+        for pid, pa, pb in out:
+            r = pb - pa
+            L = float(np.sqrt(r @ r))
+            n = r / L
+            rows_pair.append(k)
+            rows_pt.append(pid)
+            rows_pos.append(0.5 * (pa + pb) + 0.5 * (ra - rb) * n)
+            rows_n.append(n)
+            rows_d.append(L - ra - rb)
+        return True
+
     def _face_contact(self, k, gdata, margin, rows_pair, rows_pt, rows_pos, rows_n, rows_d) -> bool:
         """Closed-form points of pair k where a shape lies on a cylinder's cap or a cylinder on
         a mesh facet (convex_support.face_contact; of the faces tried, the one with the larger
@@ -735,6 +762,9 @@ class CollisionDriver:
                 continue
             if k in self._face and self._face_contact(k, gdata, mk, rows_pair, rows_pt, rows_pos,
                                                       rows_n, rows_d):
+                continue
+            if k in self._caps_caps and self._capsule_line(k, gdata, mk, rows_pair, rows_pt,
+                                                           rows_pos, rows_n, rows_d):
                 continue
             req = reqs[k]
             req.security_margin = mk
