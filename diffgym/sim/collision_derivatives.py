@@ -790,6 +790,28 @@ def _k_patch_distances(XA, YB, n, P, L):
 
 
 @njit
+def _k_segments_closest(a0, a1, b0, b1):
+    """Closest points of the segments a0-a1 and b0-b1 (either may be a point), parameters
+    clamped to the segments."""
+    uA, uB, w0 = a1 - a0, b1 - b0, a0 - b0
+    a, b, c = uA @ uA, uA @ uB, uB @ uB
+    d, e = uA @ w0, uB @ w0
+    if a == 0.0 and c == 0.0:
+        return a0.copy(), b0.copy()
+    if a == 0.0:
+        return a0.copy(), b0 + min(max(e / c, 0.0), 1.0) * uB
+    if c == 0.0:
+        return a0 + min(max(-d / a, 0.0), 1.0) * uA, b0.copy()
+    den = a * c - b * b
+    s = min(max((b * e - c * d) / den, 0.0), 1.0) if den > 1e-14 * a * c else 0.0
+    t = (b * s + e) / c
+    if t < 0.0 or t > 1.0:
+        t = min(max(t, 0.0), 1.0)
+        s = min(max((b * t - d) / a, 0.0), 1.0)
+    return a0 + s * uA, b0 + t * uB
+
+
+@njit
 def _k_snap_pair(XA, radA, FA, EA, XB, radB, FB, EB, n, d, tol):
     """snap_pair: (ok, axis, distance, mid-plane height)."""
     na, nb = FA.shape[0], FB.shape[0]
@@ -830,6 +852,49 @@ def _k_snap_pair(XA, radA, FA, EA, XB, radB, FB, EB, n, d, tol):
             size = max(size, V[:, ax].max() - V[:, ax].min())
     size += radA + radB
     axis = M[max(best, 0)].copy()
+    if best >= 0 and fbest > 0.0:
+        # separated: the axis is the distance only where the closest features lie across it
+        # from each other (a vertex over a face, crossing edges). Otherwise (a box corner
+        # beyond the edge of the face it faces, a capsule's end beyond the box edge it faces)
+        # the closest points are a vertex against an edge or a vertex, farther apart than the
+        # axis says, along a direction that is no face normal or edge cross product; within
+        # coal's tolerance of it (DiffPush-v0's rod end 15 cm from a box edge: 1e-3 rad), and
+        # the witness point then matched no feature of the derivatives. The exact closest
+        # points of the near-support sets (vertices within 2e-3 of the size of the support
+        # planes along the axis), over every pair of segments (or points) they span: the
+        # boundary edges of the faces are among them.
+        top = -np.inf
+        for a in range(XA.shape[0]):
+            top = max(top, axis @ XA[a])
+        bot = np.inf
+        for b in range(XB.shape[0]):
+            bot = min(bot, axis @ XB[b])
+        stol = 2e-3 * size
+        ia = _k_rows_of(XA, XA @ axis, top, stol, True)
+        ib = _k_rows_of(XB, XB @ axis, bot, stol, False)
+        if ia.shape[0] <= 8 and ib.shape[0] <= 8:
+            Lmin, rmin = np.inf, np.zeros(3)
+            for i0 in range(ia.shape[0]):
+                for i1 in range(i0, ia.shape[0]):
+                    for j0 in range(ib.shape[0]):
+                        for j1 in range(j0, ib.shape[0]):
+                            x, y = _k_segments_closest(XA[ia[i0]], XA[ia[i1]], XB[ib[j0]],
+                                                       XB[ib[j1]])
+                            r = y - x
+                            L = np.sqrt(r @ r)
+                            if L < Lmin:
+                                Lmin, rmin = L, r
+            if Lmin > 0.0 and Lmin - radA - radB > fbest + 1e-9 * size:
+                axis = rmin / Lmin
+                top = -np.inf
+                for a in range(XA.shape[0]):
+                    top = max(top, axis @ XA[a])
+                bot = np.inf
+                for b in range(XB.shape[0]):
+                    bot = min(bot, axis @ XB[b])
+                top += radA
+                bot -= radB
+                fbest, cbest = bot - top, 0.5 * (top + bot)
     ok = best >= 0 and not (abs(fbest - d) > max(tol * (1.0 + abs(d)), 1e-5 * size)
                             or axis @ n < 1.0 - 1e-6)
     return ok, axis, fbest, cbest
