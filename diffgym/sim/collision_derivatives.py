@@ -812,6 +812,27 @@ def _k_segments_closest(a0, a1, b0, b1):
 
 
 @njit
+def _k_world_patch_distances(X, radA, Y, radB, n, P, ptol):
+    """patch_distances of a pair from its world vertices X, Y (a capsule: its axis ends, with
+    its radius): the support sets along n taken with the patch tolerance ptol, the size L the
+    larger extent of the two vertex sets along a world axis (collision_driver)."""
+    hx, hy = X @ n, Y @ n
+    L = 0.0
+    for V in (X, Y):
+        for ax in range(3):
+            L = max(L, V[:, ax].max() - V[:, ax].min())
+    ia = _k_rows_of(X, hx, hx.max(), ptol, True)
+    ib = _k_rows_of(Y, hy, hy.min(), ptol, False)
+    XA = np.empty((ia.shape[0], 3))
+    for i in range(ia.shape[0]):
+        XA[i] = X[ia[i]] + radA * n
+    YB = np.empty((ib.shape[0], 3))
+    for i in range(ib.shape[0]):
+        YB[i] = Y[ib[i]] - radB * n
+    return _k_patch_distances(XA, YB, n, P, L)
+
+
+@njit
 def _k_snap_pair(XA, radA, FA, EA, XB, radB, FB, EB, n, d, tol):
     """snap_pair: (ok, axis, distance, mid-plane height)."""
     na, nb = FA.shape[0], FB.shape[0]
