@@ -129,8 +129,13 @@ def local_vertices(sim, g: int) -> np.ndarray | None:
 
 
 def _radius(sim, g: int) -> float:
-    shape = sim.geom_model.geometryObjects[g].geometry
-    return float(shape.radius) if isinstance(shape, coal.Capsule) else 0.0
+    """A capsule's radius (0 for other shapes), cached on the simulator."""
+    cache = sim.__dict__.setdefault("_polytope_radius", {})
+    r = cache.get(g)
+    if r is None:
+        shape = sim.geom_model.geometryObjects[g].geometry
+        r = cache[g] = float(shape.radius) if isinstance(shape, coal.Capsule) else 0.0
+    return r
 
 
 def snap_pair(XA, radA, FA, EA, XB, radB, FB, EB, n, d, tol=1e-7):

@@ -58,6 +58,7 @@ import numpy as np
 import pinocchio as pin
 
 from . import derivative_kernels as K
+from . import collision_derivatives as _cd
 from .collision_derivatives import (POLYTOPE_KINDS, capsule_pair, convex_pair,  # noqa: F401
                                     cylinder_box_pair, face_pair, polytope_pair, polytope_pairs)
 from .collision_driver import tighten_requests
@@ -608,6 +609,8 @@ def geometry_derivatives(sim, kin: _Kin, cons) -> tuple[np.ndarray, np.ndarray, 
             cylbox.setdefault(int(c.pair[k]), (j1, j2, []))[2].append(k)
         elif not closed_form_pair(k1, j1 == 0, k2, j2 == 0):
             fallback.append(k)
+            _cd.fallback_reasons["no closed-form route (pair not refined by the driver)"] = \
+                _cd.fallback_reasons.get("no closed-form route (pair not refined by the driver)", 0) + 1
         elif (k1 in POLYTOPE_KINDS or k1 == "capsule") and (k2 in POLYTOPE_KINDS or k2 == "capsule") \
                 and not (k1 == "capsule" and k2 == "capsule"):
             polytope.setdefault(int(c.pair[k]), (j1, j2, []))[2].append(k)
