@@ -36,7 +36,14 @@ identified at the current pose:
   a capsule's axis moved by its radius) follow from ``y = p + s n`` on the feature, the feature
   moving with its body.
 * two capsules (``capsule_pair``): the closest points of the axis segments, interior
-  parameters by their orthogonality conditions, clamped ones at the body-fixed ends.
+  parameters by their orthogonality conditions, clamped ones at the body-fixed ends. Axes lying
+  along each other (a line contact) are the driver's 2-point patch (``capsule_line_patch``):
+  each point an axis end of one capsule against its closest point on the other's segment
+  (``capsule_end_rows``).
+* the separating-axis snap of a separated pair whose closest features do not lie across the
+  axis (a corner beyond the face it faces, a capsule end beyond a box edge) is the exact
+  direction between the closest points of the near-support sets (``_k_snap_pair``): a vertex
+  against an edge or a vertex, which the single-point features above describe.
 
 Everything is a 3 x nv (or nv) array of derivatives with respect to the tangent of q, chained
 with the body Jacobians (``derivatives._Kin``).

@@ -36,8 +36,9 @@ face), for single-point contacts of cylinders and ellipsoids with every primitiv
 sphere with a mesh (``collision_derivatives.convex_pair``: the driver's refined point, the
 implicit derivative of the distance problem's optimality conditions, ``convex_support``) and for
 shapes lying on a cylinder's cap or a cylinder on a mesh facet (``collision_derivatives.face_pair``).
-Every other configuration (a shape over a cap's rim or across several mesh facets with several
-points, parallel capsules, anything on a moving plane, ...) falls back to a central difference of the collision output alone (``_collision_fd``, step
+Capsules lying along each other are a 2-point line patch (``collision_driver``'s
+``_capsule_line``, ``collision_derivatives.capsule_end_rows``). Every other configuration (a
+shape across several mesh facets with several points, anything on a moving plane, ...) falls back to a central difference of the collision output alone (``_collision_fd``, step
 ``collision_fd_eps``), never of the dynamics, counted in ``fallback_counts`` with a warning
 once per pair of kinds; ``closed_form_pair`` says which. ``tests/test_gradients.py`` and
 ``tests/test_collision_derivatives.py`` check both routes against central differences of the
