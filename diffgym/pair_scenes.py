@@ -13,6 +13,8 @@ import diffgym
 
 KINDS = ("sphere", "capsule", "box", "cylinder", "ellipsoid", "mesh")
 UPRIGHT, TILTED = "0 0 20", "25 15 0"
+# a capsule or cylinder lying along x, the base capsule's axis (capsule on capsule: a line contact)
+LYING = "0 90 0"
 EULER = {"upright": UPRIGHT, "tilted": TILTED}
 
 POLY_OBJ = """v -0.1 -0.08 -0.06
@@ -70,8 +72,8 @@ def write_assets(folder) -> None:
         f.write(FLAT_OBJ)
 
 
-def scene_xml(base: str, top: str, euler: str, x: float = 0.02) -> str:
-    """MJCF of the free ``top`` (at x, 0.01, 0.3 with Euler angles ``euler``, degrees) above
+def scene_xml(base: str, top: str, euler: str, x: float = 0.02, y: float = 0.01) -> str:
+    """MJCF of the free ``top`` (at x, y, 0.3 with Euler angles ``euler``, degrees) above
     the static ``base``; geoms named "base" and "top", friction 0.5, dt 0.01."""
     if base not in BASE or top not in TOP:
         raise ValueError(f"pair_scenes: unknown pair {base!r}-{top!r} (bases {sorted(BASE)}, "
@@ -79,15 +81,16 @@ def scene_xml(base: str, top: str, euler: str, x: float = 0.02) -> str:
     return f"""<mujoco><option timestep="0.01"/>
 {ASSETS}<worldbody>
 <geom name="base" {BASE[base]} friction="0.5"/>
-<body name="top" pos="{x} 0.01 0.3" euler="{euler}"><freejoint name="top"/>
+<body name="top" pos="{x} {y} 0.3" euler="{euler}"><freejoint name="top"/>
   <geom name="top" {TOP[top]} mass="1" friction="0.5"/></body>
 </worldbody></mujoco>"""
 
 
-def load(folder, base: str, top: str, euler: str, x: float = 0.02) -> "diffgym.Simulator":
+def load(folder, base: str, top: str, euler: str, x: float = 0.02,
+         y: float = 0.01) -> "diffgym.Simulator":
     """A Simulator of the scene, its files written into ``folder``."""
     write_assets(folder)
     path = os.path.join(str(folder), "scene.xml")
     with open(path, "w") as f:
-        f.write(scene_xml(base, top, euler, x))
+        f.write(scene_xml(base, top, euler, x, y))
     return diffgym.Simulator.from_file(path)

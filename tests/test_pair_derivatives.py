@@ -10,6 +10,8 @@ path must not call the finite-difference fallback (``derivatives.fallback_counts
 (``gradcheck.step_differences``) to 1e-6 of the block's scale, where the one-sided differences
 show no mode switch inside the stencil (blocks that vanish: to the differences' resolution,
 ``ATOL``)."""
+import pathlib
+
 import numpy as np
 import pytest
 
@@ -18,6 +20,7 @@ from diffgym import pair_scenes
 from diffgym.sim import derivatives
 from diffgym.gradcheck import SIM_BLOCKS, step_differences
 
+DATA = pathlib.Path(__file__).parent / "data"
 RTOL = 1e-6
 # resolution of a central difference at EPS on O(0.1) states (rounding 1e-16 / EPS, with room):
 # blocks that vanish (dq_dv of a body held by sticking contacts) are compared to it
@@ -59,8 +62,13 @@ CASES = [
     ("flat", "cylinder", TILTED, 0.02),        # cylinder on its side on a mesh facet
     ("capsule", "cylinder", UPRIGHT, 0.02),    # a cap on a capsule: the axis clipped by the rim
     ("cylinder", "box", UPRIGHT, 0.24),        # a box face across the rim: clipped by the disc
+    # a capsule lying on a capsule, axes parallel: a line contact, the 2-point patch of the ends
+    # of the overlap (collision_derivatives.capsule_line_patch); centred across (y = 0, else it
+    # rolls off the round base) and off-centre along the axis
+    ("capsule", "capsule", pair_scenes.LYING, (0.02, 0.0)),
+    ("capsule", "capsule", pair_scenes.LYING, (0.33, 0.0)),  # hanging over the base's end
 ]
-FACE_CASES = CASES[17:]
+FACE_CASES = CASES[17:]      # (and the capsule line patches: at least 2 points)
 # the box across the rim, spinning: its 4 points slide and their impulses are not unique; the
 # step Jacobian then disagrees with central differences by 4e-4 to 2e-3 of the block's scale in
 # every block, dq_dtau included, which no geometry derivative enters (the one-sided
@@ -71,7 +79,8 @@ MODE_SYSTEM_GAP = {(("cylinder", "box", UPRIGHT, 0.24), "spinning")}
 
 
 def _scene(tmp_path, base, top, euler, x):
-    return pair_scenes.load(tmp_path, base, top, euler, x)
+    x, y = x if isinstance(x, tuple) else (x, 0.01)
+    return pair_scenes.load(tmp_path, base, top, euler, x, y)
 
 
 def _drop(sim, steps):
@@ -88,14 +97,20 @@ def _drop(sim, steps):
     return q, v
 
 
-@pytest.mark.parametrize("base, top, euler, x", CASES, ids=[f"{b}-{t}" + ("-tilted" if e == TILTED and b in ("flat", "cylinder", "plane") and t in ("cylinder", "capsule", "ellipsoid") else "")
-                              for b, t, e, _ in CASES])
+def _case_id(b, t, e, x):
+    if e == pair_scenes.LYING:
+        return f"{b}-{t}-lying-x{x[0]}"
+    return f"{b}-{t}" + ("-tilted" if e == TILTED and b in ("flat", "cylinder", "plane")
+                         and t in ("cylinder", "capsule", "ellipsoid") else "")
+
+
+@pytest.mark.parametrize("base, top, euler, x", CASES, ids=[_case_id(*c) for c in CASES])
 def test_pair_jacobian_closed_form(base, top, euler, x, tmp_path, monkeypatch):
     def boom(sim, cons, idx, *a):
         pytest.fail(f"collision finite-difference fallback used ({base}-{top})")
     monkeypatch.setattr(derivatives, "_collision_fd", boom)
     sim = _scene(tmp_path, base, top, euler, x)
-    if x > 0.3:                   # over the edge: just touching, moving into the box
+    if not isinstance(x, tuple) and x > 0.3:     # over the edge: just touching, moving into the box
         q, v = _drop(sim, 0)
         v = np.r_[0, 0, -0.3, 0, 0, 0]
     else:
@@ -155,3 +170,90 @@ def test_ellipsoid_stays_on_an_ellipsoid():
             deepest = max(deepest, -float(np.min(sim.last.contact_distances)))
     assert deepest < 0.01, deepest
     assert q[2] > 0.0, q[:3]                     # still on the dish (its top is at z = 0)
+
+
+def _detect_at(sim, q, v):
+    """The collision driver's output at (q, v) (v sets the speculative margins)."""
+    import pinocchio as pin
+    data = sim.model.createData()
+    gdata = pin.GeometryData(sim.geom_model)
+    pin.forwardKinematics(sim.model, data, q, v)
+    pin.updateGeometryPlacements(sim.model, data, sim.geom_model, gdata)
+    return sim.collision.detect(data, gdata, sim.dt)
+
+
+def _geometry_against_the_driver(sim, q, v, tau, warm, kinds, monkeypatch, eps=1e-6):
+    """Step at (q, v, tau) from ``warm`` with its Jacobian, the fallback forbidden; the
+    closed-form dp, dn, dd of every row of a pair of ``kinds`` against central differences
+    of the driver's own output (rows matched by pair and point) in every tangent direction of
+    q: the largest error relative to each quantity's scale, per row."""
+    import pinocchio as pin
+
+    def boom(sim_, cons, idx, *a):
+        pytest.fail(f"collision finite-difference fallback used ({kinds})")
+    monkeypatch.setattr(derivatives, "_collision_fd", boom)
+    got = {}
+    geo = derivatives.geometry_derivatives
+
+    def keep(sim_, kin, cons):
+        out = geo(sim_, kin, cons)
+        got["out"], got["c"] = tuple(np.array(a) for a in out), cons.contacts
+        return out
+    monkeypatch.setattr(derivatives, "geometry_derivatives", keep)
+    sim.set_warm_start_state(warm)
+    sim.step(q, v, tau, jacobian=True)
+    dp, dn, dd = got["out"]
+    c = got["c"]
+    geoms = sim.sm.geoms
+    rows = {(int(c.pair[k]), int(c.point[k])): k for k in range(len(c.pair))
+            if tuple(sorted((geoms[int(c.geom1[k])].kind, geoms[int(c.geom2[k])].kind))) == kinds}
+    assert rows, f"no {kinds} row"
+    fd = {k: (np.zeros((3, sim.nv)), np.zeros((3, sim.nv)), np.zeros(sim.nv)) for k in rows.values()}
+    for i in range(sim.nv):
+        e = np.zeros(sim.nv)
+        e[i] = eps
+        a, b = (_detect_at(sim, pin.integrate(sim.model, q, s * e), v) for s in (1.0, -1.0))
+        at = [{(int(x.pair[j]), int(x.point[j])): j for j in range(len(x.pair))} for x in (a, b)]
+        for key, k in rows.items():
+            ja, jb = at[0][key], at[1][key]
+            fd[k][0][:, i] = (a.pos[ja] - b.pos[jb]) / (2 * eps)
+            fd[k][1][:, i] = (a.normal[ja] - b.normal[jb]) / (2 * eps)
+            fd[k][2][i] = (a.dist[ja] - b.dist[jb]) / (2 * eps)
+    errs = {}
+    for k in rows.values():
+        errs[k] = max(float(np.abs(x - f).max()) / max(float(np.abs(f).max()), FLOOR)
+                      for x, f in zip((dp[k], dn[k], dd[k]), fd[k]))
+    return errs, c
+
+
+def test_push_rod_end_beyond_a_box_edge(monkeypatch):
+    """DiffPush-v0, a state of a random episode: the rod 15 cm from the box, its end just
+    beyond the box's vertical edge (breaking contact, inside the speed margin). The separating
+    axis snap took the cross product of rod and edge (1e-3 rad off the rod-end-to-edge
+    direction, within coal's tolerance) and the witness point matched no feature: the row fell
+    back to finite differences. The snap now gives the exact vertex-edge normal."""
+    import gymnasium as gym
+    env = gym.make("DiffPush-v0")
+    sim = env.unwrapped.sim
+    d = np.load(DATA / "push_capsule_box_fd.npz")
+    warm = tuple(d[f"warm{i}"] for i in range(6))
+    errs, c = _geometry_against_the_driver(sim, d["q"], d["v"], d["tau"], warm,
+                                           ("box", "capsule"), monkeypatch)
+    assert min(c.dist[k] for k in errs) > 0.1            # the far rod-box row
+    assert max(errs.values()) < 1e-6, errs
+
+
+def test_pile_box_corner_beyond_a_face(monkeypatch):
+    """A pile of 16 boxes under random forces (bench_scaling.boxes_mjcf, seed 3, step 28): a
+    box corner 4 cm from another box, beyond the edge of the face it faces. The snap gave the
+    face normal, whose separation is smaller than the distance (corner against an edge), and the
+    row fell back ("single point: no match"). Every box-box row, touching and separated,
+    against central differences of the driver."""
+    from diffgym.bench_scaling import boxes_mjcf
+    d = np.load(DATA / "pile16_corner_beyond_face.npz")
+    sim = diffgym.Simulator.from_string(boxes_mjcf(16, height=int(d["height"])))
+    warm = tuple(d[f"warm{i}"] for i in range(6))
+    errs, c = _geometry_against_the_driver(sim, d["q"], d["v"], d["tau"], warm, ("box", "box"),
+                                           monkeypatch)
+    assert max(c.dist[k] for k in errs) > 0.03
+    assert max(errs.values()) < 1e-6, errs

@@ -36,7 +36,14 @@ identified at the current pose:
   a capsule's axis moved by its radius) follow from ``y = p + s n`` on the feature, the feature
   moving with its body.
 * two capsules (``capsule_pair``): the closest points of the axis segments, interior
-  parameters by their orthogonality conditions, clamped ones at the body-fixed ends.
+  parameters by their orthogonality conditions, clamped ones at the body-fixed ends. Axes lying
+  along each other (a line contact) are the driver's 2-point patch (``capsule_line_patch``):
+  each point an axis end of one capsule against its closest point on the other's segment
+  (``capsule_end_rows``).
+* the separating-axis snap of a separated pair whose closest features do not lie across the
+  axis (a corner beyond the face it faces, a capsule end beyond a box edge) is the exact
+  direction between the closest points of the near-support sets (``_k_snap_pair``): a vertex
+  against an edge or a vertex, which the single-point features above describe.
 
 Everything is a 3 x nv (or nv) array of derivatives with respect to the tangent of q, chained
 with the body Jacobians (``derivatives._Kin``).
@@ -129,8 +136,13 @@ def local_vertices(sim, g: int) -> np.ndarray | None:
 
 
 def _radius(sim, g: int) -> float:
-    shape = sim.geom_model.geometryObjects[g].geometry
-    return float(shape.radius) if isinstance(shape, coal.Capsule) else 0.0
+    """A capsule's radius (0 for other shapes), cached on the simulator."""
+    cache = sim.__dict__.setdefault("_polytope_radius", {})
+    r = cache.get(g)
+    if r is None:
+        shape = sim.geom_model.geometryObjects[g].geometry
+        r = cache[g] = float(shape.radius) if isinstance(shape, coal.Capsule) else 0.0
+    return r
 
 
 def snap_pair(XA, radA, FA, EA, XB, radB, FB, EB, n, d, tol=1e-7):
@@ -790,6 +802,49 @@ def _k_patch_distances(XA, YB, n, P, L):
 
 
 @njit
+def _k_segments_closest(a0, a1, b0, b1):
+    """Closest points of the segments a0-a1 and b0-b1 (either may be a point), parameters
+    clamped to the segments."""
+    uA, uB, w0 = a1 - a0, b1 - b0, a0 - b0
+    a, b, c = uA @ uA, uA @ uB, uB @ uB
+    d, e = uA @ w0, uB @ w0
+    if a == 0.0 and c == 0.0:
+        return a0.copy(), b0.copy()
+    if a == 0.0:
+        return a0.copy(), b0 + min(max(e / c, 0.0), 1.0) * uB
+    if c == 0.0:
+        return a0 + min(max(-d / a, 0.0), 1.0) * uA, b0.copy()
+    den = a * c - b * b
+    s = min(max((b * e - c * d) / den, 0.0), 1.0) if den > 1e-14 * a * c else 0.0
+    t = (b * s + e) / c
+    if t < 0.0 or t > 1.0:
+        t = min(max(t, 0.0), 1.0)
+        s = min(max((b * t - d) / a, 0.0), 1.0)
+    return a0 + s * uA, b0 + t * uB
+
+
+@njit
+def _k_world_patch_distances(X, radA, Y, radB, n, P, ptol):
+    """patch_distances of a pair from its world vertices X, Y (a capsule: its axis ends, with
+    its radius): the support sets along n taken with the patch tolerance ptol, the size L the
+    larger extent of the two vertex sets along a world axis (collision_driver)."""
+    hx, hy = X @ n, Y @ n
+    L = 0.0
+    for V in (X, Y):
+        for ax in range(3):
+            L = max(L, V[:, ax].max() - V[:, ax].min())
+    ia = _k_rows_of(X, hx, hx.max(), ptol, True)
+    ib = _k_rows_of(Y, hy, hy.min(), ptol, False)
+    XA = np.empty((ia.shape[0], 3))
+    for i in range(ia.shape[0]):
+        XA[i] = X[ia[i]] + radA * n
+    YB = np.empty((ib.shape[0], 3))
+    for i in range(ib.shape[0]):
+        YB[i] = Y[ib[i]] - radB * n
+    return _k_patch_distances(XA, YB, n, P, L)
+
+
+@njit
 def _k_snap_pair(XA, radA, FA, EA, XB, radB, FB, EB, n, d, tol):
     """snap_pair: (ok, axis, distance, mid-plane height)."""
     na, nb = FA.shape[0], FB.shape[0]
@@ -830,6 +885,49 @@ def _k_snap_pair(XA, radA, FA, EA, XB, radB, FB, EB, n, d, tol):
             size = max(size, V[:, ax].max() - V[:, ax].min())
     size += radA + radB
     axis = M[max(best, 0)].copy()
+    if best >= 0 and fbest > 0.0:
+        # separated: the axis is the distance only where the closest features lie across it
+        # from each other (a vertex over a face, crossing edges). Otherwise (a box corner
+        # beyond the edge of the face it faces, a capsule's end beyond the box edge it faces)
+        # the closest points are a vertex against an edge or a vertex, farther apart than the
+        # axis says, along a direction that is no face normal or edge cross product; within
+        # coal's tolerance of it (DiffPush-v0's rod end 15 cm from a box edge: 1e-3 rad), and
+        # the witness point then matched no feature of the derivatives. The exact closest
+        # points of the near-support sets (vertices within 2e-3 of the size of the support
+        # planes along the axis), over every pair of segments (or points) they span: the
+        # boundary edges of the faces are among them.
+        top = -np.inf
+        for a in range(XA.shape[0]):
+            top = max(top, axis @ XA[a])
+        bot = np.inf
+        for b in range(XB.shape[0]):
+            bot = min(bot, axis @ XB[b])
+        stol = 2e-3 * size
+        ia = _k_rows_of(XA, XA @ axis, top, stol, True)
+        ib = _k_rows_of(XB, XB @ axis, bot, stol, False)
+        if ia.shape[0] <= 8 and ib.shape[0] <= 8:
+            Lmin, rmin = np.inf, np.zeros(3)
+            for i0 in range(ia.shape[0]):
+                for i1 in range(i0, ia.shape[0]):
+                    for j0 in range(ib.shape[0]):
+                        for j1 in range(j0, ib.shape[0]):
+                            x, y = _k_segments_closest(XA[ia[i0]], XA[ia[i1]], XB[ib[j0]],
+                                                       XB[ib[j1]])
+                            r = y - x
+                            L = np.sqrt(r @ r)
+                            if L < Lmin:
+                                Lmin, rmin = L, r
+            if Lmin > 0.0 and Lmin - radA - radB > fbest + 1e-9 * size:
+                axis = rmin / Lmin
+                top = -np.inf
+                for a in range(XA.shape[0]):
+                    top = max(top, axis @ XA[a])
+                bot = np.inf
+                for b in range(XB.shape[0]):
+                    bot = min(bot, axis @ XB[b])
+                top += radA
+                bot -= radB
+                fbest, cbest = bot - top, 0.5 * (top + bot)
     ok = best >= 0 and not (abs(fbest - d) > max(tol * (1.0 + abs(d)), 1e-5 * size)
                             or axis @ n < 1.0 - 1e-6)
     return ok, axis, fbest, cbest
@@ -902,9 +1000,10 @@ def polytope_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list
 
 
 # -- capsule against capsule --------------------------------------------------------------------
-def capsule_axis(sim, g: int):
-    """World end points (a0, a1) of the axis segment of capsule geom g and its radius."""
-    M = sim.geom_data.oMg[g]
+def capsule_axis(sim, g: int, gdata=None):
+    """World end points (a0, a1) of the axis segment of capsule geom g and its radius (at the
+    placements of ``gdata``, default the simulator's)."""
+    M = (sim.geom_data if gdata is None else gdata).oMg[g]
     shape = sim.geom_model.geometryObjects[g].geometry
     h = float(shape.halfLength)
     u = M.rotation[:, 2]
@@ -923,8 +1022,11 @@ def capsule_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list:
     is L - rA - rB and the point the midpoint of c1 + rA n and c2 - rB n. An interior parameter
     follows from its orthogonality condition ((c2 - c1) . u = 0, differentiated implicitly), a
     clamped one stays at its body-fixed end; then dn = (I - n n^T)(dc2 - dc1) / L and
-    dd = n . (dc2 - dc1). Parallel axes (a line contact, coal returns two points) are left to
-    the fallback."""
+    dd = n . (dc2 - dc1). Axes lying along each other are a line contact: the driver's 2-point
+    patch (``capsule_line_patch``, rows ``capsule_end_rows``); a single point of parallel
+    axes the patch did not cover is left to the fallback."""
+    if int(c.point[rows[0]]) >= CAPSULE_END_ID:       # a line patch (capsule_line_patch)
+        return capsule_end_rows(sim, kin, c, rows, j1, j2, dp, dn, dd)
     if len(rows) != 1:
         return _undone(rows, 'capsules: several points')
     k = rows[0]
@@ -982,6 +1084,109 @@ def capsule_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list:
     dd[k] = n @ dr
     dp[k] = 0.5 * (dc1 + dc2) + 0.5 * (rA - rB) * Dn
     return []
+
+
+# -- two capsules lying along each other: a line contact as a 2-point patch ------------------------
+# point ids of the rows of a capsule line patch: CAPSULE_END_ID + 2 * side + end, the end (0, 1)
+# of capsule ``side`` (0: geom 1, 1: geom 2) against the other capsule's axis segment
+CAPSULE_END_ID = 16
+
+
+def capsule_line_patch(A0, A1, rA, B0, B1, rB, tol):
+    """The contact patch of two capsules whose axes (segments A0-A1, B0-B1) lie along each
+    other: the two ends of the overlap of the segments, each an axis end of one capsule
+    against the closest point of the other's axis segment (interior there). A list of
+    (point id, core point on A, core point on B) of the ends kept, or None where the axes are
+    not near-parallel over the overlap or fewer than two ends project inside the other
+    segment (coal's single closest point then stands).
+
+    Like coal's contact patch of two faces (support sets taken with the patch tolerance
+    ``tol``): an end is kept when its axis-to-axis distance is within ``tol`` of the smallest
+    one, and the axes are taken as parallel when they turn by less than ``tol`` across the
+    overlap (sin(angle) times its length). With one end left (an overlap shorter than tol) the
+    patch is that end alone. MuJoCo's capsule-capsule collision likewise gives two contacts at
+    the ends of the overlap for near-parallel axes; a single closest point leaves a capsule
+    lying on another free to rock about it."""
+    uA, uB = A1 - A0, B1 - B0
+    lA, lB = float(np.sqrt(uA @ uA)), float(np.sqrt(uB @ uB))
+    if lA == 0.0 or lB == 0.0:
+        return None
+    sin = float(np.linalg.norm(_cross3(uA, uB))) / (lA * lB)
+    if sin * min(lA, lB) > tol:
+        return None
+    eps = 1e-9
+    cands = []
+    for side, (E0, E1, Y0, uY, lY) in enumerate(((A0, A1, B0, uB, lB), (B0, B1, A0, uA, lA))):
+        for end, E in enumerate((E0, E1)):
+            t = float((E - Y0) @ uY) / (lY * lY)
+            if eps < t < 1.0 - eps:
+                C = Y0 + t * uY
+                pA, pB = (E, C) if side == 0 else (C, E)
+                cands.append((CAPSULE_END_ID + 2 * side + end, pA, pB,
+                              float(np.linalg.norm(pB - pA)), float((pA - A0) @ uA) / lA))
+    if len(cands) < 2:
+        return None
+    Lmin = min(c[3] for c in cands)
+    keep = [c for c in cands if c[3] - Lmin < tol]
+    if len(keep) < 2:
+        return None
+    keep.sort(key=lambda c: c[4])
+    lo, hi = keep[0], keep[-1]
+    spread = hi[4] - lo[4]
+    if sin * spread > tol:
+        return None
+    if spread < tol:
+        keep = [min(keep, key=lambda c: c[3])]
+    else:
+        keep = [lo, hi]
+    return [(c[0], c[1], c[2]) for c in keep]
+
+
+def capsule_end_rows(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list:
+    """Closed-form dp, dn, dd for the rows of a capsule line patch (``capsule_line_patch``):
+    per row an axis end E of one capsule, body-fixed, against the closest point C = Y0 + t uY
+    of the other's axis segment, t interior. The orthogonality condition (E - C) . uY = 0
+    differentiated gives dt = ((dE - dC_fixed) . uY + (E - C) . duY) / |uY|^2, dC_fixed the
+    Jacobian of C moving with its body; then with r = pB - pA, L = |r|, n = r / L:
+    dn = (I - n n^T) dr / L, dd = n . dr, and the point (the midpoint of the two surface
+    points) dp = (dpA + dpB) / 2 + (rA - rB) / 2 dn. Returns the rows it could not do."""
+    k0 = rows[0]
+    g1, g2 = int(c.geom1[k0]), int(c.geom2[k0])
+    axes = (capsule_axis(sim, g1), capsule_axis(sim, g2))
+    rA, rB = axes[0][2], axes[1][2]
+    bodies = (_Body(kin, j1), _Body(kin, j2))
+    undone = []
+    for k in rows:
+        code = int(c.point[k]) - CAPSULE_END_ID
+        if not 0 <= code < 4:
+            undone += _undone([k], "capsules: unknown point")
+            continue
+        side, end = divmod(code, 2)
+        X, Y = axes[side], axes[1 - side]
+        BX, BY = bodies[side], bodies[1 - side]
+        E = X[end]
+        Y0, uY = Y[0], Y[1] - Y[0]
+        uu = float(uY @ uY)
+        t = float((E - Y0) @ uY) / uu
+        C = Y0 + t * uY
+        dE = BX.point(E)
+        dCf = BY.point(C)
+        dt = (uY @ (dE - dCf) + (E - C) @ BY.turn(uY)) / uu
+        dC = dCf + np.outer(uY, dt)
+        pA, pB, dpA, dpB = (E, C, dE, dC) if side == 0 else (C, E, dC, dE)
+        r = pB - pA
+        L = float(np.sqrt(r @ r))
+        n = r / L
+        pos = 0.5 * (pA + pB) + 0.5 * (rA - rB) * n
+        if np.linalg.norm(pos - c.pos[k]) > MATCH_TOL * max(L, 1.0) or n @ c.normal[k] < 0.99:
+            undone += _undone([k], "capsules: no match")
+            continue
+        dr = dpB - dpA
+        Dn = (dr - np.outer(n, n @ dr)) / L
+        dn[k] = Dn
+        dd[k] = n @ dr
+        dp[k] = 0.5 * (dpA + dpB) + 0.5 * (rA - rB) * Dn
+    return undone
 
 
 # -- a cylinder on a face of a box (or on a plane) --------------------------------------------------

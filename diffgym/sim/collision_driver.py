@@ -40,7 +40,8 @@ import coal
 import numpy as np
 import pinocchio as pin
 
-from .collision_derivatives import box_corners, patch_distances, segments_parallel, snap_pair
+from .collision_derivatives import (_k_world_patch_distances, box_corners, capsule_axis,
+                                    capsule_line_patch, segments_parallel, snap_pair)
 from .frames import tangent_frames
 from .pinviews import gather_placements, placement_view
 from .model import SimModel
@@ -222,6 +223,7 @@ class CollisionDriver:
         self.pair_other = np.where(self.pair_plane == p[:, 0], p[:, 1], p[:, 0]) if len(p) else self.pair_plane
         self.patch_request = coal.ContactPatchRequest()
         self.per_point_pairs: set = set()
+        self._world_cache: dict = {}     # pair -> (gdata, world vertices ...) of this pass
         self._patch_tol = self.patch_request.getPatchTolerance()
         # shape-on-plane pairs with closed-form contact points (see plane_contacts.py)
         kinds = [g.kind for g in sm.geoms]
@@ -485,21 +487,30 @@ class CollisionDriver:
         self._box_box = _SnapPairs(p, cores)
 
     def _world(self, k, gdata):
-        """Per side of snappable pair k: world vertices, radius, face normals, edge directions."""
+        """Per side of snappable pair k: world vertices, radius, face normals, edge directions
+        (kept for the rest of the detection pass: the snap, the patch distances and the
+        crossing test of one pair each ask for them)."""
+        cache = self._world_cache
+        hit = cache.get(k)
+        if hit is not None and hit[0] is gdata:
+            return hit[1]
         out = []
         for g, kind, V, rad, F, E in self._box_box[k]:
             M = gdata.oMg[g]
             R = M.rotation
             out.append((V @ R.T + M.translation, rad, F @ R.T, E @ R.T))
+        cache[k] = (gdata, out)
         return out
 
     def _patch_distances(self, k, gdata, n, mid):
         """Per-point distances and points of a box-box or box-capsule patch."""
         (X, ra, _, _), (Y, rb, _, _) = self._world(k, gdata)
-        tol = float(self._patch_tol)
-        hx, hy = X @ n, Y @ n
-        L = max(float(np.ptp(X, axis=0).max()), float(np.ptp(Y, axis=0).max()))
-        return patch_distances(X[hx.max() - hx < tol] + ra * n, Y[hy - hy.min() < tol] - rb * n, n, mid, L)
+        ok, dist, pts = _k_world_patch_distances(X, float(ra), Y, float(rb), n,
+                                                 np.ascontiguousarray(mid, dtype=float).reshape(-1, 3),
+                                                 float(self._patch_tol))
+        if not ok:
+            raise np.linalg.LinAlgError("patch_distances: singular support feature")
+        return dist, pts
 
     def _crossing_segments(self, k, gdata, n) -> bool:
         """Whether both support sets of pair k along n are segments that cross (not parallel):
@@ -640,6 +651,32 @@ class CollisionDriver:
         rows_d += height.tolist()
         return True
 
+    def _capsule_line(self, k, gdata, margin, rows_pair, rows_pt, rows_pos, rows_n, rows_d) -> bool:
+        """Closed-form points of capsule-capsule pair k whose axes lie along each other: the
+        ends of their overlap (collision_derivatives.capsule_line_patch), each with its own
+        normal and distance; False where the axes are not near-parallel (coal decides)."""
+        ga, gb = self._caps_caps[k]
+        a0, a1, ra = capsule_axis(self.sm, ga, gdata)
+        b0, b1, rb = capsule_axis(self.sm, gb, gdata)
+        out = capsule_line_patch(a0, a1, ra, b0, b1, rb, float(self._patch_tol))
+        if out is None:
+            return False
+        L = [float(np.linalg.norm(pb - pa)) for _, pa, pb in out]
+        if not min(L) > 0.0:
+            return False
+        if min(L) - ra - rb >= margin:
+            return True                        # (no contact)
+        for pid, pa, pb in out:
+            r = pb - pa
+            L = float(np.sqrt(r @ r))
+            n = r / L
+            rows_pair.append(k)
+            rows_pt.append(pid)
+            rows_pos.append(0.5 * (pa + pb) + 0.5 * (ra - rb) * n)
+            rows_n.append(n)
+            rows_d.append(L - ra - rb)
+        return True
+
     def _face_contact(self, k, gdata, margin, rows_pair, rows_pt, rows_pos, rows_n, rows_d) -> bool:
         """Closed-form points of pair k where a shape lies on a cylinder's cap or a cylinder on
         a mesh facet (convex_support.face_contact; of the faces tried, the one with the larger
@@ -723,6 +760,7 @@ class CollisionDriver:
         reqs, cres, pres_all = self._narrow_tables(gdata)
         # box-box pairs whose patch points carry their own distances (derivatives read it)
         per_point = self.per_point_pairs = set()
+        self._world_cache = {}
         self.cylinder_face_pairs = set()
         self.convex_pairs = {}          # pair -> feature tolerance of its refined point
         self.face_pairs = {}            # pair -> (face geom, other geom, {point id: kind})
@@ -735,6 +773,9 @@ class CollisionDriver:
                 continue
             if k in self._face and self._face_contact(k, gdata, mk, rows_pair, rows_pt, rows_pos,
                                                       rows_n, rows_d):
+                continue
+            if k in self._caps_caps and self._capsule_line(k, gdata, mk, rows_pair, rows_pt,
+                                                           rows_pos, rows_n, rows_d):
                 continue
             req = reqs[k]
             req.security_margin = mk

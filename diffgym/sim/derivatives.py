@@ -37,8 +37,9 @@ face), for single-point contacts of cylinders and ellipsoids with every primitiv
 sphere with a mesh (``collision_derivatives.convex_pair``: the driver's refined point, the
 implicit derivative of the distance problem's optimality conditions, ``convex_support``) and for
 shapes lying on a cylinder's cap or a cylinder on a mesh facet (``collision_derivatives.face_pair``).
-Every other configuration (a shape over a cap's rim or across several mesh facets with several
-points, parallel capsules, anything on a moving plane, ...) falls back to a central difference of the collision output alone (``_collision_fd``, step
+Capsules lying along each other are a 2-point line patch (``collision_driver``'s
+``_capsule_line``, ``collision_derivatives.capsule_end_rows``). Every other configuration (a
+shape across several mesh facets with several points, anything on a moving plane, ...) falls back to a central difference of the collision output alone (``_collision_fd``, step
 ``collision_fd_eps``), never of the dynamics, counted in ``fallback_counts`` with a warning
 once per pair of kinds; ``closed_form_pair`` says which. ``tests/test_gradients.py`` and
 ``tests/test_collision_derivatives.py`` check both routes against central differences of the
@@ -59,6 +60,7 @@ import numpy as np
 import pinocchio as pin
 
 from . import derivative_kernels as K
+from . import collision_derivatives as _cd
 from .collision_derivatives import (POLYTOPE_KINDS, capsule_pair, convex_pair,  # noqa: F401
                                     cylinder_box_pair, face_pair, polytope_pair, polytope_pairs)
 from .collision_driver import tighten_requests
@@ -597,6 +599,7 @@ def geometry_derivatives(sim, kin: _Kin, cons) -> tuple[np.ndarray, np.ndarray, 
     convex_pairs = getattr(c, "convex_pairs", {})     # (set by the detect pass of these rows)
     face_pairs = getattr(c, "face_pairs", {})
     faces: dict = {}
+    spheres: list = []
     for k, (g1, g2) in enumerate(zip(c.geom1.tolist(), c.geom2.tolist())):
         k1, k2 = geoms[g1].kind, geoms[g2].kind
         j1, j2 = int(gjoint[g1]), int(gjoint[g2])
@@ -608,6 +611,8 @@ def geometry_derivatives(sim, kin: _Kin, cons) -> tuple[np.ndarray, np.ndarray, 
             cylbox.setdefault(int(c.pair[k]), (j1, j2, []))[2].append(k)
         elif not closed_form_pair(k1, j1 == 0, k2, j2 == 0):
             fallback.append(k)
+            _cd.fallback_reasons["no closed-form route (pair not refined by the driver)"] = \
+                _cd.fallback_reasons.get("no closed-form route (pair not refined by the driver)", 0) + 1
         elif (k1 in POLYTOPE_KINDS or k1 == "capsule") and (k2 in POLYTOPE_KINDS or k2 == "capsule") \
                 and not (k1 == "capsule" and k2 == "capsule"):
             polytope.setdefault(int(c.pair[k]), (j1, j2, []))[2].append(k)
@@ -628,17 +633,28 @@ def geometry_derivatives(sim, kin: _Kin, cons) -> tuple[np.ndarray, np.ndarray, 
             if not ok:
                 fallback.append(k)
         elif k1 == "sphere" and k2 == "sphere":
-            n = c.normal[k]
-            c1 = sim.geom_data.oMg[g1].translation
-            c2 = sim.geom_data.oMg[g2].translation
-            r1, r2 = geoms[g1].size[0], geoms[g2].size[0]
-            L = np.linalg.norm(c2 - c1)
-            dc1, dc2 = kin.point_jacobian(j1, c1), kin.point_jacobian(j2, c2)
-            dn[k] = (np.eye(3) - np.outer(n, n)) @ (dc2 - dc1) / L
-            dd[k] = n @ (dc2 - dc1)
-            dp[k] = 0.5 * (dc1 + dc2) + 0.5 * (r1 - r2) * dn[k]
+            spheres.append((k, g1, g2, j1, j2))           # (all at once below)
         else:
             plane.append(k)
+    if spheres:
+        # two spheres: with the centres c1, c2 moving with their bodies, r = c2 - c1, L = |r|,
+        # n = r / L: dn = (I - n n^T) dr / L, dd = n . dr, and the point (the midpoint of the
+        # surface points c1 + r1 n, c2 - r2 n) dp = (dc1 + dc2) / 2 + (r1 - r2) / 2 dn
+        ks, g1s, g2s, j1s, j2s = (np.array(x, dtype=np.int64) for x in zip(*spheres))
+        oMg = sim.geom_data.oMg
+        c1 = np.array([oMg[int(g)].translation for g in g1s]).reshape(-1, 3)
+        c2 = np.array([oMg[int(g)].translation for g in g2s]).reshape(-1, 3)
+        r1 = np.array([geoms[int(g)].size[0] for g in g1s], dtype=float)
+        r2 = np.array([geoms[int(g)].size[0] for g in g2s], dtype=float)
+        dc1, dc2 = kin.point_jacobians(j1s, c1), kin.point_jacobians(j2s, c2)
+        dr = dc2 - dc1
+        nrm = c.normal[ks]
+        L = np.sqrt(np.einsum("ki,ki->k", c2 - c1, c2 - c1))
+        ddk = np.einsum("ki,kin->kn", nrm, dr)
+        dnk = (dr - nrm[:, :, None] * ddk[:, None, :]) / L[:, None, None]
+        dn[ks] = dnk
+        dd[ks] = ddk
+        dp[ks] = 0.5 * (dc1 + dc2) + (0.5 * (r1 - r2))[:, None, None] * dnk
     if polytope:
         # every polytope pair of the step in one compiled call (collision_derivatives)
         try:
