@@ -1377,8 +1377,12 @@ def _step_jacobian_compiled(sim, C=None, system=None) -> StepJacobian | None:
                                                          _joint_torques(sim, cons, res),
                                                          st.fext_vec)
     else:
-        ddq_dq, ddq_dv, Minv = trees.aba_derivatives(q, v, _joint_torques(sim, cons, res),
-                                                     st.fext)
+        # (Trees builds them column-major, pinocchio's layout in memory, while pinocchio's own
+        # call hands row-major arrays to Python: the kernels take one layout, else numba would
+        # compile dynamics_terms and all it calls a second time. They read the matrices entry
+        # by entry: the copies change no result.)
+        ddq_dq, ddq_dv, Minv = (np.ascontiguousarray(x) for x in trees.aba_derivatives(
+            q, v, _joint_torques(sim, cons, res), st.fext))
     ddq_dq = _with_long_range(sim, ddq_dq, Minv)
     v1dt = v1 * dt
     if st.eye is not None:                 # vector-space joints: integrate is q + dq

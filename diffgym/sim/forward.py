@@ -20,7 +20,7 @@ from .collision_driver import CollisionDriver, Contacts
 from .constraint import (ConstraintBuilder, Constraints, _active_limits, assemble_problem,  # noqa: F401
                          _NO_SPENT, assemble_sparse, island_rows, restitution_bias)
 from .derivatives import step_jacobian
-from .jit import njit
+from .jit import ENABLED as _JIT, njit
 from .model import ModelError, SimModel
 from .solver import MODE_NAMES, SLIDING, STICKING, NCPSolver, SolverResult, SolverSettings
 from .solver_kernels import _NO_I, _NO_J, BODY_MIN_ROWS, island_body, natres, solve_stage1
@@ -261,7 +261,42 @@ def _island_scatter(lam, sigma, modes, lim_act, lam_s, sigma_s, modes_s, lact_s,
         lim_act[ls[l0 + t]] = lact_s[t]
 
 
-@njit
+def _body_data(Minv, J, tree_lo, tree_hi, rows, m):
+    """The body-space data (``island_body``) of an island of ``m`` rows (``rows``; empty: all
+    rows of J, in order) for ``solve_stage1``: the four arrays when the island has at least
+    ``BODY_MIN_ROWS`` rows, empty ones when smaller, and four None when ``Minv`` is None (a
+    problem known to be smaller: the compiled chain below then leaves out the body-space
+    path, see ``solver_kernels._newton``). Compiled, the choice between None and arrays is
+    made from ``Minv``'s type (an ``overload``), so that neither variant carries the other's
+    types."""
+    if Minv is None:
+        return None, None, None, None
+    if m >= BODY_MIN_ROWS:
+        return island_body(J, Minv, tree_lo, tree_hi, rows if rows.shape[0] else np.arange(m))
+    return _NO_J, _NO_J, _NO_I, _NO_I
+
+
+if _JIT:
+    from numba.core import types as _types
+    from numba.extending import overload as _overload
+
+    @_overload(_body_data, jit_options={"nogil": True})
+    def _body_data_ol(Minv, J, tree_lo, tree_hi, rows, m):
+        if isinstance(Minv, _types.NoneType):
+            return lambda Minv, J, tree_lo, tree_hi, rows, m: (None, None, None, None)
+
+        def impl(Minv, J, tree_lo, tree_hi, rows, m):
+            if m >= BODY_MIN_ROWS:
+                return island_body(J, Minv, tree_lo, tree_hi,
+                                   rows if rows.shape[0] else np.arange(m))
+            return _NO_J, _NO_J, _NO_I, _NO_I
+        return impl
+
+
+# (inlined into _constrained_velocity, its one caller: numba links each callee's machine code
+# into its caller and optimizes the whole again, so a level less in the step's chain is one
+# such pass less on first use)
+@njit(inline="always")
 def _solve_islands(G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mode_tol,
                    newton_iter, mode_rounds, budget, J, Minv, tree_lo, tree_hi):
     """Stage 1 of the NCP solve island by island: the rows of different islands do not couple
@@ -271,14 +306,13 @@ def _solve_islands(G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mo
     residual (max), how many islands stage 1b (the proximal iteration) solved); the rows of a
     failed island are left at zero for the later stages.
     An island of at least ``BODY_MIN_ROWS`` rows also gets its rows and mass matrix in body space
-    (``island_body``: J, Minv and the trees' dof ranges) for its large linear Newton steps."""
+    (``island_body``: J, Minv and the trees' dof ranges) for its large linear Newton steps;
+    ``Minv`` None: the problem has fewer rows (the step knows it from its contacts and limits),
+    and this variant is compiled without the body-space path (``_body_data``)."""
     m = G.shape[0]
     nl = m - 3 * nc
     if nis == 1:            # (one island: its rows are all rows, in order; no copies)
-        if m >= BODY_MIN_ROWS:
-            Jb, Mb, tlo, thi = island_body(J, Minv, tree_lo, tree_hi, np.arange(m))
-        else:
-            Jb, Mb, tlo, thi = _NO_J, _NO_J, _NO_I, _NO_I
+        Jb, Mb, tlo, thi = _body_data(Minv, J, tree_lo, tree_hi, _NO_I, m)
         ok, lam, sigma, modes, lim_act, its, res, prox = solve_stage1(
             G, g, nc, mu, lam0, modes0, found, tol, mode_tol, newton_iter, mode_rounds, budget,
             Jb, Mb, tlo, thi)
@@ -309,10 +343,7 @@ def _solve_islands(G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mo
                 Gs[a, c] = G[ra, rows[r0 + c]]
         gs, mus, lam0s, modes0s = _island_gather(g, mu, lam0, modes0, found, nc, rows, r0, ms,
                                                  cs, cptr[s], ncs, ls, lptr[s], nls)
-        if ms >= BODY_MIN_ROWS:
-            Jb, Mb, tlo, thi = island_body(J, Minv, tree_lo, tree_hi, rows[r0:r1])
-        else:
-            Jb, Mb, tlo, thi = _NO_J, _NO_J, _NO_I, _NO_I
+        Jb, Mb, tlo, thi = _body_data(Minv, J, tree_lo, tree_hi, rows[r0:r1], ms)
         ok, lam_s, sigma_s, modes_s, lact_s, its_s, res_s, prox = solve_stage1(
             Gs, gs, ncs, mus, lam0s, modes0s, found, tol, mode_tol, newton_iter, mode_rounds,
             budget, Jb, Mb, tlo, thi)
@@ -334,7 +365,7 @@ def _constrained_velocity(pos, frames, geom1, geom2, geom_joint, dist, mu, pair,
                           q, v, lim_q, lim_v, lim_bound, lim_sign, limit_margin, dt, erp, skin,
                           Minv, v_free, warm, pair_w, point_w, lam_w, modes_w, limits_w, lim_act_w,
                           tol, mode_tol, newton_iter, mode_rounds, budget, pair_rest, rest_thr,
-                          rest_spent):
+                          rest_spent, Mbody):
     """The constrained part of the step in one compiled call: the active joint limits, the
     problem and its islands (constraint.assemble_sparse), Newton's impact law on the normal rows
     of impacting contacts (constraint.restitution_bias, at the pre-step ``v``; ``pair_rest``
@@ -344,7 +375,10 @@ def _constrained_velocity(pos, frames, geom1, geom2, geom_joint, dist, mu, pair,
     Returns (island_ok, isl_c, isl_l, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes,
     lim_act, its, res, v1, MJt, rest, nprox) (each returned array costs a Python object: only those the step
     keeps); an island whose stage 1 failed has ``island_ok`` False (the caller runs the later
-    stages on it); ``v1`` then holds only the other islands' impulses."""
+    stages on it); ``v1`` then holds only the other islands' impulses. ``Mbody``: ``Minv``
+    again, or None where the problem cannot reach ``BODY_MIN_ROWS`` rows (3 per contact plus
+    the limits): that variant is compiled without the body-space path, which small robots never
+    run (``_solve_islands``)."""
     nc = pos.shape[0]
     j1 = np.empty(nc, dtype=np.int64)
     j2 = np.empty(nc, dtype=np.int64)
@@ -374,7 +408,7 @@ def _constrained_velocity(pos, frames, geom1, geom2, geom_joint, dist, mu, pair,
                 0, 0.0, v1, MJt, rest, 0)
     island_ok, lam, sigma, modes, lim_act, its, res, nprox = _solve_islands(
         G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mode_tol, newton_iter,
-        mode_rounds, budget, J, Minv, tree_lo, tree_hi)
+        mode_rounds, budget, J, Mbody, tree_lo, tree_hi)
     _add_impulses(v1, MJt, rt, lam, tree_hi)
     return (island_ok, isl_c, isl_l, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, lim_act,
             its, res, v1, MJt, rest, nprox)
@@ -444,7 +478,7 @@ def _constrained_step(pos, frames, geom1, geom2, geom_joint, dist, mu, pair, poi
                       q, v, lim_q, lim_v, lim_bound, lim_sign, limit_margin, dt, erp, skin,
                       Minv, v_free, warm, pair_w, point_w, lam_w, modes_w, limits_w, lim_act_w,
                       tol, mode_tol, newton_iter, mode_rounds, budget, pair_rest, rest_thr,
-                      rest_spent):
+                      rest_spent, Mbody):
     """``_constrained_velocity`` (same arguments) and, when every island's stage 1 succeeded,
     the check of its solution at the final velocity (``_verify_velocity``), in one compiled call
     that returns only what the common step keeps (every returned array costs numba a boxing
@@ -459,7 +493,7 @@ def _constrained_step(pos, frames, geom1, geom2, geom_joint, dist, mu, pair, poi
         sup_idx, joint_tree, tree_lo, tree_hi, q, v, lim_q, lim_v, lim_bound, lim_sign,
         limit_margin, dt, erp, skin, Minv, v_free, warm, pair_w, point_w, lam_w, modes_w,
         limits_w, lim_act_w, tol, mode_tol, newton_iter, mode_rounds, budget, pair_rest, rest_thr,
-        rest_spent)
+        rest_spent, Mbody)
     all_ok = True
     for s in range(island_ok.shape[0]):
         if not island_ok[s]:
@@ -1071,7 +1105,10 @@ class Simulator:
                     st.tol, st.mode_tol, st.newton_iter, st.mode_rounds, st.newton_budget,
                     cb.pair_restitution,
                     cb.restitution_thr(dt) if len(cb.pair_restitution) else 0.0,
-                    _NO_SPENT if spent is None else spent)
+                    _NO_SPENT if spent is None else spent,
+                    # (at most 3 rows a contact and one a limit: a smaller bound than
+                    # BODY_MIN_ROWS takes the variant compiled without the body-space path)
+                    Mk if 3 * nc + len(cb.lim_q) >= BODY_MIN_ROWS else None)
             # (the solve and the check of its solution at v1 in one compiled call)
             (all_ok, nis, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, lim_act,
              its, resid, v1, rest, r1, vs, nprox) = _constrained_step(*args)

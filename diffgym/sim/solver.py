@@ -477,7 +477,7 @@ class NCPSolver:
                              np.zeros(m, dtype=np.bool_) if zero is None else zero,
                              zero is not None, float(vscale), int(budget), float(s.tol),
                              float(s.mode_tol), int(s.newton_iter), int(rounds),
-                             _sk._NO_J, _sk._NO_J, _sk._NO_I, _sk._NO_I)
+                             None, None, None, None)
         if not out[0]:
             return None
         return out[1:]
@@ -516,7 +516,7 @@ class NCPSolver:
                 G, g, nc, mu, _EMPTY_F if lam0 is None else lam0,
                 _EMPTY_I if modes0 is None else modes0, modes0 is not None, s.tol,
                 s.mode_tol, s.newton_iter, s.mode_rounds, s.newton_budget,
-                _sk._NO_J, _sk._NO_J, _sk._NO_I, _sk._NO_I)
+                None, None, None, None)
             if out[0]:
                 return SolverResult(out[1], out[2], out[3], out[4], out[5], out[6], True,
                                     "prox+newton" if out[7] else "newton")

@@ -505,7 +505,11 @@ def _newton(G, g, nc, mu, modes, lim_act, lam, dc, vscale, max_its, anchored, mi
     """``NCPSolver._newton``: (lam, sigma, ok, steps) on the active set of ``modes`` /
     ``lim_act`` (``max_its`` already resolved). ``Jb`` (m, n), ``Mb``, ``tlo``, ``thi``: the
     problem's rows and mass matrix in body space (``island_body``; no rows: not given), with
-    which a large linear active set takes its steps by ``body_pinv``."""
+    which a large linear active set takes its steps by ``body_pinv``. ``Jb`` ... None (all four):
+    no body-space steps, and numba compiles that variant without ``body_factor``,
+    ``body_pinv`` and what they call (the branches on ``Jb is not None`` are pruned), so the
+    small problems' chain (``solve_stage1``, ``active_set``, ``_finish``, ``proximal``, all
+    passing the four through) does not link and optimize code only large islands run."""
     m = G.shape[0]
     k = 3 * nc
     nl = m - k
@@ -566,11 +570,12 @@ def _newton(G, g, nc, mu, modes, lim_act, lam, dc, vscale, max_its, anchored, mi
         _matvec(Gaa, x, ga, F)
         fn = _maxabs(F)
         body = False
-        if Jb.shape[0] and na >= BODY_MIN_ROWS and fn > ftol:
-            Ja = np.empty((na, Jb.shape[1]))
-            for a in range(na):
-                Ja[a] = Jb[act[a]]
-            body, perm, first, L, drop, N, Ainv, nz_ptr, nz = body_factor(Ja, Mb, tlo, thi)
+        if Jb is not None:      # (None: compiled without the body-space path, see _newton's doc)
+            if Jb.shape[0] and na >= BODY_MIN_ROWS and fn > ftol:
+                Ja = np.empty((na, Jb.shape[1]))
+                for a in range(na):
+                    Ja[a] = Jb[act[a]]
+                body, perm, first, L, drop, N, Ainv, nz_ptr, nz = body_factor(Ja, Mb, tlo, thi)
         while True:
             if fn <= ftol and its >= min_steps:
                 ok = True
@@ -579,7 +584,7 @@ def _newton(G, g, nc, mu, modes, lim_act, lam, dc, vscale, max_its, anchored, mi
                 ok = fn <= stall
                 break
             its += 1
-            if body:
+            if Jb is not None and body:
                 # the minimum-norm least-squares step (or new iterate) by Gaa^+ in body space
                 r = np.empty(na)
                 for a in range(na):
@@ -719,6 +724,20 @@ def _newton(G, g, nc, mu, modes, lim_act, lam, dc, vscale, max_its, anchored, mi
 
 
 # -- accepting a solution ------------------------------------------------------------------
+@njit(inline="always")      # (a few comparisons: inlined, no call)
+def _maxabs3(x, j):
+    """max(|x[j]|, |x[j+1]|, |x[j+2]|): the largest impulse component of the contact whose
+    rows start at j (NaN-blind as the comparisons it stands for)."""
+    a = abs(x[j])
+    b = abs(x[j + 1])
+    if b > a:
+        a = b
+    b = abs(x[j + 2])
+    if b > a:
+        a = b
+    return a
+
+
 @njit
 def _finish(G, g, nc, mu, modes, lim_act, lam, sigma, dG, dc, vscale, zero, haszero, tol,
             mode_tol, newton_iter, Jb, Mb, tlo, thi):
@@ -733,13 +752,7 @@ def _finish(G, g, nc, mu, modes, lim_act, lam, sigma, dG, dc, vscale, zero, hasz
         for i in range(nc):
             if modes[i] != BREAKING:
                 j = 3 * i
-                a = abs(lam[j])
-                b = abs(lam[j + 1])
-                if b > a:
-                    a = b
-                b = abs(lam[j + 2])
-                if b > a:
-                    a = b
+                a = _maxabs3(lam, j)
                 if a <= tol_l and sigma[j + 2] >= -tol_v:
                     if not any_tiny:
                         modes = modes.copy()
@@ -783,14 +796,7 @@ def _finish(G, g, nc, mu, modes, lim_act, lam, sigma, dG, dc, vscale, zero, hasz
                 carried = True
                 for i in range(nc):
                     if touch[i]:
-                        j = 3 * i
-                        a = abs(lam2[j])
-                        b = abs(lam2[j + 1])
-                        if b > a:
-                            a = b
-                        b = abs(lam2[j + 2])
-                        if b > a:
-                            a = b
+                        a = _maxabs3(lam2, 3 * i)
                         if not a > tl:
                             carried = False
                 if ok and carried:
@@ -1124,7 +1130,7 @@ def proximal(G, g, nc, mu, modes, lim_act, lam, dG, dc, zero, haszero, vscale, b
         for i in range(m):
             gr[i] = g[i] - rho * lam[i]
         out = active_set(Gr, gr, nc, mu, modes, lim_act, lam, dGr, dcr, zero, haszero, vscale,
-                         bud, tol, mode_tol, newton_iter, rounds, _NO_J, _NO_J, _NO_I, _NO_I)
+                         bud, tol, mode_tol, newton_iter, rounds, None, None, None, None)
         total += out[5]
         if not out[0]:
             return False, lam, lam, modes, lim_act, total, _INF
