@@ -4,8 +4,11 @@
 
 * broad phase: the candidate pairs (already filtered by contype/conaffinity, exclusions and
   the parent-child rule) are tested with bounding spheres (planes with a half-space test, boxes
-  with their oriented box) in one vectorized numpy pass, so a table of 16 balls runs the exact
-  test on touching pairs only;
+  with their oriented box) in one compiled pass, so a table of 16 balls runs the exact test on
+  touching pairs only. Pairs without a plane are not visited one by one: a sweep and prune
+  over the geoms' bounding spheres, inflated by their share of the margin, finds those near
+  enough (``collision_kernels.sweep_and_prune``; near linear in the geoms), and only those
+  are bounded and tested;
 * narrow phase: coal's GJK/EPA or analytic tests (``pinocchio.computeCollision``) with a
   security margin, so that contacts about to close within this step are found (speculative
   contacts: a 10 m/s ball cannot tunnel through a 2 cm wall);
@@ -28,8 +31,8 @@ bound of geom 2)``.
 Normals point from geom 1 to geom 2; ``dist`` is the signed distance (negative in penetration).
 
 Cost: the per-step Python work is one loop over the *moving joints* (their placements and
-velocities, read from pinocchio's data), a fixed number of numpy calls for the broad phase, and
-a loop over the candidate pairs only. The broad phase is conservative (plus a 1 nm slack), so
+velocities, read from pinocchio's data), one compiled call for the broad phase and the closed
+forms, and a loop over the candidate pairs only (``last_candidates``: their number). The broad phase is conservative (plus a 1 nm slack), so
 the exact narrow-phase tests alone decide which points are contacts.
 """
 from __future__ import annotations
@@ -252,6 +255,16 @@ class CollisionDriver:
         self._g_sphere_r = np.array([float(sh.radius) if isinstance(sh, coal.Sphere) else 0.0
                                      for sh in shapes])
 
+    @property
+    def _ss(self) -> tuple:
+        """(the sphere-sphere pairs with closed-form contacts,)"""
+        return (np.flatnonzero(self._pcat == 2),)
+
+    @property
+    def _sb(self) -> tuple:
+        """(the sphere-box pairs with closed-form contacts,)"""
+        return (np.flatnonzero((self._pcat == 3) | (self._pcat == 4)),)
+
     # -- constant tables for the per-step work -----------------------------------------------
     def _precompute(self, gm: pin.GeometryModel) -> None:
         p = self.pairs
@@ -332,18 +345,15 @@ class CollisionDriver:
             if pts is not None:
                 sw = shape.getSweptSphereRadius() if hasattr(shape, "getSweptSphereRadius") else 0.0
                 self._hp_mesh.append((int(self._hp[i]), int(self._hp_pl[i]), int(ot), pts, float(sw)))
-        # sphere-sphere pairs: closed form in the compiled pass (not in the broad phase)
-        kinds = [g.kind for g in self.sm.geoms]
+        # sphere-sphere pairs: closed form in the compiled pass
         sph = self._g_kind == "sphere"
         ss = (sph[p[:, 0]] & sph[p[:, 1]]) if self.batch_plane_pairs \
             else np.zeros(len(p), dtype=bool)
-        self._ss = (np.flatnonzero(ss).astype(np.int64),
-                    np.array([float(self.sm.geoms[int(a)].size[0]) for a in p[ss, 0]]).reshape(-1),
-                    np.array([float(self.sm.geoms[int(b)].size[0]) for b in p[ss, 1]]).reshape(-1))
+        self._g_ssr = np.array([float(g.size[0]) if g.kind == "sphere" else 0.0
+                                for g in self.sm.geoms], dtype=float).reshape(-1)
         # sphere-box pairs (a box without a swept-sphere radius): closed form in the compiled
         # pass too (collision_kernels.sphere_box_pairs)
-        sb = np.zeros(len(p), dtype=bool)
-        sb_box = sb_sph = np.zeros(0, dtype=np.int64)
+        sb = side1 = np.zeros(len(p), dtype=bool)
         if self.batch_plane_pairs and len(p):
             # the first side (box, sphere) in order (geom 1, geom 2) whose box geom is a coal
             # Box decides; the pair is batched when neither shape has a swept-sphere radius and
@@ -356,42 +366,46 @@ class CollisionDriver:
             sphg = np.where(side1, b, a)
             sb = (side1 | side2) & (self._g_swept[box] == 0.0) & (self._g_swept[sphg] == 0.0) \
                 & self._g_coal_sphere[sphg]
-            sb_box, sb_sph = box[sb], sphg[sb]
-        sb_half = self._g_half[sb_box]
-        sb_r = self._g_sphere_r[sb_sph]
-        self._sb = (np.flatnonzero(sb).astype(np.int64), np.array(sb_box, dtype=np.int64),
-                    np.array(sb_sph, dtype=np.int64), np.array(sb_half, dtype=float).reshape(-1, 3),
-                    np.array(sb_r, dtype=float))
-        ss = ss | sb
-        batch = batch | ss
-        nonplane = (self.pair_plane < 0) & ~ss
-        self._np = np.flatnonzero(nonplane)
-        self._np_a, self._np_b = p[nonplane, 0], p[nonplane, 1]
-        self._rest = np.flatnonzero(~batch)
-        self._np_rad = self.radius[self._np_a] + self.radius[self._np_b]
-        # oriented-box refinement of pairs (without a plane) that involve a box
-        # entries in the order (pair, side): side 0 when geom 1 is a box, then side 1
-        npa, npb = p[self._np, 0], p[self._np, 1]
-        geo = np.stack([npa, npb], axis=1)              # the box of each side
-        oth = np.stack([npb, npa], axis=1)
-        keep = self._g_coal_box[geo]
-        self._box_pair = np.repeat(self._np.astype(np.int64), 2).reshape(-1, 2)[keep]
-        self._box_geom = geo[keep].astype(np.int64)
-        self._box_other = oth[keep].astype(np.int64)
-        self._box_half = (self._g_half[self._box_geom] + self._g_swept[self._box_geom][:, None]
-                          ).reshape(-1, 3)
-        ent_pair = self._box_pair
-        self._box_orad = self.radius[self._box_other] if len(ent_pair) else np.zeros(0)
-        self._np, self._np_a, self._np_b = (x.astype(np.int64) for x in (self._np, self._np_a, self._np_b))
-        self._rest = self._rest.astype(np.int64)
-        # the same, flat for the kernel
+        nonplane = (self.pair_plane < 0) & ~ss & ~sb
+        # the category of each pair in the swept broad phase (collision_kernels): 0 not swept
+        # (a plane pair), 1 the distance bounds, 2 sphere-sphere, 3 sphere-box with the box
+        # first, 4 with the box second
+        pcat = np.zeros(len(p), dtype=np.int8)
+        pcat[nonplane] = 1
+        pcat[ss] = 2
+        pcat[sb & side1] = 3
+        pcat[sb & ~side1] = 4
+        self._pcat = pcat
+        # the geoms the sweep sorts: those of some swept pair
+        used = np.zeros(self.ngeom, dtype=bool)
+        if len(p):
+            used[p[pcat > 0, 0]] = True
+            used[p[pcat > 0, 1]] = True
+        self._sap_g = np.flatnonzero(used).astype(np.int64)
+        self._rad = np.ascontiguousarray(self.radius, dtype=float)
+        # pair lookup by (min geom, max geom): the pairs themselves when their rows are (i, k),
+        # i < k, strictly increasing (MJCF's candidate_pairs), else a sorting permutation
+        self._perm = np.zeros(0, dtype=np.int64)
+        if len(p):
+            lo, hi = np.minimum(p[:, 0], p[:, 1]), np.maximum(p[:, 0], p[:, 1])
+            key = lo * self.ngeom + hi
+            if not (np.all(p[:, 0] < p[:, 1]) and np.all(np.diff(key) > 0)):
+                self._perm = np.argsort(key, kind="stable").astype(np.int64)
+        # oriented-box refinement of the swept pairs that involve a box (a coal Box; half sizes
+        # plus its swept-sphere radius)
+        self._g_isbox = self._g_coal_box.copy()
+        self._g_boxhalf = np.ascontiguousarray(
+            (self._g_half + self._g_swept[:, None]).reshape(-1, 3), dtype=float)
+        # meshes against a plane, flat for the kernel (their entry in the plane pairs _hp)
         hm = self._hp_mesh
-        self._mesh = (np.array([e[0] for e in hm], dtype=np.int64),
+        pos = {int(k): i for i, k in enumerate(self._hp.tolist())}
+        self._mesh = (np.array([pos[e[0]] for e in hm], dtype=np.int64),
                       np.array([e[1] for e in hm], dtype=np.int64),
                       np.array([e[2] for e in hm], dtype=np.int64),
                       np.array([e[4] for e in hm], dtype=float),
                       np.cumsum([0] + [len(e[3]) for e in hm]).astype(np.int64),
                       np.concatenate([e[3] for e in hm]).reshape(-1, 3) if hm else np.zeros((0, 3)))
+        self.last_candidates = 0        # narrow-phase candidates of the last detect pass
         # narrow phase tables
         self._analytic_list = self.analytic.tolist()
         self._pl_list = self.pair_plane.astype(np.int64).tolist()
@@ -737,13 +751,14 @@ class CollisionDriver:
         else:
             lin, ang, Jw, v, from_jacobian = (self._no_speed, self._no_speed, self._no_J,
                                               self._no_speed, False)
-        margin, cand, rows = detect_closed_form(
+        cand, cand_margin, rows = detect_closed_form(
             oM, self._mj_arr, Jw, v, self._support, lin, ang, from_jacobian, self._gslot, self._W0, self._reach,
-            self.pairs, self.base_margin + dt * dt * self._gravity, dt, self._rest, self._hp, self._hp_pl, self._hp_ot,
-            self._hp_ext_vec, self._hp_ext_const, self._hp_use_rot, self._np, self._np_a,
-            self._np_b, self._np_rad, self._box_pair, self._box_geom, self._box_other,
-            self._box_half, self._box_orad, *self._mesh, self._friction, self.max_points, *self._bp,
-            *self._ss, *self._sb)
+            self.pairs, self._perm, self._pcat, self._rad, self._sap_g,
+            self.base_margin + dt * dt * self._gravity, dt, self._hp, self._hp_pl, self._hp_ot,
+            self._hp_ext_vec, self._hp_ext_const, self._hp_use_rot, *self._mesh,
+            self._g_boxhalf, self._g_isbox, self._friction, self.max_points, *self._bp,
+            self._g_ssr, self._g_half, self._g_sphere_r)
+        self.last_candidates = len(cand)
         if not len(cand):
             return Contacts(*rows) if len(rows[0]) else self._empty
         blocks = [(rows[0], rows[3], rows[4], rows[5], rows[6], rows[8])] if len(rows[0]) else []
@@ -764,7 +779,7 @@ class CollisionDriver:
         self.cylinder_face_pairs = set()
         self.convex_pairs = {}          # pair -> feature tolerance of its refined point
         self.face_pairs = {}            # pair -> (face geom, other geom, {point id: kind})
-        for k, mk in zip(cand.tolist(), margin[cand].tolist()):
+        for k, mk in zip(cand.tolist(), cand_margin.tolist()):
             if analytic[k]:
                 self._plane_pair(k, gdata, mk, rows_pair, rows_pt, rows_pos, rows_n, rows_d)
                 continue

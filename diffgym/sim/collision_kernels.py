@@ -4,9 +4,13 @@ The kernels, called once per step with the driver's constant tables:
 
 * ``joint_speeds``: the speed of each moving joint's origin and its angular speed, from
   pinocchio's world-frame joint Jacobians ``data.J`` and ``v`` (no per-joint Python reads);
-* ``placements_and_bounds``: every geom's world placement, the pair margins
-  ``base_margin + dt (speed bound 1 + speed bound 2)`` and the broad phase of the pairs that
-  are not closed form (lower bounds on their distance; the candidates are returned);
+* ``placements_and_bounds``: every geom's world placement and speed bound, and the broad
+  phase: the pairs of a shape and a plane one by one, every other pair through
+  ``sweep_and_prune`` over the geoms' bounding spheres inflated by their share of the margin
+  ``base_margin + dt (speed bound 1 + speed bound 2)`` (near linear in the geoms, no loop over
+  the N^2 / 2 registered pairs); then, for the pairs it finds, the lower bounds on their
+  distance (the candidates of the narrow phase are returned) or, for sphere-sphere and
+  sphere-box pairs, the closed forms below;
 * ``plane_points``: the closed-form contacts of every sphere, capsule and box resting on a
   static plane (``plane_contacts.py`` describes the points), with their normals and frames;
 * ``sphere_pairs``: the closed-form contacts of sphere-sphere pairs (exact: the broad-phase
@@ -60,15 +64,11 @@ def joint_speeds(Jw, v, support, origins):
 
 
 @njit
-def placements_and_bounds(oM, mj, lin, ang, gslot, W0, reach, pairs, base_margin, dt,
-                          rest, hp_k, hp_pl, hp_ot, ext_vec, ext_const, use_rot,
-                          np_k, np_a, np_b, np_rad, box_pair, box_geom, box_other, box_half,
-                          box_orad, mesh_k, mesh_pl, mesh_ot, mesh_sw, hull_off, hull_pts):
-    """World placements W (ngeom, 4, 4), pair margins (npairs,) and the candidate pairs among
-    ``rest`` (the pairs without a closed form) whose distance lower bound is below their
-    margin (+ BROAD_SLACK). ``oM`` (njoints, 12): joint placements (rotation column-major, then
-    translation; ``pinviews``), ``mj``: the moving joints; ``gslot``: each geom's index in mj
-    (-1: static, W0 is then its world placement, else its placement in the joint frame)."""
+def placements(oM, mj, lin, ang, gslot, W0, reach):
+    """World placements W (ngeom, 4, 4) and speed bounds (ngeom,) of every geom. ``oM``
+    (njoints, 12): joint placements (rotation column-major, then translation; ``pinviews``),
+    ``mj``: the moving joints; ``gslot``: each geom's index in mj (-1: static, W0 is then its
+    world placement, else its placement in the joint frame)."""
     ng = gslot.shape[0]
     W = np.empty((ng, 4, 4))
     speed = np.zeros(ng)
@@ -85,13 +85,26 @@ def placements_and_bounds(oM, mj, lin, ang, gslot, W0, reach, pairs, base_margin
         for c in range(4):
             W[gi, 3, c] = W0[gi, 3, c]
         speed[gi] = lin[s] + ang[s] * reach[gi]
-    npairs = pairs.shape[0]
-    margin = np.empty(npairs)
-    for k in range(npairs):
-        margin[k] = base_margin + dt * (speed[pairs[k, 0]] + speed[pairs[k, 1]])
-    gap = np.full(npairs, np.inf)
-    # a shape against a plane: the height of its centre minus its support along the normal
-    for i in range(hp_k.shape[0]):
+    return W, speed
+
+
+@njit
+def pair_margin(speed, pairs, base_margin, dt, k):
+    """The margin of pair k: ``base_margin + dt (speed bound 1 + speed bound 2)``."""
+    return base_margin + dt * (speed[pairs[k, 0]] + speed[pairs[k, 1]])
+
+
+@njit
+def plane_bounds(W, speed, pairs, base_margin, dt, hp_k, hp_pl, hp_ot, ext_vec, ext_const,
+                 use_rot, mesh_i, mesh_pl, mesh_ot, mesh_sw, hull_off, hull_pts):
+    """Margins (m,) and distance lower bounds (m,) of the pairs of a shape and a plane that are
+    not closed form (``hp_k``): the height of the shape's centre minus its support along the
+    normal; for a mesh (``mesh_i``: its entry in hp_k) the lowest vertex of its convex hull."""
+    m = hp_k.shape[0]
+    margin = np.empty(m)
+    gap = np.empty(m)
+    for i in range(m):
+        margin[i] = pair_margin(speed, pairs, base_margin, dt, hp_k[i])
         pl, ot = hp_pl[i], hp_ot[i]
         z0, z1, z2 = W[pl, 0, 2], W[pl, 1, 2], W[pl, 2, 2]
         if use_rot:
@@ -100,63 +113,214 @@ def placements_and_bounds(oM, mj, lin, ang, gslot, W0, reach, pairs, base_margin
                 ext += abs(W[ot, 0, a] * z0 + W[ot, 1, a] * z1 + W[ot, 2, a] * z2) * ext_vec[i, a]
         else:
             ext = ext_const[i]
-        gap[hp_k[i]] = (z0 * (W[ot, 0, 3] - W[pl, 0, 3]) + z1 * (W[ot, 1, 3] - W[pl, 1, 3])
-                        + z2 * (W[ot, 2, 3] - W[pl, 2, 3])) - ext
+        gap[i] = (z0 * (W[ot, 0, 3] - W[pl, 0, 3]) + z1 * (W[ot, 1, 3] - W[pl, 1, 3])
+                  + z2 * (W[ot, 2, 3] - W[pl, 2, 3])) - ext
     # a mesh against a plane, where the bound above does not clear it: the lowest vertex of the
-    # mesh's convex hull (hull_pts[hull_off[i]:hull_off[i + 1]], in the geom frame) gives the
+    # mesh's convex hull (hull_pts[hull_off[t]:hull_off[t + 1]], in the geom frame) gives the
     # exact height of the mesh above the plane
-    for i in range(mesh_k.shape[0]):
-        k = mesh_k[i]
-        if not gap[k] < margin[k] + BROAD_SLACK:
+    for t in range(mesh_i.shape[0]):
+        i = mesh_i[t]
+        if not gap[i] < margin[i] + BROAD_SLACK:
             continue
-        pl, ot = mesh_pl[i], mesh_ot[i]
+        pl, ot = mesh_pl[t], mesh_ot[t]
         z0, z1, z2 = W[pl, 0, 2], W[pl, 1, 2], W[pl, 2, 2]
         # the plane normal in the mesh frame
         m0 = W[ot, 0, 0] * z0 + W[ot, 1, 0] * z1 + W[ot, 2, 0] * z2
         m1 = W[ot, 0, 1] * z0 + W[ot, 1, 1] * z1 + W[ot, 2, 1] * z2
         m2 = W[ot, 0, 2] * z0 + W[ot, 1, 2] * z1 + W[ot, 2, 2] * z2
         low = np.inf
-        for t in range(hull_off[i], hull_off[i + 1]):
-            h = hull_pts[t, 0] * m0 + hull_pts[t, 1] * m1 + hull_pts[t, 2] * m2
+        for u in range(hull_off[t], hull_off[t + 1]):
+            h = hull_pts[u, 0] * m0 + hull_pts[u, 1] * m1 + hull_pts[u, 2] * m2
             if h < low:
                 low = h
         exact = (z0 * (W[ot, 0, 3] - W[pl, 0, 3]) + z1 * (W[ot, 1, 3] - W[pl, 1, 3])
-                 + z2 * (W[ot, 2, 3] - W[pl, 2, 3])) + low - mesh_sw[i]
-        if exact > gap[k]:
-            gap[k] = exact
-    # two shapes: their bounding spheres
-    for i in range(np_k.shape[0]):
-        a, b = np_a[i], np_b[i]
+                 + z2 * (W[ot, 2, 3] - W[pl, 2, 3])) + low - mesh_sw[t]
+        if exact > gap[i]:
+            gap[i] = exact
+    return margin, gap
+
+
+@njit
+def _grow(buf, n):
+    """buf with room for at least n + 1 entries (doubled when full)."""
+    if n < buf.shape[0]:
+        return buf
+    out = np.empty(2 * buf.shape[0] + 16, dtype=buf.dtype)
+    out[:n] = buf[:n]
+    return out
+
+
+@njit
+def _lower(pairs, perm, a, b):
+    """First position of the pair key (a, b), a < b, in the sorted pair keys: ``pairs`` itself
+    when ``perm`` is empty (its rows are (i, k), i < k, strictly increasing), else the rows
+    ``pairs[perm]`` ordered by (min, max)."""
+    lo, hi = 0, (pairs.shape[0] if perm.shape[0] == 0 else perm.shape[0])
+    while lo < hi:
+        mid = (lo + hi) >> 1
+        k = mid if perm.shape[0] == 0 else perm[mid]
+        x, y = pairs[k, 0], pairs[k, 1]
+        if x > y:
+            x, y = y, x
+        if x < a or (x == a and y < b):
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+@njit
+def sweep_and_prune(W, speed, rad, sap_g, pairs, perm, base_margin, dt):
+    """The registered pairs (indices into ``pairs``) of geoms ``sap_g`` whose bounding spheres
+    (``rad``: radius about the geom origin), inflated by their share of the pair margin
+    (``dt`` speed + half the base margin, plus a slack far above round-off), overlap: sort
+    the spheres' intervals on the axis along which the centres spread most and sweep, then the
+    sphere test, then the pair's index by binary search in the sorted pair keys (``_lower``).
+    A superset of the pairs whose bounding-sphere gap is below their margin (every broad-phase
+    bound and closed-form distance of a pair is at least that gap), in increasing order; near
+    linear in the number of geoms for scenes whose geoms are not all near one another."""
+    n = sap_g.shape[0]
+    out = np.empty(4 * n + 16, dtype=np.int64)
+    if n < 2:
+        return out[:0]
+    c = np.empty((n, 3))
+    r = np.empty(n)
+    mean = np.zeros(3)
+    for i in range(n):
+        g = sap_g[i]
+        for a in range(3):
+            c[i, a] = W[g, a, 3]
+            mean[a] += c[i, a]
+        big = max(abs(c[i, 0]), abs(c[i, 1]), abs(c[i, 2]), rad[g])
+        r[i] = rad[g] + dt * speed[g] + 0.5 * base_margin + BROAD_SLACK + 1e-12 * big
+    for a in range(3):
+        mean[a] /= n
+    var = np.zeros(3)
+    for i in range(n):
+        for a in range(3):
+            var[a] += (c[i, a] - mean[a]) ** 2
+    ax = 0
+    if var[1] > var[ax]:
+        ax = 1
+    if var[2] > var[ax]:
+        ax = 2
+    lo = np.empty(n)
+    for i in range(n):
+        lo[i] = c[i, ax] - r[i]
+    order = np.argsort(lo)
+    cnt = 0
+    for ii in range(n):
+        i = order[ii]
+        hi_i = c[i, ax] + r[i]
+        for jj in range(ii + 1, n):
+            j = order[jj]
+            if lo[j] > hi_i:
+                break
+            d0 = c[i, 0] - c[j, 0]
+            d1 = c[i, 1] - c[j, 1]
+            d2 = c[i, 2] - c[j, 2]
+            s = r[i] + r[j]
+            if d0 * d0 + d1 * d1 + d2 * d2 > s * s:
+                continue
+            a, b = sap_g[i], sap_g[j]
+            if a > b:
+                a, b = b, a
+            p = _lower(pairs, perm, a, b)
+            npk = pairs.shape[0] if perm.shape[0] == 0 else perm.shape[0]
+            while p < npk:
+                k = p if perm.shape[0] == 0 else perm[p]
+                x, y = pairs[k, 0], pairs[k, 1]
+                if x > y:
+                    x, y = y, x
+                if x != a or y != b:
+                    break
+                out = _grow(out, cnt)
+                out[cnt] = k
+                cnt += 1
+                p += 1
+    return np.sort(out[:cnt])
+
+
+@njit
+def placements_and_bounds(oM, mj, lin, ang, gslot, W0, reach, pairs, perm, pcat, rad, sap_g,
+                          base_margin, dt, hp_k, hp_pl, hp_ot, ext_vec, ext_const, use_rot,
+                          mesh_i, mesh_pl, mesh_ot, mesh_sw, hull_off, hull_pts, g_boxhalf,
+                          g_isbox):
+    """World placements W, speed bounds, and the broad phase: the candidate pairs without a
+    closed form whose distance lower bound is below their margin (+ BROAD_SLACK), with their
+    margins, and the sphere-sphere (``pcat`` 2) and sphere-box (3: geom 1 is the box, 4:
+    geom 2) pairs near enough for their closed forms to be tried, with theirs. Pairs of a shape
+    and a plane (``hp_*``) are bounded one by one; every other pair (``pcat`` 1: a bounding-
+    sphere gap, raised by a box's oriented bounds against the other's sphere) is found by
+    ``sweep_and_prune`` over the geoms ``sap_g``. Returns (W, speed, cand, cand_margin, ss,
+    ss_margin, sb, sb_margin), each list of pairs in increasing order."""
+    W, speed = placements(oM, mj, lin, ang, gslot, W0, reach)
+    hp_m, hp_gap = plane_bounds(W, speed, pairs, base_margin, dt, hp_k, hp_pl, hp_ot, ext_vec,
+                                ext_const, use_rot, mesh_i, mesh_pl, mesh_ot, mesh_sw, hull_off,
+                                hull_pts)
+    near = sweep_and_prune(W, speed, rad, sap_g, pairs, perm, base_margin, dt)
+    nn = near.shape[0]
+    nh = hp_k.shape[0]
+    cand = np.empty(nh + nn, dtype=np.int64)
+    cm = np.empty(nh + nn)
+    ss = np.empty(nn, dtype=np.int64)
+    ssm = np.empty(nn)
+    sb = np.empty(nn, dtype=np.int64)
+    sbm = np.empty(nn)
+    nc = nss = nsb = 0
+    for i in range(nh):
+        if hp_gap[i] < hp_m[i] + BROAD_SLACK:
+            cand[nc] = hp_k[i]
+            cm[nc] = hp_m[i]
+            nc += 1
+    nplane = nc
+    for t in range(nn):
+        k = near[t]
+        cat = pcat[k]
+        mk = pair_margin(speed, pairs, base_margin, dt, k)
+        if cat == 2:
+            ss[nss] = k
+            ssm[nss] = mk
+            nss += 1
+            continue
+        if cat == 3 or cat == 4:
+            sb[nsb] = k
+            sbm[nsb] = mk
+            nsb += 1
+            continue
+        if cat != 1:
+            continue
+        a, b = pairs[k, 0], pairs[k, 1]
+        # two shapes: their bounding spheres
         d0 = W[a, 0, 3] - W[b, 0, 3]
         d1 = W[a, 1, 3] - W[b, 1, 3]
         d2 = W[a, 2, 3] - W[b, 2, 3]
-        gap[np_k[i]] = np.sqrt(d0 * d0 + d1 * d1 + d2 * d2) - np_rad[i]
-    # a box and a shape: the box's oriented bounds against the shape's bounding sphere
-    for i in range(box_pair.shape[0]):
-        bx, ot = box_geom[i], box_other[i]
-        o2 = 0.0
-        for a in range(3):
-            loc = (W[bx, 0, a] * (W[ot, 0, 3] - W[bx, 0, 3]) + W[bx, 1, a] * (W[ot, 1, 3] - W[bx, 1, 3])
-                   + W[bx, 2, a] * (W[ot, 2, 3] - W[bx, 2, 3]))
-            out = abs(loc) - box_half[i, a]
-            if out > 0.0:
-                o2 += out * out
-        lb = np.sqrt(o2) - box_orad[i]
-        if lb > gap[box_pair[i]]:
-            gap[box_pair[i]] = lb
-    n = 0
-    for i in range(rest.shape[0]):
-        k = rest[i]
-        if gap[k] < margin[k] + BROAD_SLACK:
-            n += 1
-    cand = np.empty(n, dtype=np.int64)
-    n = 0
-    for i in range(rest.shape[0]):
-        k = rest[i]
-        if gap[k] < margin[k] + BROAD_SLACK:
-            cand[n] = k
-            n += 1
-    return W, margin, gap, cand
+        gap = np.sqrt(d0 * d0 + d1 * d1 + d2 * d2) - (rad[a] + rad[b])
+        # a box and a shape: the box's oriented bounds against the shape's bounding sphere
+        for side in range(2):
+            bx, ot = (a, b) if side == 0 else (b, a)
+            if not g_isbox[bx]:
+                continue
+            o2 = 0.0
+            for x in range(3):
+                loc = (W[bx, 0, x] * (W[ot, 0, 3] - W[bx, 0, 3])
+                       + W[bx, 1, x] * (W[ot, 1, 3] - W[bx, 1, 3])
+                       + W[bx, 2, x] * (W[ot, 2, 3] - W[bx, 2, 3]))
+                out = abs(loc) - g_boxhalf[bx, x]
+                if out > 0.0:
+                    o2 += out * out
+            lb = np.sqrt(o2) - rad[ot]
+            if lb > gap:
+                gap = lb
+        if gap < mk + BROAD_SLACK:
+            cand[nc] = k
+            cm[nc] = mk
+            nc += 1
+    cand, cm = cand[:nc], cm[:nc]
+    if nplane and nc > nplane:
+        o = np.argsort(cand)
+        cand, cm = cand[o], cm[o]
+    return W, speed, cand, cm, ss[:nss], ssm[:nss], sb[:nsb], sbm[:nsb]
 
 
 @njit
@@ -207,7 +371,8 @@ def _witness(kind, size, W, gi, n, j, x):
 @njit
 def plane_points(W, margin, pairs, friction, max_points, bp_pair, bp_kind, bp_geom, bp_n,
                  bp_off, bp_N, bp_frames, bp_size):
-    """Closed-form contacts of the shape-on-static-plane pairs ``bp_*`` (in pair order).
+    """Closed-form contacts of the shape-on-static-plane pairs ``bp_*`` (in pair order;
+    ``margin``: theirs, one per entry).
 
     Points of a pair whose height above the plane is below the pair's margin; when more than
     ``max_points`` are, the deepest (ties: the lower index) in order of depth, else in index
@@ -222,7 +387,7 @@ def plane_points(W, margin, pairs, friction, max_points, bp_pair, bp_kind, bp_ge
     for i in range(nb):
         kind = bp_kind[i]
         cnt = 1 if kind == SPHERE else (2 if kind == CAPSULE else 8)
-        mk = margin[bp_pair[i]]
+        mk = margin[i]
         n = bp_n[i]
         sel = 0
         for j in range(cnt):
@@ -280,9 +445,9 @@ def plane_points(W, margin, pairs, friction, max_points, bp_pair, bp_kind, bp_ge
 
 
 @njit
-def sphere_pairs(W, margin, pairs, friction, ss_k, ss_r1, ss_r2):
-    """Closed-form contacts of sphere-sphere pairs ``ss_k`` (radii ss_r1 of geom 1, ss_r2 of
-    geom 2) closer than their margins: normal along the centres (from geom 1 to geom 2), the
+def sphere_pairs(W, margin, pairs, friction, ss_k, g_r):
+    """Closed-form contacts of sphere-sphere pairs ``ss_k`` (in increasing order; ``margin``:
+    theirs, ``g_r``: the radius of each sphere geom) closer than their margins: normal along the centres (from geom 1 to geom 2), the
     midpoint of the two surface points, frames as ``frames.tangent_frames``. Rows as
     ``plane_points``."""
     n_ss = ss_k.shape[0]
@@ -294,7 +459,7 @@ def sphere_pairs(W, margin, pairs, friction, ss_k, ss_r1, ss_r2):
         d0 = W[b, 0, 3] - W[a, 0, 3]
         d1 = W[b, 1, 3] - W[a, 1, 3]
         d2 = W[b, 2, 3] - W[a, 2, 3]
-        if np.sqrt(d0 * d0 + d1 * d1 + d2 * d2) - ss_r1[i] - ss_r2[i] < margin[k]:
+        if np.sqrt(d0 * d0 + d1 * d1 + d2 * d2) - g_r[a] - g_r[b] < margin[i]:
             hit[i] = True
             total += 1
     pair, g1, g2, point, pos, normal, dist, mu, frames = _new_rows(total)
@@ -313,12 +478,13 @@ def sphere_pairs(W, margin, pairs, friction, ss_k, ss_r1, ss_r2):
         else:                               # coincident centres: any direction is a normal
             n0, n1, n2 = 0.0, 0.0, 1.0
         pair[r], g1[r], g2[r] = k, a, b
-        dist[r] = L - ss_r1[i] - ss_r2[i]
+        r1, r2 = g_r[a], g_r[b]
+        dist[r] = L - r1 - r2
         mu[r] = friction[k]
         nn = (n0, n1, n2)
         for c in range(3):
             # surface points c_a + r1 n and c_b - r2 n; their midpoint
-            pos[r, c] = 0.5 * ((W[a, c, 3] + ss_r1[i] * nn[c]) + (W[b, c, 3] - ss_r2[i] * nn[c]))
+            pos[r, c] = 0.5 * ((W[a, c, 3] + r1 * nn[c]) + (W[b, c, 3] - r2 * nn[c]))
             normal[r, c] = nn[c]
         _set_frame(frames, r, n0, n1, n2)
         r += 1
@@ -354,38 +520,41 @@ def merge_rows(A, B):
 
 @njit
 def detect_closed_form(oM, mj, Jw, v, support, lin, ang, from_jacobian, gslot, W0, reach, pairs,
-                       base_margin, dt, rest, hp_k, hp_pl, hp_ot, ext_vec, ext_const, use_rot,
-                       np_k, np_a, np_b, np_rad, box_pair, box_geom, box_other, box_half,
-                       box_orad, mesh_k, mesh_pl, mesh_ot, mesh_sw, hull_off, hull_pts, friction,
-                       max_points, bp_pair, bp_kind, bp_geom, bp_n, bp_off, bp_N, bp_frames,
-                       bp_size, ss_k, ss_r1, ss_r2, sb_k, sb_box, sb_sph, sb_half, sb_r):
+                       perm, pcat, rad, sap_g, base_margin, dt, hp_k, hp_pl, hp_ot, ext_vec,
+                       ext_const, use_rot, mesh_i, mesh_pl, mesh_ot, mesh_sw, hull_off,
+                       hull_pts, g_boxhalf, g_isbox, friction, max_points, bp_pair, bp_kind,
+                       bp_geom, bp_n, bp_off, bp_N, bp_frames, bp_size, g_ssr, g_sbhalf, g_sbr):
     """The kernels above in one call (one dispatch from Python): speeds (from ``Jw`` and
-    ``v`` when ``from_jacobian``, else the given ``lin``, ``ang``), placements, margins and
-    broad-phase candidates, then the closed-form points. Returns (margin, cand, rows)."""
+    ``v`` when ``from_jacobian``, else the given ``lin``, ``ang``), placements, the broad phase,
+    then the closed-form points. Returns (cand, cand_margin, rows)."""
     if from_jacobian:
         origins = np.empty((mj.shape[0], 3))
         for s in range(mj.shape[0]):
             for a in range(3):
                 origins[s, a] = oM[mj[s], 9 + a]
         lin, ang = joint_speeds(Jw, v, support, origins)
-    W, margin, gap, cand = placements_and_bounds(
-        oM, mj, lin, ang, gslot, W0, reach, pairs, base_margin, dt, rest, hp_k, hp_pl, hp_ot, ext_vec,
-        ext_const, use_rot, np_k, np_a, np_b, np_rad, box_pair, box_geom, box_other, box_half,
-        box_orad, mesh_k, mesh_pl, mesh_ot, mesh_sw, hull_off, hull_pts)
-    rows = plane_points(W, margin, pairs, friction, max_points, bp_pair, bp_kind, bp_geom, bp_n,
+    W, speed, cand, cm, ss, ssm, sb, sbm = placements_and_bounds(
+        oM, mj, lin, ang, gslot, W0, reach, pairs, perm, pcat, rad, sap_g, base_margin, dt,
+        hp_k, hp_pl, hp_ot, ext_vec, ext_const, use_rot, mesh_i, mesh_pl, mesh_ot, mesh_sw,
+        hull_off, hull_pts, g_boxhalf, g_isbox)
+    bpm = np.empty(bp_pair.shape[0])
+    for i in range(bp_pair.shape[0]):
+        bpm[i] = pair_margin(speed, pairs, base_margin, dt, bp_pair[i])
+    rows = plane_points(W, bpm, pairs, friction, max_points, bp_pair, bp_kind, bp_geom, bp_n,
                         bp_off, bp_N, bp_frames, bp_size)
-    if ss_k.shape[0]:
-        rows = merge_rows(rows, sphere_pairs(W, margin, pairs, friction, ss_k, ss_r1, ss_r2))
-    if sb_k.shape[0]:
-        rows = merge_rows(rows, sphere_box_pairs(W, margin, pairs, friction, sb_k, sb_box, sb_sph,
-                                                 sb_half, sb_r))
-    return margin, cand, rows
+    if ss.shape[0]:
+        rows = merge_rows(rows, sphere_pairs(W, ssm, pairs, friction, ss, g_ssr))
+    if sb.shape[0]:
+        rows = merge_rows(rows, sphere_box_pairs(W, sbm, pairs, friction, sb, pcat, g_sbhalf,
+                                                 g_sbr))
+    return cand, cm, rows
 
 
 @njit
-def sphere_box_pairs(W, margin, pairs, friction, sb_k, sb_box, sb_sph, sb_half, sb_r):
-    """Closed-form contacts of sphere-box pairs ``sb_k`` (box geom sb_box with half sizes
-    sb_half, sphere geom sb_sph of radius sb_r) closer than their margins. In the box frame the
+def sphere_box_pairs(W, margin, pairs, friction, sb_k, pcat, g_half, g_r):
+    """Closed-form contacts of sphere-box pairs ``sb_k`` (in increasing order; ``margin``:
+    theirs; the box is geom 1 where ``pcat[k]`` is 3, else geom 2, with half sizes ``g_half``;
+    the sphere's radius ``g_r``) closer than their margins. In the box frame the
     closest box point to the sphere centre c is c clamped to the half sizes; with c outside the
     box the normal points from that point to c and dist = |c - p| - r; with c inside, the face
     of least penetration gives the normal (its outward normal) and dist = -penetration - r.
@@ -402,14 +571,18 @@ def sphere_box_pairs(W, margin, pairs, friction, sb_k, sb_box, sb_sph, sb_half, 
     total = 0
     for i in range(n_sb):
         k = sb_k[i]
-        b, s, r = sb_box[i], sb_sph[i], sb_r[i]
+        if pcat[k] == 3:
+            b, s = pairs[k, 0], pairs[k, 1]
+        else:
+            b, s = pairs[k, 1], pairs[k, 0]
+        r = g_r[s]
         d0 = W[s, 0, 3] - W[b, 0, 3]
         d1 = W[s, 1, 3] - W[b, 1, 3]
         d2 = W[s, 2, 3] - W[b, 2, 3]
         outside = False
         for a in range(3):
             x[a] = W[b, 0, a] * d0 + W[b, 1, a] * d1 + W[b, 2, a] * d2
-            h = sb_half[i, a]
+            h = g_half[b, a]
             if x[a] > h:
                 p[a] = h
                 outside = True
@@ -427,16 +600,16 @@ def sphere_box_pairs(W, margin, pairs, friction, sb_k, sb_box, sb_sph, sb_half, 
             ax = 0
             best = np.inf
             for a in range(3):
-                pen = sb_half[i, a] - abs(x[a])
+                pen = g_half[b, a] - abs(x[a])
                 if pen < best:
                     best = pen
                     ax = a
             m[0] = m[1] = m[2] = 0.0
             sg = 1.0 if x[ax] >= 0.0 else -1.0
             m[ax] = sg
-            p[ax] = sg * sb_half[i, ax]
+            p[ax] = sg * g_half[b, ax]
             dist = -best - r
-        if not dist < margin[k]:
+        if not dist < margin[i]:
             continue
         hit[i] = True
         total += 1
