@@ -1130,7 +1130,7 @@ class Simulator:
             else:
                 cons, res, Minv, G, g = None, None, None, None, None
         elif nc or cb.has_limits:
-            # any other solver (or the Python reference): stage by stage
+            # any other solver (or compiled=False): stage by stage
             limits = cb.active_limits(q, v, dt)
             cons = None
             if nc or len(limits[0]):

@@ -103,7 +103,7 @@ if ENABLED:
 
     @njit
     def _rank_deficient(A):
-        """``NCPSolver._rank_deficient``: Cholesky (LAPACK dpotrf, lower) of the PSD block;
+        """Whether the PSD block is numerically singular: Cholesky (LAPACK dpotrf, lower) of the PSD block;
         deficient if it breaks down or its diagonal spans more than sqrt(1e11)."""
         n = A.shape[0]
         L = np.empty((n, n))
@@ -257,7 +257,7 @@ def _lstsq(A, F):
 
 @njit
 def _lin_solve(A, F, x, deficient, anchored):
-    """``NCPSolver._lin_solve``: the Newton step ``delta`` with ``A delta = F``; least squares
+    """The Newton step ``delta`` with ``A delta = F``; least squares
     when rank deficient (minimum-norm new iterate, or minimum-norm step when ``anchored``)."""
     if not deficient:
         ok, d = _lu_solve(A, F)
@@ -282,7 +282,7 @@ def _lin_solve(A, F, x, deficient, anchored):
 # -- mode bookkeeping --------------------------------------------------------------------------
 @njit
 def _prepare(lam, nc, mu, modes, lim_act):
-    """``NCPSolver._prepare`` (in place): eliminated rows cleared, sliding contacts on their cone
+    """The start of a Newton run (in place): eliminated rows cleared, sliding contacts on their cone
     boundary (radially when the normal impulse pushes, else the projection)."""
     k = 3 * nc
     for i in range(nc):
@@ -313,7 +313,7 @@ def _prepare(lam, nc, mu, modes, lim_act):
 
 @njit
 def _tols(lam, vscale, mode_tol):
-    """``NCPSolver._tols``: (tol_v, tol_l)."""
+    """The mode tests' tolerances: (tol_v, tol_l)."""
     mx = abs(lam[0]) if lam.shape[0] else 0.0
     for i in range(1, lam.shape[0]):
         a = abs(lam[i])
@@ -326,7 +326,7 @@ def _tols(lam, vscale, mode_tol):
 
 @njit
 def natres(lam, sigma, nc, mu, dc, dG):
-    """``solver._natres``: the natural-map residual in velocity units."""
+    """The natural-map residual in velocity units."""
     r2max = 0.0
     for i in range(nc):
         j = 3 * i
@@ -366,7 +366,7 @@ def natres(lam, sigma, nc, mu, dc, dG):
 
 @njit
 def _bad(lam, sigma, nc, mu, modes, lim_act, tol_v, tol_l):
-    """``solver._bad_small``: whether any mode condition fails (the quick test)."""
+    """Whether any mode condition fails (the quick test)."""
     for i in range(nc):
         j = 3 * i
         md = modes[i]
@@ -397,7 +397,7 @@ def _bad(lam, sigma, nc, mu, modes, lim_act, tol_v, tol_l):
 
 @njit
 def _violations(lam, sigma, nc, mu, modes, lim_act, dc, dG, tol_v, tol_l):
-    """``NCPSolver._violations``: (found, new_modes, new_lim_act, viol) with viol the contact
+    """The mode conditions that fail: (found, new_modes, new_lim_act, viol) with viol the contact
     violations then the limit violations (velocity units)."""
     m = lam.shape[0]
     k = 3 * nc
@@ -741,7 +741,7 @@ def _maxabs3(x, j):
 @njit
 def _finish(G, g, nc, mu, modes, lim_act, lam, sigma, dG, dc, vscale, zero, haszero, tol,
             mode_tol, newton_iter, Jb, Mb, tlo, thi):
-    """``NCPSolver._finish``: (found, lam, sigma, modes, its, residual)."""
+    """The end of one active set's Newton run, accepted or not: (found, lam, sigma, modes, its, residual)."""
     its = 0
     no = nc < 0                 # False / 1 as runtime values (numba compiles a callee once per
     one = its + 1               # literal argument otherwise)
@@ -886,7 +886,7 @@ def _seen_index(seen_m, seen_l, n, modes, lim_act):
 @njit
 def active_set(G, g, nc, mu, modes_in, lim_in, lam_in, dG, dc, zero, haszero, vscale, budget,
                tol, mode_tol, newton_iter, mode_rounds, Jb, Mb, tlo, thi):
-    """``NCPSolver._active_set``: (found, lam, sigma, modes, lim_act, iterations, residual).
+    """Stage 1, the active-set Newton from the given modes: (found, lam, sigma, modes, lim_act, iterations, residual).
     ``zero``: rows with a zero Delassus diagonal (used where ``haszero``)."""
     m = G.shape[0]
     k = 3 * nc
@@ -975,7 +975,7 @@ def solve_stage1(G, g, nc, mu, lam0, modes0, has_modes, tol, mode_tol, newton_it
                  mode_rounds, budget, Jb, Mb, tlo, thi):
     """The preamble of ``NCPSolver.solve`` (dG, dc, vscale, zero-diagonal rows, the warm start)
     and stage 1: the active set from the warm start, then (a warm start given) from the cold
-    start, then stage 1b (``proximal``) from the three starts of ``NCPSolver._solve``. ``lam0``
+    start, then stage 1b (``proximal``) from three starts (the warm start, a cold all-sticking one, an all-sliding one). ``lam0``
     empty: no warm start; ``has_modes`` False: no ``modes0``; ``Jb``... (``island_body``; no
     rows: none) for the body-space steps. Returns ``active_set``'s tuple and 1 if stage 1b
     solved it (else 0)."""
@@ -1045,7 +1045,7 @@ def solve_stage1(G, g, nc, mu, lam0, modes0, has_modes, tol, mode_tol, newton_it
                      tol, mode_tol, newton_iter, mode_rounds, Jb, Mb, tlo, thi)
     if out[0]:
         return out[0], out[1], out[2], out[3], out[4], out[5], out[6], 0
-    its = budget            # (a failed attempt counts its budget, as NCPSolver._solve)
+    its = budget            # (a failed attempt counts its whole budget)
     # a warm start whose modes lead the iteration into a cycle (a contact switching back and
     # forth between the previous step's mode and another): stage 1 again from the cold start
     # (approaching contacts sticking, zero impulses; given a warm start). (A cold start with
@@ -1063,7 +1063,7 @@ def solve_stage1(G, g, nc, mu, lam0, modes0, has_modes, tol, mode_tol, newton_it
         if oc[0]:
             return True, oc[1], oc[2], oc[3], oc[4], its + oc[5], oc[6], 0
         its += budget
-    # stage 1b (NCPSolver._proximal): from the warm start, a cold all-sticking start and an
+    # stage 1b (proximal): from the warm start, a cold all-sticking start and an
     # all-sliding start (approaching contacts; limits whose free velocity closes them)
     for start in range(3):
         if start == 0:
@@ -1095,7 +1095,7 @@ PROX_OUTER = 8          # its outer (proximal-point) iterations at most
 @njit
 def proximal(G, g, nc, mu, modes, lim_act, lam, dG, dc, zero, haszero, vscale, budget, tol,
              mode_tol, newton_iter, mode_rounds, Jb, Mb, tlo, thi):
-    """Stage 1b, its one implementation (``NCPSolver._proximal`` calls it): proximal-point iterations whose subproblems are the
+    """Stage 1b (``NCPSolver._proximal`` calls it): proximal-point iterations whose subproblems are the
     NCPs of ``G + rho I`` and ``g - rho lam_k`` (unique impulses where contacts are redundant),
     each solved by ``active_set`` from the previous modes; once the natural residual of the
     original problem is within ``tol``, ``active_set`` on the original problem from those
