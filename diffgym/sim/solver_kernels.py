@@ -975,8 +975,8 @@ def solve_stage1(G, g, nc, mu, lam0, modes0, has_modes, tol, mode_tol, newton_it
                  mode_rounds, budget, Jb, Mb, tlo, thi):
     """The preamble of ``NCPSolver.solve`` (dG, dc, vscale, zero-diagonal rows, the warm start)
     and stage 1: the active set from the warm start, then (a warm start given) from the cold
-    start, then stage 1b (``proximal``) from three starts (the warm start, a cold all-sticking one, an all-sliding one). ``lam0``
-    empty: no warm start; ``has_modes`` False: no ``modes0``; ``Jb``... (``island_body``; no
+    start, then stage 1b (``proximal``) from three starts (the warm start, a cold
+    all-sticking one, an all-sliding one). ``lam0`` empty: no warm start; ``has_modes`` False: no ``modes0``; ``Jb``... (``island_body``; no
     rows: none) for the body-space steps. Returns ``active_set``'s tuple and 1 if stage 1b
     solved it (else 0)."""
     m = G.shape[0]
