@@ -488,6 +488,19 @@ def _k_feature_row(P, n, L):
 
 
 @njit
+def _k_support_span(XA, XB, axis):
+    """(top, bot): the highest of A's vertices ``XA`` and the lowest of B's ``XB`` along
+    ``axis``."""
+    top = -np.inf
+    for a in range(XA.shape[0]):
+        top = max(top, axis @ XA[a])
+    bot = np.inf
+    for b in range(XB.shape[0]):
+        bot = min(bot, axis @ XB[b])
+    return top, bot
+
+
+@njit
 def _k_rows_of(X, h, top, tol, above):
     """Indices of the rows of X whose height h is within tol of the support plane top (A:
     above=True, the largest h) or bottom (B)."""
@@ -896,12 +909,7 @@ def _k_snap_pair(XA, radA, FA, EA, XB, radB, FB, EB, n, d, tol):
         # points of the near-support sets (vertices within 2e-3 of the size of the support
         # planes along the axis), over every pair of segments (or points) they span: the
         # boundary edges of the faces are among them.
-        top = -np.inf
-        for a in range(XA.shape[0]):
-            top = max(top, axis @ XA[a])
-        bot = np.inf
-        for b in range(XB.shape[0]):
-            bot = min(bot, axis @ XB[b])
+        top, bot = _k_support_span(XA, XB, axis)
         stol = 2e-3 * size
         ia = _k_rows_of(XA, XA @ axis, top, stol, True)
         ib = _k_rows_of(XB, XB @ axis, bot, stol, False)
@@ -919,12 +927,7 @@ def _k_snap_pair(XA, radA, FA, EA, XB, radB, FB, EB, n, d, tol):
                                 Lmin, rmin = L, r
             if Lmin > 0.0 and Lmin - radA - radB > fbest + 1e-9 * size:
                 axis = rmin / Lmin
-                top = -np.inf
-                for a in range(XA.shape[0]):
-                    top = max(top, axis @ XA[a])
-                bot = np.inf
-                for b in range(XB.shape[0]):
-                    bot = min(bot, axis @ XB[b])
+                top, bot = _k_support_span(XA, XB, axis)
                 top += radA
                 bot -= radB
                 fbest, cbest = bot - top, 0.5 * (top + bot)

@@ -173,16 +173,7 @@ def restitution_bias(J, b, g, v, dist, pair, pair_rest, nc, dt, erp, skin, thr, 
                 out[1, k] = spent[tree[k]]
     else:
         # the islands of impact_times: trees linked by any contact; each takes its earliest
-        parent = np.arange(max(nv, 1))
-        for k in range(nc):
-            ta, tb = joint_tree[j1[k]], joint_tree[j2[k]]
-            if ta >= 0 and tb >= 0:
-                ra, rb = _find(parent, ta), _find(parent, tb)
-                if ra != rb:
-                    if ra < rb:
-                        parent[rb] = ra
-                    else:
-                        parent[ra] = rb
+        parent = _tree_components(j1, j2, joint_tree, nv)
         first = np.full(max(nv, 1), np.inf)
         for k in range(nc):
             if out[0, k] > 0.0 and tree[k] >= 0:
@@ -214,6 +205,24 @@ def _find(parent, a):
 
 
 @njit
+def _tree_components(j1, j2, joint_tree, nv):
+    """Union-find over the kinematic trees (named by their first dof) linked by the contacts
+    between joints ``j1`` and ``j2``: the parent array (``_find`` gives each tree's root, the
+    smallest tree of its component)."""
+    parent = np.arange(max(nv, 1))
+    for k in range(j1.shape[0]):
+        a, b = joint_tree[j1[k]], joint_tree[j2[k]]
+        if a >= 0 and b >= 0:
+            ra, rb = _find(parent, a), _find(parent, b)
+            if ra != rb:
+                if ra < rb:
+                    parent[rb] = ra
+                else:
+                    parent[ra] = rb
+    return parent
+
+
+@njit
 def row_islands(j1, j2, joint_tree, lim_idx, lim_v, tree_lo):
     """The islands of the constraint rows: connected components of the kinematic trees (the
     subtrees of the children of the world, named by their first dof ``tree_lo``) linked by
@@ -223,16 +232,7 @@ def row_islands(j1, j2, joint_tree, lim_idx, lim_v, tree_lo):
     nc = j1.shape[0]
     nl = lim_idx.shape[0]
     nv = tree_lo.shape[0]
-    parent = np.arange(max(nv, 1))
-    for k in range(nc):
-        a, b = joint_tree[j1[k]], joint_tree[j2[k]]
-        if a >= 0 and b >= 0:
-            ra, rb = _find(parent, a), _find(parent, b)
-            if ra != rb:
-                if ra < rb:
-                    parent[rb] = ra
-                else:
-                    parent[ra] = rb
+    parent = _tree_components(j1, j2, joint_tree, nv)
     label = np.full(max(nv, 1), -1, dtype=np.int64)
     isl_c = np.empty(nc, dtype=np.int64)
     isl_l = np.empty(nl, dtype=np.int64)
