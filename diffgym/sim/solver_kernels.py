@@ -502,8 +502,8 @@ def _slide_residual(Gaa, ga, x, i1s, mu_s, d_s, F, aux):
 @njit
 def _newton(G, g, nc, mu, modes, lim_act, lam, dc, vscale, max_its, anchored, min_steps,
             zero, haszero, tol, Jb, Mb, tlo, thi):
-    """``NCPSolver._newton``: (lam, sigma, ok, steps) on the active set of ``modes`` /
-    ``lim_act`` (``max_its`` already resolved). ``Jb`` (m, n), ``Mb``, ``tlo``, ``thi``: the
+    """Newton on the mode equations of the active set of ``modes`` / ``lim_act``: (lam,
+    sigma, ok, steps) (``max_its`` already resolved). ``Jb`` (m, n), ``Mb``, ``tlo``, ``thi``: the
     problem's rows and mass matrix in body space (``island_body``; no rows: not given), with
     which a large linear active set takes its steps by ``body_pinv``. ``Jb`` ... None (all four):
     no body-space steps, and numba compiles that variant without ``body_factor``,
