@@ -8,7 +8,7 @@ contact patch (coal's ``ContactPatchSolver``: the support sets of A along ``n`` 
 ``-n``, taken with the patch tolerance, projected on the plane through the witness midpoint
 normal to ``n``, and clipped against each other, Sutherland-Hodgman). For box-box and
 box-capsule pairs the driver snaps ``n`` and ``d`` to the separating axis (``snap_pair``) and
-gives each patch point its own distance (``patch_distances``); otherwise the patch shares coal's.
+gives each patch point its own distance (``_k_world_patch_distances``); otherwise the patch shares coal's.
 
 Each of these is a smooth function of the two poses determined by a few features, which are
 identified at the current pose:
@@ -53,7 +53,7 @@ The polytope analysis is compiled (numba, ``jit.njit``; the ``_k_*`` kernels, pl
 placements, coal's normal and distance, the joint Jacobians) into arrays and makes one call of
 ``polytope_pairs_kernel``, which writes dp, dn, dd of the rows in place and a status per row
 (``_REASONS``). The narrow phase's separating-axis snap (``snap_pair``) and per-point patch
-distances (``patch_distances``) share its feature solve. Where a configuration is degenerate in a way
+distances (``_k_patch_distances``) share its feature solve. Where a configuration is degenerate in a way
 these features do not cover (parallel edges or axes, a rank the tolerances cannot decide, a
 point that matches no candidate) the functions return the rows they could not do and the caller
 uses the finite-difference fallback for them, which it counts and reports.
@@ -75,23 +75,6 @@ PATCH_TOL = 1e-3
 POLYTOPE_KINDS = ("box", "mesh")
 
 _BOX_SIGNS = np.array([[sx, sy, sz] for sx in (-1.0, 1.0) for sy in (-1.0, 1.0) for sz in (-1.0, 1.0)])
-
-
-def patch_distances(XA: np.ndarray, YB: np.ndarray, n: np.ndarray, P: np.ndarray, L: float):
-    """Per-point distances and contact points of a patch: for each patch point p (rows of P,
-    on the plane midway between the support planes), the offsets sA, sB along n to the
-    support features of A (points XA) and B (points YB): a vertex, an edge line or a face
-    plane, spanned by the points; y = p + s n on the feature, s by least squares. The distance
-    is sB - sA and the contact point their midpoint p + n (sA + sB) / 2. A face on a face
-    tilted by less than the patch tolerance gets the penetration of each corner, not the
-    deepest one for all, so the distances of a box lying flat are smooth in its pose."""
-    ok, dist, pts = _k_patch_distances(np.ascontiguousarray(XA, dtype=float),
-                                       np.ascontiguousarray(YB, dtype=float),
-                                       np.ascontiguousarray(n, dtype=float),
-                                       np.ascontiguousarray(P, dtype=float).reshape(-1, 3), float(L))
-    if not ok:
-        raise np.linalg.LinAlgError("patch_distances: singular support feature")
-    return dist, pts
 
 
 def box_corners(R: np.ndarray, t: np.ndarray, h: np.ndarray) -> np.ndarray:
@@ -692,7 +675,7 @@ def _k_polytope_pair(X, Y, n, d, radA, radB, per_point, ptol, JA, oA, JB, oB, ro
                 cross[nc_, 0], cross[nc_, 1] = xa, uA
                 cross[nc_, 2], cross[nc_, 3] = b0 + tp * uB, uB
                 nc_ += 1
-    # per-point distances (collision_driver: patch_distances): a capsule's feature is its axis
+    # per-point distances (_k_patch_distances): a capsule's feature is its axis
     # moved by its radius along n, which turns with n
     if per_point:
         XA, YB = X[PA] + radA * n, Y[PB] - radB * n
@@ -799,8 +782,15 @@ def polytope_pairs_kernel(verts, vrange, place, normal, scal, joints, Jall, oall
 
 @njit
 def _k_patch_distances(XA, YB, n, P, L):
-    """patch_distances: (ok, distances (m,), points (m, 3)); ok False where a support
-    feature's least-squares system is singular."""
+    """Per-point distances and contact points of a patch: for each patch point p (rows of P,
+    on the plane midway between the support planes), the offsets sA, sB along n to the
+    support features of A (points XA) and B (points YB): a vertex, an edge line or a face
+    plane, spanned by the points; y = p + s n on the feature, s by least squares. The distance
+    is sB - sA and the contact point their midpoint p + n (sA + sB) / 2. A face on a face
+    tilted by less than the patch tolerance gets the penetration of each corner, not the
+    deepest one for all, so the distances of a box lying flat are smooth in its pose.
+    Returns (ok, distances (m,), points (m, 3)); ok False where a support feature's
+    least-squares system is singular."""
     oa, ra, oka = _k_feature_row(XA, n, L)
     ob, rb, okb = _k_feature_row(YB, n, L)
     m = P.shape[0]
@@ -838,7 +828,7 @@ def _k_segments_closest(a0, a1, b0, b1):
 
 @njit
 def _k_world_patch_distances(X, radA, Y, radB, n, P, ptol):
-    """patch_distances of a pair from its world vertices X, Y (a capsule: its axis ends, with
+    """``_k_patch_distances`` of a pair from its world vertices X, Y (a capsule: its axis ends, with
     its radius): the support sets along n taken with the patch tolerance ptol, the size L the
     larger extent of the two vertex sets along a world axis (collision_driver)."""
     hx, hy = X @ n, Y @ n

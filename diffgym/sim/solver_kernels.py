@@ -81,7 +81,8 @@ def _cone(x0, x1, xn, mu):
 def rank_deficient_reference(A) -> bool:
     """Whether the (PSD) Delassus block A of the active rows is numerically singular: its
     Cholesky factorization (scipy's LAPACK dpotrf, lower) breaks down or its diagonal spans
-    more than sqrt(1e11). The Python solver's test, and this module's without JIT."""
+    more than sqrt(1e11). ``_rank_deficient`` without JIT (the compiled one calls the same
+    LAPACK routine through numba's binding)."""
     L, info = _dpotrf(A, lower=1, clean=0)
     if info:
         return True
@@ -91,7 +92,7 @@ def rank_deficient_reference(A) -> bool:
 
 
 if ENABLED:
-    # scipy's LAPACK dpotrf (the routine the reference calls through scipy.linalg.lapack), through
+    # scipy's LAPACK dpotrf (the routine rank_deficient_reference calls through scipy), through
     # numba's own binding (numba.np.linalg, as np.linalg.cholesky uses it): the same factorization
     # of the same numbers, so the same decision where it is decided by rounding (a nearly
     # singular block whose last pivot is a difference of nearly equal numbers)
@@ -103,8 +104,8 @@ if ENABLED:
 
     @njit
     def _rank_deficient(A):
-        """Whether the PSD block is numerically singular: Cholesky (LAPACK dpotrf, lower) of the PSD block;
-        deficient if it breaks down or its diagonal spans more than sqrt(1e11)."""
+        """Whether the PSD block is numerically singular: its Cholesky factorization (LAPACK
+        dpotrf, lower) breaks down or its diagonal spans more than sqrt(1e11)."""
         n = A.shape[0]
         L = np.empty((n, n))
         for i in range(n):                  # Fortran order (as f2py passes A to dpotrf)
