@@ -122,9 +122,10 @@ def restitution_bias(J, b, g, v, dist, pair, pair_rest, nc, dt, erp, skin, thr, 
     ``spent`` (nv,) (a later pass of ``impact_substep``, from the configuration at the time of
     impact), the time already drifted by the dofs of the contact's tree.
     A contact that closes that fast but whose free motion ends the step short of contact
-    (``0 <= dist + dt min(u, u_free) < skin``) gets ``b = dist / dt`` instead of the Baumgarte /
-    speculative offset (whose skin would stop it inelastically up to ``skin`` short of contact,
-    where the impact would then be declared) and ``T = -1`` as its mark.
+    (``0 <= dist + rem min(u, u_free) < skin``, ``rem = dt``, or ``dt - spent`` on a later pass:
+    the time left to move) gets ``b = dist / rem`` instead of the Baumgarte / speculative offset
+    (whose skin would stop it inelastically up to ``skin`` short of contact, where the impact
+    would then be declared) and ``T = -1`` as its mark.
     Returns (2, nc): the coefficient of each contact where the law applies, 0 elsewhere, and
     its ``T``."""
     nv = J.shape[1]
@@ -134,6 +135,10 @@ def restitution_bias(J, b, g, v, dist, pair, pair_rest, nc, dt, erp, skin, thr, 
     un = np.zeros(nc)
     an = np.zeros(nc)
     found = False
+    tree = np.empty(nc, dtype=np.int64)
+    for k in range(nc):
+        t = joint_tree[j1[k]]
+        tree[k] = t if t >= 0 else joint_tree[j2[k]]
     for k in range(nc):
         e = pair_rest[pair[k]]
         if e <= 0.0:
@@ -144,15 +149,27 @@ def restitution_bias(J, b, g, v, dist, pair, pair_rest, nc, dt, erp, skin, thr, 
             u += J[r, i] * v[i]
         if not u < -thr:
             continue
+        # the time left in the step: dt, or on a later pass what the first drifts left of it
+        # (the bodies move (dt - spent) v1 after this pass, impact_time.displacement)
+        rem = dt
+        later = spent.shape[0] > 0 and tree[k] >= 0
+        if later:
+            rem = dt - spent[tree[k]]
         uf = g[r] - b[r]
-        reach = dist[k] + dt * min(u, uf)
-        if not (uf < 0.0 and reach < skin):
+        reach = dist[k] + rem * min(u, uf)
+        if not (uf < 0.0 and (reach < skin or later)):
             continue                   # (the free motion separates it, or it does not close)
         if reach >= 0.0:
             # closing fast, but the free motion ends the step short of contact: no impact yet,
             # and no skin (the plain row would stop it up to `skin` short, inelastically):
-            # b = dist / dt leaves the free motion as it is (a gap ahead of the impact)
-            nb = dist[k] / dt
+            # b = dist / rem leaves the free motion as it is (a gap ahead of the impact). On a
+            # later pass: the first drift's estimate of the time of impact fell short (a
+            # curved pair's distance is convex along the drift) and the contact is not reached
+            # in the time left (even beyond the skin: the plain row's offset, made for a
+            # motion over the whole dt, would stop it inelastically); the impact comes the next
+            # step at its time (declaring it here put it at the drifted configuration, up to
+            # millimetres short of contact)
+            nb = dist[k] / rem
             g[r] += nb - b[r]
             b[r] = nb
             out[1, k] = -1.0
@@ -163,10 +180,6 @@ def restitution_bias(J, b, g, v, dist, pair, pair_rest, nc, dt, erp, skin, thr, 
         found = True
     if not found:
         return out
-    tree = np.empty(nc, dtype=np.int64)
-    for k in range(nc):
-        t = joint_tree[j1[k]]
-        tree[k] = t if t >= 0 else joint_tree[j2[k]]
     if spent.shape[0]:
         for k in range(nc):
             if out[0, k] > 0.0 and tree[k] >= 0:

@@ -48,8 +48,9 @@ def contact_terms(JT, oM, ov, fext, supp, dof_joint, parents, gjoint, static_pla
     is not given, returns ``(.., .., False)`` at once: the caller computes it and calls again.
     ``rest`` (nc,): the coefficient of the contacts whose normal row carries Newton's impact law
     (``b = e u + erp min(d, 0) / dt`` + its gravity term, u the normal velocity at the pre-step
-    ``v0``), 0 elsewhere: their rows get ``e du/dq`` and the gain of that ``b``; -1: an
-    impact-law contact closing short of contact (``b = d / dt``, gain 1/dt)."""
+    ``v0``), 0 elsewhere: their rows get ``e du/dq`` and the gain of that ``b``; negative: an
+    impact-law contact closing short of contact (``b = d / rem``, gain 1/rem, given as
+    ``-rem / dt``: -1 where ``rem = dt``)."""
     nv = JT.shape[0]
     nj = oM.shape[0]
     nc = pos.shape[0]
@@ -323,8 +324,8 @@ def contact_terms(JT, oM, ov, fext, supp, dof_joint, parents, gjoint, static_pla
         gain = 1.0 / dt if cdist[k] > skin else erp / dt
         if rest[k] > 0.0:                    # impact law: b = e u + erp min(d, 0) / dt
             gain = erp / dt if cdist[k] < 0.0 else 0.0
-        elif rest[k] < 0.0:                  # closing, short of contact: b = d / dt (d > 0)
-            gain = 1.0 / dt
+        elif rest[k] < 0.0:                  # closing, short of contact: b = d / rem (d > 0),
+            gain = -1.0 / (rest[k] * dt)     # rest = -rem / dt (-1: rem = dt, gain 1 / dt)
         for i in range(3):
             for c in range(nv):
                 acc = frames[k, 0, i] * dvrel[k, 0, c] + frames[k, 1, i] * dvrel[k, 1, c] \

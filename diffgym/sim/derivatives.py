@@ -859,6 +859,49 @@ def _closing(cons):
     return t < 0.0
 
 
+def _closing_time(sim, cons, C):
+    """(nc,) the time left in the step for each contact, ``rem``: the offset of a row closing
+    short of contact is ``d / rem`` (constraint.restitution_bias); ``dt``, or on a later pass of
+    impact_time.impact_substep ``dt - spent`` (the time drifted by the dofs of its tree)."""
+    rem = np.full(cons.nc, float(sim.dt))
+    pre = C.get("impact_pre") if C is not None else None
+    if pre is not None and cons.nc:
+        from .impact_time import consumed_time
+        spent = consumed_time(pre[1])
+        cb, c = sim.constraints, cons.contacts
+        tr = cb.joint_tree[cb.geom_joint[c.geom1]]
+        tr = np.where(tr >= 0, tr, cb.joint_tree[cb.geom_joint[c.geom2]])
+        rem = np.where(tr >= 0, sim.dt - spent[np.maximum(tr, 0)], rem)
+    return rem
+
+
+def _closing_spent(sim, C, system):
+    """A later pass's rows closing short of contact (``b = d / (dt - S)``, ``S`` the time
+    drifted, a function of the step's state): ``(P, ks, d / rem^2)`` with ``P = M^-1 J^T d lam /
+    d b`` the response of ``v1`` to their offsets, for impact_time.correct_jacobian to chain
+    ``d b = (d / rem^2) d S``; None without such a row (zero where the row is inactive, as the
+    free motion leaves it)."""
+    if C.get("impact_pre") is None:
+        return None
+    cons, res = C["cons"], C["res"]
+    closing = _closing(cons) if cons is not None else None
+    if closing is None:
+        return None
+    ks = np.flatnonzero(closing)
+    rem = _closing_time(sim, cons, C)[ks]
+    d = np.asarray(cons.dist, dtype=float)[ks]
+    m = cons.m
+    A, W = _mode_system(res, C["G"], cons.nc, cons.mu) if system is None else system
+    E = np.zeros((m, len(ks)))
+    E[3 * ks + 2, np.arange(len(ks))] = 1.0
+    dlam = _solve_min_norm(A, -(W @ E))
+    Minv = C["Minv"]
+    if Minv is None:
+        return None
+    Minv = np.triu(Minv) + np.triu(Minv, 1).T
+    return Minv @ (cons.J.T @ dlam), ks, d / rem ** 2
+
+
 def _joint_torques(sim, cons, res) -> np.ndarray:
     """The generalized forces at which the ABA derivatives are evaluated: the applied and passive
     forces plus the active joint-limit impulses as joint torques (``J_lim^T lam_lim / dt``).
@@ -941,6 +984,11 @@ def step_jacobian(sim, compiled: bool | None = None) -> StepJacobian:
     if C.get("impact_times") is not None or C.get("impact_pre") is not None:
         # impacts at their time inside the step (diffgym.sim.impact_time)
         from .impact_time import correct_jacobian
+        cl = _closing_spent(sim, C, system)
+        if cl is not None and C.get("impact_pre") is not None:
+            bias = cl if bias is None else (np.hstack([bias[0], cl[0]]),
+                                            np.concatenate([bias[1], cl[1]]),
+                                            np.concatenate([bias[2], cl[2]]), bias[3])
         correct_jacobian(sim, out, C, bias if C.get("impact_pre") is not None else None)
     elif bias is not None:
         # (the q1 rows of the plain step, q1 = q (+) dt v1, from the corrected v1 rows)
@@ -1140,8 +1188,8 @@ def _step_jacobian_reference(sim, C=None, system=None) -> StepJacobian:
                     du += np.einsum("kan,ka->kn", dR[:, :, 2], vrel0)
                 Dq_extra[2:3 * nc:3] += rest[:, None] * du
             closing = _closing(cons)
-            if closing is not None:                            # b = d / dt
-                gain = np.where(closing, 1.0 / dt, gain)
+            if closing is not None:                            # b = d / rem
+                gain = np.where(closing, 1.0 / _closing_time(sim, cons, C), gain)
             Dq_extra[2:3 * nc:3] += gain[:, None] * dd
         for jl, (li, ld) in enumerate(zip(cons.limits.tolist(), cons.limit_dist.tolist())):
             lim = sim.sm.limits[li]
@@ -1345,8 +1393,9 @@ def _step_jacobian_compiled(sim, C=None, system=None) -> StepJacobian | None:
         rest = np.zeros(nc) if rest is None else np.ascontiguousarray(rest, dtype=float)
         bias_n = rest
         closing = _closing(cons)
-        if closing is not None:            # (-1: closing short of contact, b = d / dt)
-            rest = np.where(closing, -1.0, rest)
+        if closing is not None:            # (< 0: closing short of contact, b = d / rem, the
+            # kernel's gain 1 / rem from -rem / dt: -1 on a step's first pass)
+            rest = np.where(closing, -_closing_time(sim, cons, C) / sim.dt, rest)
         lims = (cons.limits, cons.limit_dist, st.lim_v, st.lim_sign, v, rest)
         corr, Dq, done = K.contact_terms(*args, False, *st.no_geo, *lims)
         if not done:           # pairs without a closed form in the kernel: geometry in Python
