@@ -282,6 +282,16 @@ def test_file_line_of_included_file(tmp_path):
      'name="sc"', r"<body name='c'>.*joint 'sc' .* has a zero diagonal"),
     ('<body name="c" pos="1 0 1">\n<freejoint/>\n<geom name="gc" type="sphere" size="0.1" mass="-1"/></body>',
      'mass=', r"<geom name='gc'>: mass must be finite and >= 0"),
+    ('<body name="c" pos="1 0 1">\n<joint name="sc" type="slide"\n damping="-1"/>\n<geom type="sphere" size="0.1"/></body>',
+     'name="sc"', r"<joint name='sc'>: damping must be finite and >= 0, got damping='-1'"),
+    ('<body name="c" pos="1 0 1">\n<joint name="sc" type="hinge" stiffness="-3"/>\n<geom type="sphere" size="0.1"/></body>',
+     'name="sc"', r"<joint name='sc'>: stiffness must be finite and >= 0"),
+    ('<body name="c" pos="1 0 1">\n<joint name="sc" type="hinge" armature="-0.1"/>\n<geom type="sphere" size="0.1"/></body>',
+     'name="sc"', r"<joint name='sc'>: armature must be finite and >= 0"),
+    ('<body name="c" pos="1 0 1">\n<joint name="sc" type="hinge" frictionloss="-1"/>\n<geom type="sphere" size="0.1"/></body>',
+     'name="sc"', r"<joint name='sc'>: frictionloss must be finite and >= 0"),
+    ('<body name="c" pos="1 0 1">\n<joint name="bc" type="ball" range="0 -30"/>\n<geom type="sphere" size="0.1"/></body>',
+     'name="bc"', r"<joint name='bc'>: a ball joint's range must be '0 max'"),
 ])
 def test_bad_values_named_with_line(snippet, marker, message):
     line = line_of(doc(snippet), marker)

@@ -574,6 +574,15 @@ class _MJCFBuilder:
             self.joint_where[f"{jname}_rot"] = self.joint_where[jname]
             self._el = j
             anchor = _floats(a.get("pos", "0 0 0"), 3, f"<joint name={jname!r}> pos")
+            for key in ("damping", "armature", "stiffness"):
+                # (a negative damper or spring feeds energy in; a negative armature can make the
+                # mass matrix indefinite: bad input, refused at load with the line)
+                if key in a:
+                    val = _float_attr(a, key, f"<joint name={jname!r}>",
+                                      lambda msg: self.err(msg, j))
+                    if not (np.isfinite(val) and val >= 0):
+                        raise self.err(f"<joint name={jname!r}>: {key} must be finite and >= 0, "
+                                       f"got {key}={a[key]!r}", j)
             if jtype == "free":
                 if parent.jid != 0 or len(joints) > 1:
                     raise self.err(f"<joint name={jname!r}>: a free joint must be the only joint "
@@ -895,7 +904,7 @@ class _MJCFBuilder:
             f = _float_attr(a, "frictionloss", f"<joint name={jname!r}>", self.err)
             if not (np.isfinite(f) and f >= 0):
                 raise self.err(f"<joint name={jname!r}>: frictionloss must be finite and >= 0, "
-                               f"got {a['frictionloss']!r}")
+                               f"got {a['frictionloss']!r}", el)
             if f > 0 and self.refusals.leave_out(
                     "joint.frictionloss", self.src.where(el) if el is not None else self.source,
                     f"<joint name={jname!r}> frictionloss={a['frictionloss']!r}"):
@@ -912,11 +921,12 @@ class _MJCFBuilder:
             if limited != "true":
                 return
             if "range" not in a:
-                raise self.err(f"<joint name={jname!r}>: limited ball joint without range")
+                raise self.err(f"<joint name={jname!r}>: limited ball joint without range", el)
             lo, hi = _floats(a["range"], 2, f"<joint name={jname!r}> range")
             if lo != 0 or not hi > 0:
                 raise self.err(f"<joint name={jname!r}>: a ball joint's range must be '0 max' "
-                               f"with max > 0 (the largest rotation angle), got {a['range']!r}")
+                               f"with max > 0 (the largest rotation angle), got {a['range']!r}",
+                               el)
             self.ball_limits.append(BallLimit(jname, jmodel.idx_q, jmodel.idx_v,
                                               self.compiler.angle(float(hi))))
 
