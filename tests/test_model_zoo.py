@@ -1,7 +1,7 @@
 """Models nobody here wrote: loaded right, or refused by name (file, line, element, attribute).
 
 Every Gymnasium MuJoCo asset loads or is refused with the keys listed below, and with those
-keys ignored its moving mass is MuJoCo's; a few dm_control suite domains (with ``<include>``)
+keys ignored its moving mass is MuJoCo's; every dm_control suite XML but the dog (with ``<include>``)
 and example-robot-data robots; one crafted file per construct diffgym used to drop silently.
 The simulation comparison over 3 s is the benchmark ``diffgym bench --zoo`` (README)."""
 import glob
@@ -104,16 +104,39 @@ def test_dm_control_pendulum_with_includes_follows_mujoco():
     np.testing.assert_allclose(v, d.qvel, atol=1e-9)
 
 
-@pytest.mark.parametrize("name, keys", [
-    ("cartpole.xml", {"option.integrator"}),
-    ("walker.xml", set()),
-    ("cheetah.xml", set()),                     # <compiler settotalmass> is followed
-    ("finger.xml", set()),                      # joint frictionloss is simulated
-    ("ball_in_cup.xml", {"tendon.spatial"}),
-    ("manipulator.xml", {"equality.tendon"}),
-    ("fish.xml", {"option.fluid", "actuator.position"}),
-])
-def test_dm_control_domains(name, keys):
+SUITE_REFUSED = {                           # every suite XML: what it asks for and diffgym lacks
+    "acrobot.xml": {"option.integrator"},
+    "ball_in_cup.xml": {"tendon.spatial"},
+    "cartpole.xml": {"option.integrator"},
+    "cheetah.xml": set(),                       # <compiler settotalmass> is followed
+    "finger.xml": set(),                        # joint frictionloss is simulated
+    "fish.xml": {"option.fluid", "actuator.position"},
+    "hopper.xml": set(),
+    "humanoid.xml": set(),
+    "humanoid_CMU.xml": set(),
+    "lqr.xml": set(),
+    "manipulator.xml": {"equality.tendon"},
+    "pendulum.xml": set(),
+    "point_mass.xml": set(),
+    "quadruped.xml": {"geom.hfield", "equality.tendon", "actuator.dyntype", "actuator.biastype",
+                      "geom.condim"},
+    "reacher.xml": set(),
+    "stacker.xml": {"equality.tendon"},
+    "swimmer.xml": {"option.fluid"},
+    "walker.xml": set(),
+    # dog.xml ({"joint.springdamper", "actuator.dyntype", "geom.condim"}): its 162 mesh geoms
+    # take minutes to load here; `diffgym bench --zoo` loads it (README's zoo table)
+}
+
+
+def test_every_dm_control_suite_xml_is_listed():
+    found = sorted(os.path.basename(p) for p in glob.glob(os.path.join(SUITE, "*.xml")))
+    assert [f for f in found if f != "dog.xml"] == sorted(SUITE_REFUSED)
+
+
+@pytest.mark.parametrize("name", sorted(SUITE_REFUSED))
+def test_dm_control_domains(name):
+    keys = SUITE_REFUSED[name]
     path = os.path.join(SUITE, name)
     assert refused_keys(path) == keys
     sim = load(path, ignore=tuple(keys) or None)
