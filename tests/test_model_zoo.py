@@ -208,6 +208,13 @@ CRAFTED = [
      '<general', r"<general name='g'> dyntype='filter': actuator activation dynamics \[actuator\.dyntype\]"),
     ("actuator bias", doc("", tail='<actuator>\n<general name="g" joint="ha" biastype="affine" biasprm="0 -1 0"/>\n</actuator>'),
      '<general', r"<general name='g'> biastype='affine': actuator bias force .*\[actuator\.biastype\]"),
+    ("replicate", doc('<replicate count="3" offset="0.5 0 0">\n<body name="r" pos="2 0 1"><freejoint/>'
+                      '<geom type="sphere" size="0.1"/></body></replicate>'),
+     '<replicate', r"<replicate>: replicated bodies .*\[replicate\]"),
+    ("attach", doc('<attach model="m" body="b" prefix="p"/>', head='<asset><model name="m" file="x.xml"/></asset>'),
+     '<attach', r"<attach>: attached sub-model .*\[attach\]"),
+    ("flexcomp in the worldbody", doc('<flexcomp name="f" type="grid" count="2 2 1" spacing="0.1 0.1 0.1" dim="2"/>'),
+     '<flexcomp', r"<flexcomp name='f'>: deformable object \[flex\]"),
     ("height field", doc('<geom name="hf"\n type="hfield" hfield="terrain"/>',
                          head='<asset><hfield name="terrain" nrow="2" ncol="2" size="1 1 1 1"/></asset>'),
      'name="hf"', r"<geom name='hf'> type='hfield': height-field geom \[geom\.hfield\]"),

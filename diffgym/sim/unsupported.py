@@ -123,9 +123,15 @@ RULES: tuple[Rule, ...] = (
          attr="balanceinertia", when=lambda a, c: a.get("balanceinertia") == "true"),
     Rule("compiler.inertiagrouprange", "inertia from a subset of geom groups", path="compiler",
          attr="inertiagrouprange", when=lambda a, c: _nums(a, "inertiagrouprange") not in ([], [0, 5])),
-    Rule("composite", "composite object", path="body/composite"),
-    Rule("flex", "deformable object", path="body/flexcomp"),
+    # (anywhere: in <worldbody> as in a <body>)
+    Rule("composite", "composite object", path="composite"),
+    Rule("flex", "deformable object", path="flexcomp"),
     Rule("deformable", "deformable object", path="deformable"),
+    # (model composition the loader does not expand: the bodies inside would be left out)
+    Rule("replicate", "replicated bodies (not expanded: its bodies would be left out)",
+         path="replicate"),
+    Rule("attach", "attached sub-model (not expanded: its bodies would be left out)",
+         path="attach"),
     Rule("plugin", "engine plugin", path="extension"),
     # -- actuators ---------------------------------------------------------------------------
     Rule("actuator.position", "position actuator (a PD servo)", path="actuator/position"),
