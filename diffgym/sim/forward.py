@@ -1240,9 +1240,10 @@ class Simulator:
                           "motion, e.g. a fast spin); sim.last.converged is False",
                           SolverWarning, stacklevel=3)
         # (Minv: pinocchio's computeMinverse, of which only the upper triangle is filled)
-        self.cache = dict(q=q, v=v, tau=tau, tau_total=tau_total, a_free=a_free, v_free=v_free,
-                          cons=cons, res=res, Minv=Minv, G=G, g=g, v1=v1, q1=q1,
-                          impact_times=toi)
+        # (a dict display: cheaper than dict(...) with keywords, every step)
+        self.cache = {"q": q, "v": v, "tau": tau, "tau_total": tau_total, "a_free": a_free,
+                      "v_free": v_free, "cons": cons, "res": res, "Minv": Minv, "G": G, "g": g,
+                      "v1": v1, "q1": q1, "impact_times": toi}
         if blk is not None:        # (G and M^-1 made dense only when read: island_step)
             self.cache = BlockCache(self.cache, cons, lazy_minv)
         if jacobian:
@@ -1383,7 +1384,8 @@ class Simulator:
         # the warm start of the next step: impulses and modes per (pair, point) and per limit
         # (the step's own arrays: nothing writes to them afterwards)
         modes = res.modes if warm_modes is None else warm_modes
-        self._warm = (c.pair, c.point, res.lam, modes.astype(np.int64, copy=False),
+        self._warm = (c.pair, c.point, res.lam,
+                      modes if modes.dtype == np.int64 else modes.astype(np.int64),
                       cons.limits, res.limit_active)
         self.last = StepInfo._lazy(cons, res, self.sm)
         self.last.__dict__["islands"] = islands
