@@ -473,16 +473,6 @@ def _verify_velocity(J, b, v1, lam, nc, mu, G):
 
 
 @njit
-def _put(F, o, x):
-    """Copies the C-contiguous array ``x`` into ``F[o:o + x.size]``; returns the next offset."""
-    n = x.size
-    xf = x.reshape(n)
-    for i in range(n):
-        F[o + i] = xf[i]
-    return o + n
-
-
-@njit
 def _constrained_step(pos, frames, geom1, geom2, geom_joint, dist, mu, pair, point, Jw, support,
                       sup_ptr, sup_idx, joint_tree, tree_lo, tree_hi,
                       q, v, lim_q, lim_v, lim_bound, lim_sign, limit_margin, dt, erp, skin,
@@ -520,18 +510,37 @@ def _constrained_step(pos, frames, geom1, geom2, geom_joint, dist, mu, pair, poi
     if all_ok and G.shape[0]:
         r1, vs = _verify_velocity(J, b, v1, lam, nc, mu, G)
     nl = lim_idx.shape[0]
-    F = np.empty(lim_dist.size + J.size + b.size + G.size + g.size + lam.size + sigma.size
-                 + v1.size + 2 * nc)
-    o = _put(F, 0, lim_dist)
-    o = _put(F, o, J)
-    o = _put(F, o, b)
-    o = _put(F, o, G)
-    o = _put(F, o, g)
-    o = _put(F, o, lam)
-    o = _put(F, o, sigma)
-    o = _put(F, o, v1)
-    if rest.size == 2 * nc:
-        o = _put(F, o, rest)
+    m = G.shape[0]
+    nv = v1.shape[0]
+    # (written out, not a helper: a helper called with 1-d and 2-d arrays would be a kernel
+    # with two signatures, compiled twice on first use)
+    F = np.empty(nl + m * nv + m * m + 4 * m + nv + 2 * nc)
+    for i in range(nl):
+        F[i] = lim_dist[i]
+    o = nl
+    for r in range(m):
+        for c in range(nv):
+            F[o + r * nv + c] = J[r, c]
+    o += m * nv
+    for r in range(m):
+        F[o + r] = b[r]
+    o += m
+    for r in range(m):
+        for c in range(m):
+            F[o + r * m + c] = G[r, c]
+    o += m * m
+    for r in range(m):
+        F[o + r] = g[r]
+        F[o + m + r] = lam[r]
+        F[o + 2 * m + r] = sigma[r]
+    o += 3 * m
+    for i in range(nv):
+        F[o + i] = v1[i]
+    o += nv
+    if rest.shape[0] == 2 and rest.shape[1] == nc:
+        for a in range(2):
+            for k in range(nc):
+                F[o + a * nc + k] = rest[a, k]
     else:
         for i in range(2 * nc):
             F[o + i] = 0.0
