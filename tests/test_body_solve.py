@@ -70,7 +70,10 @@ def _capture(sim, steps, v=None):
 
     def spy(*a):
         r = orig(*a)
-        out.append((r[6], r[7], a[0].shape[0], a[6], r[8], r[9], np.array([r[0]])))
+        nc = a[0].shape[0]
+        G, g, lam, sigma = [fw._unpack_step(r[8], r[9], nc, r[2], a[9].shape[1])[i]
+                            for i in (4, 5, 6, 7)]
+        out.append((G, g, nc, a[6], lam, sigma, np.array([r[0]])))
         return r
     q, v = sim.q0, np.zeros(sim.nv) if v is None else v
     fw._constrained_step = spy

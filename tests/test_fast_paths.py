@@ -352,3 +352,54 @@ def test_compiled_sphere_box_pairs_equal_coal_on_free_bodies(region, ball_first)
         worst = max(worst, max(np.abs(getattr(a, f) - getattr(b, f)).max() for f in ("pos", "normal", "dist")))
         hits += 1
     assert hits == 40, worst
+
+
+@pytest.mark.parametrize("model", ["hopper.xml", "go1.urdf"])
+def test_packed_constrained_step_returns_the_arrays_of_the_solve(model):
+    """``forward._constrained_step`` returns its arrays packed (three arrays instead of thirteen,
+    which numba would box one by one); ``_unpack_step``'s views must be, bit for bit, the
+    arrays ``_constrained_velocity`` computes from the same arguments, and a step's arrays must
+    stay what they were after later steps (each step packs into arrays of its own)."""
+    from diffgym.sim import forward as fw
+
+    sim = diffgym.Simulator.from_file(asset_path(model), ignore_unsupported=("joint.frictionloss",))
+    calls = []
+    orig = fw._constrained_step
+
+    def spy(*a):
+        r = orig(*a)
+        calls.append((a, r))
+        return r
+    rng = np.random.default_rng(4)
+    q, v = sim.q0, np.zeros(sim.nv)
+    kept = []
+    fw._constrained_step = spy
+    try:
+        for t in range(120):
+            q, v = sim.step(q, v, rng.normal(0.0, 5.0, sim.nv) if t % 2 else np.zeros(sim.nv))
+            res = sim.cache["res"]
+            if res is not None and t % 10 == 0:
+                cons = sim.cache["cons"]
+                kept.append((res, res.lam.copy(), cons, cons.J.copy()))
+    finally:
+        fw._constrained_step = orig
+    checked = limits = 0
+    for a, r in calls:
+        all_ok, nl, F, ints, lim_act = r[0], r[2], r[8], r[9], r[10]
+        nc, nv = a[0].shape[0], a[9].shape[1]
+        packed = fw._unpack_step(F, ints, nc, nl, nv)
+        ref = fw._constrained_velocity(*a)
+        # (lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, v1, restitution) in ref's order
+        for x, y in zip(packed, (ref[3], ref[4], ref[5], ref[6], ref[7], ref[8], ref[9], ref[10],
+                                 ref[11], ref[15], ref[17])):
+            assert x.dtype == y.dtype and x.shape == y.shape
+            np.testing.assert_array_equal(x, y)
+        np.testing.assert_array_equal(lim_act, ref[12])
+        assert all_ok == bool(ref[0].all())
+        checked += 1
+        limits += nl > 0
+    assert checked > 30 and (limits > 0 or model == "go1.urdf")
+    assert kept
+    for res, lam, cons, J in kept:
+        np.testing.assert_array_equal(res.lam, lam)
+        np.testing.assert_array_equal(cons.J, J)

@@ -481,12 +481,18 @@ def _constrained_step(pos, frames, geom1, geom2, geom_joint, dist, mu, pair, poi
                       rest_spent, Mbody):
     """``_constrained_velocity`` (same arguments) and, when every island's stage 1 succeeded,
     the check of its solution at the final velocity (``_verify_velocity``), in one compiled call
-    that returns only what the common step keeps (every returned array costs numba a boxing
-    from Python: the islands' labels and ``M^-1 J^T`` are left out; the rare step with a failed
-    island calls ``_constrained_velocity`` again, a pure function of the same arguments, for
-    them). Returns (all_ok, islands, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, lim_act,
-    its, res, v1, rest, verify residual, verify scale, nprox) (the verify pair 0.0 unless
-    all_ok and there are rows; nprox: islands that took the compiled proximal stage 1b)."""
+    that returns only what the common step keeps, packed into three arrays: every array a
+    compiled call returns costs numba a boxing (a Python object, about 0.4 us each), and a
+    view the caller slices costs less (``_unpack_step``). The islands' labels and
+    ``M^-1 J^T`` are left out; the rare step with a failed island calls
+    ``_constrained_velocity`` again, a pure function of the same arguments, for them.
+
+    Returns (all_ok, islands, nl, its, res, verify residual, verify scale, nprox, F, I,
+    lim_act): ``nl`` active limits (``m = 3 nc + nl`` rows); ``F`` (float64) holds, in order,
+    lim_dist (nl), J (m, nv), b (m), G (m, m), g (m), lam (m), sigma (m), v1 (nv) and the
+    restitution pair (2, nc); ``I`` (int64) lim_idx (nl) then modes (nc); ``lim_act`` (nl,)
+    bool. The verify pair is 0.0 unless all_ok and there are rows; nprox: islands that took
+    the compiled proximal stage 1b."""
     (island_ok, isl_c, isl_l, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, lim_act,
      its, res, v1, MJt, rest, nprox) = _constrained_velocity(
         pos, frames, geom1, geom2, geom_joint, dist, mu, pair, point, Jw, support, sup_ptr,
@@ -500,10 +506,63 @@ def _constrained_step(pos, frames, geom1, geom2, geom_joint, dist, mu, pair, poi
             all_ok = False
     r1 = 0.0
     vs = 0.0
+    nc = pos.shape[0]
     if all_ok and G.shape[0]:
-        r1, vs = _verify_velocity(J, b, v1, lam, pos.shape[0], mu, G)
-    return (all_ok, island_ok.shape[0], lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, lim_act,
-            its, res, v1, rest, r1, vs, nprox)
+        r1, vs = _verify_velocity(J, b, v1, lam, nc, mu, G)
+    nl = lim_idx.shape[0]
+    m = G.shape[0]
+    nv = v1.shape[0]
+    # (written out, not a helper: a helper called with 1-d and 2-d arrays would be a kernel
+    # with two signatures, compiled twice on first use)
+    F = np.empty(nl + m * nv + m * m + 4 * m + nv + 2 * nc)
+    for i in range(nl):
+        F[i] = lim_dist[i]
+    o = nl
+    for r in range(m):
+        for c in range(nv):
+            F[o + r * nv + c] = J[r, c]
+    o += m * nv
+    for r in range(m):
+        F[o + r] = b[r]
+    o += m
+    for r in range(m):
+        for c in range(m):
+            F[o + r * m + c] = G[r, c]
+    o += m * m
+    for r in range(m):
+        F[o + r] = g[r]
+        F[o + m + r] = lam[r]
+        F[o + 2 * m + r] = sigma[r]
+    o += 3 * m
+    for i in range(nv):
+        F[o + i] = v1[i]
+    o += nv
+    if rest.shape[0] == 2 and rest.shape[1] == nc:
+        for a in range(2):
+            for k in range(nc):
+                F[o + a * nc + k] = rest[a, k]
+    else:
+        for i in range(2 * nc):
+            F[o + i] = 0.0
+    ints = np.empty(nl + modes.shape[0], dtype=np.int64)
+    for i in range(nl):
+        ints[i] = lim_idx[i]
+    for i in range(modes.shape[0]):
+        ints[nl + i] = modes[i]
+    return (all_ok, island_ok.shape[0], nl, its, res, r1, vs, nprox, F, ints, lim_act)
+
+
+def _unpack_step(F, ints, nc, nl, nv):
+    """Views of ``_constrained_step``'s packed arrays: (lim_idx, lim_dist, J, b, G, g, lam,
+    sigma, modes, v1, restitution (2, nc))."""
+    m = 3 * nc + nl
+    o1 = nl + m * nv
+    o2 = o1 + m
+    o3 = o2 + m * m
+    o4, o5, o6 = o3 + m, o3 + 2 * m, o3 + 3 * m
+    o7 = o6 + nv
+    return (ints[:nl], F[:nl], F[nl:o1].reshape(m, nv), F[o1:o2], F[o2:o3].reshape(m, m),
+            F[o3:o4], F[o4:o5], F[o5:o6], ints[nl:], F[o6:o7], F[o7:o7 + 2 * nc].reshape(2, nc))
 
 
 @njit
@@ -1110,8 +1169,10 @@ class Simulator:
                     # BODY_MIN_ROWS takes the variant compiled without the body-space path)
                     Mk if 3 * nc + len(cb.lim_q) >= BODY_MIN_ROWS else None)
             # (the solve and the check of its solution at v1 in one compiled call)
-            (all_ok, nis, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, lim_act,
-             its, resid, v1, rest, r1, vs, nprox) = _constrained_step(*args)
+            (all_ok, nis, nl, its, resid, r1, vs, nprox, F, ints,
+             lim_act) = _constrained_step(*args)
+            (lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, v1,
+             rest) = _unpack_step(F, ints, nc, nl, nv)
             if G.shape[0]:
                 cons = Constraints(J, b, nc, contacts.mu, frames, contacts, lim_idx, lim_dist,
                                    contacts.dist, *(rest if len(cb.pair_restitution) else
@@ -1188,9 +1249,10 @@ class Simulator:
                           "motion, e.g. a fast spin); sim.last.converged is False",
                           SolverWarning, stacklevel=3)
         # (Minv: pinocchio's computeMinverse, of which only the upper triangle is filled)
-        self.cache = dict(q=q, v=v, tau=tau, tau_total=tau_total, a_free=a_free, v_free=v_free,
-                          cons=cons, res=res, Minv=Minv, G=G, g=g, v1=v1, q1=q1,
-                          impact_times=toi)
+        # (a dict display: cheaper than dict(...) with keywords, every step)
+        self.cache = {"q": q, "v": v, "tau": tau, "tau_total": tau_total, "a_free": a_free,
+                      "v_free": v_free, "cons": cons, "res": res, "Minv": Minv, "G": G, "g": g,
+                      "v1": v1, "q1": q1, "impact_times": toi}
         if blk is not None:        # (G and M^-1 made dense only when read: island_step)
             self.cache = BlockCache(self.cache, cons, lazy_minv)
         if jacobian:
@@ -1331,7 +1393,8 @@ class Simulator:
         # the warm start of the next step: impulses and modes per (pair, point) and per limit
         # (the step's own arrays: nothing writes to them afterwards)
         modes = res.modes if warm_modes is None else warm_modes
-        self._warm = (c.pair, c.point, res.lam, modes.astype(np.int64, copy=False),
+        self._warm = (c.pair, c.point, res.lam,
+                      modes if modes.dtype == np.int64 else modes.astype(np.int64),
                       cons.limits, res.limit_active)
         self.last = StepInfo._lazy(cons, res, self.sm)
         self.last.__dict__["islands"] = islands
