@@ -51,7 +51,8 @@ from .model import SimModel
 from .convex_support import FACE_ID_BASE, SMOOTH_KINDS, face_contact, shape_of, solve
 from .pair_tables import NarrowPhase
 from .collision_kernels import BROAD_SLACK as _BROAD_SLACK, KIND_CODES, detect_closed_form
-from .plane_contacts import ANALYTIC_KINDS, ELLIPSOID_POINTS, cylinder_box_face, shape_points
+from .plane_contacts import (ANALYTIC_KINDS, CYLINDER_POINTS, ELLIPSOID_POINTS, cylinder_box_face,
+                             shape_points)
 
 
 
@@ -593,8 +594,10 @@ class CollisionDriver:
         m = len(sel)
         if not m:
             return
-        # (an ellipsoid keeps all its candidates: plane_contacts.ELLIPSOID_POINTS)
-        cap = ELLIPSOID_POINTS if g.kind == "ellipsoid" else self.max_points
+        # (an ellipsoid or a cylinder keeps all its candidates: plane_contacts.ELLIPSOID_POINTS,
+        # CYLINDER_POINTS)
+        cap = (ELLIPSOID_POINTS if g.kind == "ellipsoid" else
+               max(CYLINDER_POINTS, self.max_points) if g.kind == "cylinder" else self.max_points)
         if m > cap:
             sel = sel[np.argsort(height[sel], kind="stable")[:cap]]
             m = cap
