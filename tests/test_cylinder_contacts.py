@@ -222,13 +222,15 @@ def test_drop_rests_at_the_closed_form_height(scene, euler, rest):
     assert set(npts[-50:]) == ({2} if euler[0] == 90.0 else {4})
 
 
-@pytest.mark.parametrize("index", [345, 303])
+@pytest.mark.parametrize("index", [345, 303, 237])
 def test_tipping_cylinder_drop_stays_out_of_the_floor(index):
     """bench_drops runs #345 (30 Hz) and #303 (10 Hz): a cylinder tumbling onto the floor tips
     over a nearly flat cap within one step, so its lowest rim point jumps to the far side of the
     rim. With only the lowest rim points as candidates it went 24 mm into the floor (#345) or
     fell through it (#303, 21 cm); the body-fixed rim samples (plane_contacts.CYLINDER_RIM_SAMPLES)
-    catch the far side."""
+    catch the far side. #237 (100 Hz) rolls fast on its side: rim samples there made it a
+    rolling octagon whose redundant speculative rows the solver did not converge on (8e-8 m/s),
+    so they are offered only while a cap faces the plane (CYLINDER_TIP_SIN)."""
     from diffgym.bench_drops import make_scene, run_scene
     r = run_scene(make_scene(0, index))
     assert not r.fails and r.max_pen < 1e-3, (r.fails, r.max_pen, r.error)
