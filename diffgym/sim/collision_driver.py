@@ -51,7 +51,8 @@ from .model import SimModel
 from .convex_support import FACE_ID_BASE, SMOOTH_KINDS, face_contact, shape_of, solve
 from .pair_tables import NarrowPhase
 from .collision_kernels import BROAD_SLACK as _BROAD_SLACK, KIND_CODES, detect_closed_form
-from .plane_contacts import ANALYTIC_KINDS, ELLIPSOID_POINTS, cylinder_box_face, shape_points
+from .plane_contacts import (ANALYTIC_KINDS, CYLINDER_POINTS, ELLIPSOID_POINTS, cylinder_box_face,
+                             shape_points)
 
 
 
@@ -593,11 +594,22 @@ class CollisionDriver:
         m = len(sel)
         if not m:
             return
-        # (an ellipsoid keeps all its candidates: plane_contacts.ELLIPSOID_POINTS)
-        cap = ELLIPSOID_POINTS if g.kind == "ellipsoid" else self.max_points
+        # (an ellipsoid or a cylinder keeps all its candidates: plane_contacts.ELLIPSOID_POINTS,
+        # CYLINDER_POINTS)
+        cap = (ELLIPSOID_POINTS if g.kind == "ellipsoid" else
+               max(CYLINDER_POINTS, self.max_points) if g.kind == "cylinder" else self.max_points)
         if m > cap:
-            sel = sel[np.argsort(height[sel], kind="stable")[:cap]]
-            m = cap
+            order = np.argsort(height[sel], kind="stable")
+            keep = cap
+            if g.kind not in ("ellipsoid", "cylinder"):
+                # beyond the deepest cap, every point lower than the distance the bodies' motion
+                # covers within the step (collision_kernels.plane_points' ``reach``)
+                reach = margin - self._margin0
+                hs = height[sel][order]
+                while keep < m and hs[keep] < reach:
+                    keep += 1
+            sel = sel[order[:keep]]
+            m = keep
         N = -n_plane if self._flip[k] else n_plane   # from geom 1 to geom 2
         d = height[sel]
         rows_pair += [k] * m
@@ -751,10 +763,12 @@ class CollisionDriver:
         else:
             lin, ang, Jw, v, from_jacobian = (self._no_speed, self._no_speed, self._no_J,
                                               self._no_speed, False)
+        # (the margins' part that is not the bodies' motion within the step: _plane_pair)
+        self._margin0 = self.base_margin + dt * dt * self._gravity
         cand, cand_margin, rows = detect_closed_form(
             oM, self._mj_arr, Jw, v, self._support, lin, ang, from_jacobian, self._gslot, self._W0, self._reach,
             self.pairs, self._perm, self._pcat, self._rad, self._sap_g,
-            self.base_margin + dt * dt * self._gravity, dt, self._hp, self._hp_pl, self._hp_ot,
+            self._margin0, dt, self._hp, self._hp_pl, self._hp_ot,
             self._hp_ext_vec, self._hp_ext_const, self._hp_use_rot, *self._mesh,
             self._g_boxhalf, self._g_isbox, self._friction, self.max_points, *self._bp,
             self._g_ssr, self._g_half, self._g_sphere_r)

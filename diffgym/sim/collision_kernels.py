@@ -370,13 +370,19 @@ def _witness(kind, size, W, gi, n, j, x):
 
 @njit
 def plane_points(W, margin, pairs, friction, max_points, bp_pair, bp_kind, bp_geom, bp_n,
-                 bp_off, bp_N, bp_frames, bp_size):
+                 bp_off, bp_N, bp_frames, bp_size, reach):
     """Closed-form contacts of the shape-on-static-plane pairs ``bp_*`` (in pair order;
-    ``margin``: theirs, one per entry).
+    ``margin``: theirs, one per entry; ``reach``: the part of it that the pair's motion can
+    cover within the step, ``dt`` times the speed bounds).
 
     Points of a pair whose height above the plane is below the pair's margin; when more than
-    ``max_points`` are, the deepest (ties: the lower index) in order of depth, else in index
-    order. Returns (pair, geom1, geom2, point, pos, normal, dist, mu, frames) arrays."""
+    ``max_points`` are, the deepest (ties: the lower index) in order of depth, and beyond those
+    every further point lower than ``reach``, else in index order. (A box tumbling onto the
+    floor at 10 Hz turns by a radian or more within a step: the corners that swing down are not
+    the deepest now. Cut to the 4 deepest, bench_drops #240, a long box at 10 Hz, went 22 cm
+    into the floor, its centre below it. ``reach`` and not the margin, so that a large base
+    margin, DiffPush-v0's, keeps a resting box at its 4 points.) Returns (pair, geom1, geom2,
+    point, pos, normal, dist, mu, frames) arrays."""
     nb = bp_pair.shape[0]
     npt = np.empty(nb, dtype=np.int64)
     ids = np.empty((nb, 8), dtype=np.int64)
@@ -418,7 +424,10 @@ def plane_points(W, margin, pairs, friction, max_points, bp_pair, bp_kind, bp_ge
                 xs[i, b + 1, 0] = x0
                 xs[i, b + 1, 1] = x1
                 xs[i, b + 1, 2] = x2
-            sel = max_points
+            keep = max_points
+            while keep < sel and hts[i, keep] < reach[i]:
+                keep += 1
+            sel = keep
         npt[i] = sel
         total += sel
     pair, g1, g2, point, pos, normal, dist, mu, frames = _new_rows(total)
@@ -538,10 +547,12 @@ def detect_closed_form(oM, mj, Jw, v, support, lin, ang, from_jacobian, gslot, W
         hp_k, hp_pl, hp_ot, ext_vec, ext_const, use_rot, mesh_i, mesh_pl, mesh_ot, mesh_sw,
         hull_off, hull_pts, g_boxhalf, g_isbox)
     bpm = np.empty(bp_pair.shape[0])
+    bpr = np.empty(bp_pair.shape[0])
     for i in range(bp_pair.shape[0]):
         bpm[i] = pair_margin(speed, pairs, base_margin, dt, bp_pair[i])
+        bpr[i] = pair_margin(speed, pairs, 0.0, dt, bp_pair[i])
     rows = plane_points(W, bpm, pairs, friction, max_points, bp_pair, bp_kind, bp_geom, bp_n,
-                        bp_off, bp_N, bp_frames, bp_size)
+                        bp_off, bp_N, bp_frames, bp_size, bpr)
     if ss.shape[0]:
         rows = merge_rows(rows, sphere_pairs(W, ssm, pairs, friction, ss, g_ssr))
     if sb.shape[0]:

@@ -65,7 +65,7 @@ from .collision_derivatives import (POLYTOPE_KINDS, capsule_pair, convex_pair,  
                                     cylinder_box_pair, face_pair, polytope_pair, polytope_pairs)
 from .collision_driver import tighten_requests
 from .constraint import baumgarte_gain
-from .plane_contacts import CYLINDER_LOWEST_ID, ellipsoid_directions
+from .plane_contacts import cylinder_lowest, ellipsoid_directions
 from .pinviews import addr as _addr, gather_placements, placement_view, raw_rows as _raw_rows
 from .solver import BREAKING, STICKING
 
@@ -426,8 +426,8 @@ def _plane_contacts(sim, kin: _Kin, cons, idx: np.ndarray, dp, dn, dd) -> None:
             a = Rg[:, 2]
             dvec = m - (m @ a) * a
             nd = np.linalg.norm(dvec)
-            if int(c.point[idx[r]]) < CYLINDER_LOWEST_ID:   # cap flat on the plane: rim vertices
-                continue
+            if not cylinder_lowest(int(c.point[idx[r]])):   # body-fixed rim points (a flat cap,
+                continue                                    # or a tilted cap's rim samples)
             u = dvec / nd
             centre = x[r] + rad * u                     # centre of the touching cap (body-fixed)
             da = -_skew(a) @ w                          # d a = w x a

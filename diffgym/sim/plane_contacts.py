@@ -60,7 +60,7 @@ def shape_points(kind: str, size: np.ndarray, R: np.ndarray, t: np.ndarray,
         x = ends - r * n
         ids = np.arange(2)
     elif kind == "cylinder":
-        x, ids = cylinder_points(size[0], size[1], R, t, n)
+        x, ids = cylinder_points(size[0], size[1], R, t, n, samples=True)
     elif kind == "ellipsoid":
         # its support point along -n (id 0), then the body-fixed samples (ids 1..)
         rm = (n @ R) * size[:3]                   # diag(r) R^T n
@@ -107,15 +107,47 @@ ANALYTIC_KINDS = ("sphere", "box", "capsule", "cylinder", "ellipsoid")
 CYLINDER_FLAT_TOL = 1e-3
 # ids of a cylinder's lowest rim points (a tilted cap): 8 + cap; flat rim points 4 cap + 0..3
 CYLINDER_LOWEST_ID = 8
+# a tilted cylinder on a plane also offers CYLINDER_RIM_SAMPLES body-fixed points of each cap's
+# rim (ids CYLINDER_RIM_ID + CYLINDER_RIM_SAMPLES cap + j, at angle 2 pi j / CYLINDER_RIM_SAMPLES
+# from the body x axis), except the one nearest the cap's lowest rim point (within half their
+# spacing: that point stands for it). The lowest rim point is not a material point: where a
+# cap is nearly flat and the body tips over it within one step, the lowest point jumps to the
+# far side of the rim, which a row at the old lowest point cannot see (bench_drops #345, a
+# cylinder at 30 Hz: 24 mm into the floor in one step). The samples are material points, exact
+# speculative contacts like a box's corners; at rest they lie r (1 - cos(pi / 8)) = 0.076 r
+# or more above the lowest point, outside the margin.
+CYLINDER_RIM_SAMPLES = 8
+# ... only while the caps face the plane, tilted by less than asin(CYLINDER_TIP_SIN) (0.5 rad):
+# the lowest point can then flip across the rim within a step. A cylinder rolling on its side
+# keeps its two lowest rim points alone: samples there turn it into a rolling octagon (speculative
+# rows of rim points about to swing down, a brake on the rolling, redundant rows the solver did
+# not converge on: drops #131, #195, #237 at 7.5e-8 to 8.5e-8 m/s)
+CYLINDER_TIP_SIN = float(np.sin(0.5))
+CYLINDER_RIM_ID = 16
+_RIM_ANGLES = 2.0 * np.pi * np.arange(CYLINDER_RIM_SAMPLES) / CYLINDER_RIM_SAMPLES
+_RIM_CS = np.stack([np.cos(_RIM_ANGLES), np.sin(_RIM_ANGLES)], axis=1)
+# an upper bound on a cylinder's candidates on a plane (it keeps every one within the margin,
+# whatever max_contact_points: the lowest would all sit by the lowest rim point)
+CYLINDER_POINTS = 2 + 2 * CYLINDER_RIM_SAMPLES
 
 
-def cylinder_points(r: float, h: float, R: np.ndarray, t: np.ndarray, n: np.ndarray):
+def cylinder_lowest(ids):
+    """Whether each cylinder point id is a cap's lowest rim point (not body-fixed)."""
+    ids = np.asarray(ids)
+    return (ids == CYLINDER_LOWEST_ID) | (ids == CYLINDER_LOWEST_ID + 1)
+
+
+def cylinder_points(r: float, h: float, R: np.ndarray, t: np.ndarray, n: np.ndarray,
+                    samples: bool = False):
     """Contact candidates (k, 3) and ids of a cylinder (radius r, half length h, rotation R,
     centre t, axis R[:, 2]) on a plane with unit normal n (out of the plane): per cap, the
     lowest point of its rim ``c - r u`` (u the unit projection of n on the cap plane; id
     8 + cap), or 4 body-fixed rim points (ids 4 cap + 0..3) where the cap is flat to within
     CYLINDER_FLAT_TOL (``2 r |n - (n.a) a| <=`` it; then the lowest rim point is within
-    ``0.15 CYLINDER_FLAT_TOL`` of the lowest of the four)."""
+    ``0.15 CYLINDER_FLAT_TOL`` of the lowest of the four). With ``samples`` (a cylinder on a
+    plane), a cap tilted by less than asin(CYLINDER_TIP_SIN) also gives its body-fixed rim
+    samples (ids CYLINDER_RIM_ID + ..., see CYLINDER_RIM_SAMPLES) but the one nearest its lowest
+    point."""
     a = R[:, 2]
     d = n - (n @ a) * a
     nd = float(np.sqrt(d @ d))
@@ -123,7 +155,17 @@ def cylinder_points(r: float, h: float, R: np.ndarray, t: np.ndarray, n: np.ndar
     if 2.0 * r * nd <= CYLINDER_FLAT_TOL:
         rim = np.stack([R[:, 0], R[:, 1], -R[:, 0], -R[:, 1]]) * r
         return (caps[:, None, :] + rim[None, :, :]).reshape(8, 3), np.arange(8)
-    return caps - r * d / nd, np.array([CYLINDER_LOWEST_ID, CYLINDER_LOWEST_ID + 1])
+    low = caps - r * d / nd
+    ids = np.array([CYLINDER_LOWEST_ID, CYLINDER_LOWEST_ID + 1])
+    if not samples or nd >= CYLINDER_TIP_SIN:
+        return low, ids
+    dirs = _RIM_CS @ R[:, :2].T                    # (K, 3) unit rim directions (body-fixed)
+    far = -(dirs @ d) / nd < np.cos(np.pi / CYLINDER_RIM_SAMPLES)   # not the lowest point's own
+    j = np.flatnonzero(far)
+    rim = r * dirs[j]
+    K = CYLINDER_RIM_SAMPLES
+    return (np.vstack([low, caps[0] + rim, caps[1] + rim]),
+            np.concatenate([ids, CYLINDER_RIM_ID + j, CYLINDER_RIM_ID + K + j]))
 
 
 def cylinder_box_face(r: float, h: float, Rc: np.ndarray, tc: np.ndarray, Rb: np.ndarray,
