@@ -50,7 +50,9 @@ from .pinviews import gather_placements, placement_view
 from .model import SimModel
 from .convex_support import FACE_ID_BASE, SMOOTH_KINDS, face_contact, shape_of, solve
 from .pair_tables import NarrowPhase
-from .collision_kernels import BROAD_SLACK as _BROAD_SLACK, KIND_CODES, detect_closed_form
+from .collision_kernels import (BROAD_SLACK as _BROAD_SLACK, KIND_CODES, detect_closed_form,
+                                merge_rows, narrow_rows, poly_pair_patch, poly_pair_snap)
+from .trees import _oMg_view
 from .plane_contacts import ANALYTIC_KINDS, ELLIPSOID_POINTS, cylinder_box_face, shape_points
 
 
@@ -499,6 +501,25 @@ class CollisionDriver:
 
         cores = [core(g) for g in range(len(gm.geometryObjects))]  # (one per geom, shared)
         self._box_box = _SnapPairs(p, cores)
+        # the same cores as flat tables for the compiled per-pair work (collision_kernels
+        # poly_pair_snap / poly_pair_patch): vertices, face normals, edge directions (rows
+        # off[g]:off[g + 1] of geom g) and radius
+        tabs = []
+        for i in (1, 3, 4):
+            parts = [np.asarray(c[i], float).reshape(-1, 3) if c is not None else np.zeros((0, 3))
+                     for c in cores]
+            off = np.cumsum([0] + [len(x) for x in parts]).astype(np.int64)
+            tabs += [np.ascontiguousarray(np.concatenate(parts) if parts else np.zeros((0, 3))), off]
+        self._cores = tuple(tabs) + (np.array([c[2] if c is not None else 0.0 for c in cores],
+                                               dtype=float),)
+        # pairs of the compiled polytope route: snappable, on no closed-form or refined route
+        other = set(self._cyl_box) | set(self._face) | set(self._caps_caps) | set(self._convex)
+        fast = self._box_box.mask & ~self.analytic & (self.pair_plane < 0) if len(p) \
+            else np.zeros(0, dtype=bool)
+        for k in other:
+            fast[k] = False
+        self._poly_fast = fast
+        self._gviews: tuple | None = None       # (gdata, view of its oMg or None)
 
     def _world(self, k, gdata):
         """Per side of snappable pair k: world vertices, radius, face normals, edge directions
@@ -638,6 +659,82 @@ class CollisionDriver:
         rows_n.append(n)
         rows_d.append(float(n @ (p2 - p1)))
 
+    def _oMg(self, gdata) -> np.ndarray:
+        """The geoms' world placements (ngeom, 12: rotation column-major, translation): a view
+        of gdata.oMg made once per GeometryData, or a copy where no view can be made."""
+        gv = self._gviews
+        if gv is None or gv[0] is not gdata:
+            gv = self._gviews = (gdata, _oMg_view(gdata))
+        if gv[1] is not None:
+            return gv[1]
+        out = np.empty((self.ngeom, 12))
+        for g, M in enumerate(gdata.oMg):
+            out[g, :9] = M.rotation.ravel(order="F")
+            out[g, 9:] = M.translation
+        return out
+
+    def _poly_pair(self, k, gdata, pres, cres, rows_pair, rows_pt, rows_pos, rows_n,
+                   rows_d) -> None:
+        """Rows of snappable polytope pair k (box-box, box-capsule, convex meshes; no plane)
+        after coal's collision and patch: the patch snapped to the exact separating axis with
+        per-point distances, in one compiled call for the snap and one for the patch
+        (collision_kernels.poly_pair_snap / poly_pair_patch); single points as
+        ``_single_point``."""
+        if pres.numContactPatches() == 0:
+            c = cres.getContact(0)
+            self._single_point(k, gdata, 0, c.getNearestPoint1(), c.getNearestPoint2(),
+                               np.asarray(c.normal).copy(), rows_pair, rows_pt, rows_pos,
+                               rows_n, rows_d)
+            return
+        patch = pres.getContactPatch(0)
+        n = np.asarray(patch.getNormal()).copy()
+        m = patch.size()
+        if m == 1:
+            self._single_point(k, gdata, 0, patch.getPointShape1(0), patch.getPointShape2(0),
+                               n, rows_pair, rows_pt, rows_pos, rows_n, rows_d)
+            return
+        ga, gb = int(self.pairs[k, 0]), int(self.pairs[k, 1])
+        view = self._oMg(gdata)
+        p1, p2 = patch.getPointShape1(0), patch.getPointShape2(0)
+        crossing, ok, axis, d, c = poly_pair_snap(view, ga, gb, *self._cores, n,
+                                                  float(n @ (p2 - p1)), 1e-7,
+                                                  float(self._patch_tol), m == 2)
+        if crossing:
+            # (as in detect: coal's segment-segment patch of crossing segments is wrong; the
+            # contact is the one witness point)
+            ct = cres.getContact(0)
+            mid, pd = np.asarray(ct.pos).copy(), float(ct.penetration_depth)
+            self._single_point(k, gdata, 0, mid - 0.5 * pd * n, mid + 0.5 * pd * n, n,
+                               rows_pair, rows_pt, rows_pos, rows_n, rows_d)
+            return
+        if not ok:                         # coal's patch and distances stand
+            P1 = np.array([patch.getPointShape1(i) for i in range(m)])
+            P2 = np.array([patch.getPointShape2(i) for i in range(m)])
+            mid = 0.5 * (P1 + P2)
+            dist = n @ (P2 - P1).T
+            keep = _reduce_patch(mid, self.max_points)
+        else:
+            # the patch about the axis itself (see detect), its points projected on the mid
+            # plane, each with its own distance
+            mid = np.array([patch.getPoint(i) for i in range(m)])
+            n = axis
+            self._narrow.patch_along(k, gdata, n)
+            if pres.numContactPatches() and pres.getContactPatch(0).size() >= 2:
+                patch = pres.getContactPatch(0)
+                mid = np.array([patch.getPoint(i) for i in range(patch.size())])
+            ok, dist, mid, keep = poly_pair_patch(view, ga, gb, self._cores[0], self._cores[1],
+                                                  self._cores[6], n, c, mid,
+                                                  float(self._patch_tol), self.max_points)
+            if not ok:
+                raise np.linalg.LinAlgError("patch_distances: singular support feature")
+            self.per_point_pairs.add(k)
+        j = len(keep)
+        rows_pair += [k] * j
+        rows_pt += list(range(j))
+        rows_pos.extend(mid[keep])
+        rows_n += [n] * j
+        rows_d += dist[keep].tolist()
+
     def _cylinder_box(self, k, gdata, margin, rows_pair, rows_pt, rows_pos, rows_n, rows_d) -> bool:
         """Closed-form points of cylinder-box pair k where a box face is the contact feature
         (plane_contacts.cylinder_box_face: a cap flat on the face gives 4 rim points, a
@@ -772,6 +869,7 @@ class CollisionDriver:
         rows_n: list = []
         rows_d: list = []
         analytic = self._analytic_list
+        poly_fast = self._poly_fast
         reqs, cres, pres_all = self._narrow_tables(gdata)
         # box-box pairs whose patch points carry their own distances (derivatives read it)
         per_point = self.per_point_pairs = set()
@@ -795,6 +893,11 @@ class CollisionDriver:
             req = reqs[k]
             req.security_margin = mk
             if not self._narrow.collide(k, gdata):        # (pinocchio.computeCollision)
+                continue
+            if poly_fast[k]:
+                self._narrow.patch(k, gdata)
+                self._poly_pair(k, gdata, pres_all[k], cres[k], rows_pair, rows_pt, rows_pos,
+                                rows_n, rows_d)
                 continue
             self._narrow.patch(k, gdata)                  # (pinocchio.computeContactPatch)
             pres = pres_all[k]
@@ -857,10 +960,18 @@ class CollisionDriver:
                 rows_n.append(n)
                 rows_d.append(float(dist[i]))
         if rows_pair:
-            pair = np.array(rows_pair, dtype=np.int64)
-            blocks.append((pair, np.array(rows_pt, dtype=np.int64), np.array(rows_pos).reshape(-1, 3),
-                           np.array(rows_n).reshape(-1, 3), np.array(rows_d, dtype=float), None))
-        out = self._assemble(blocks)
+            # the narrow phase's rows (frames, geoms, friction) in one compiled call, merged by
+            # pair with the closed-form rows (theirs first on equal pairs); alone, in the
+            # order they were found
+            narrow = narrow_rows(np.array(rows_pair, dtype=np.int64),
+                                 np.array(rows_pt, dtype=np.int64),
+                                 np.array(rows_pos, dtype=float).reshape(-1, 3),
+                                 np.array(rows_n, dtype=float).reshape(-1, 3),
+                                 np.array(rows_d, dtype=float), self.pairs, self._friction,
+                                 bool(blocks))
+            out = Contacts(*(merge_rows(rows, narrow) if blocks else narrow))
+        else:
+            out = self._assemble(blocks)
         if out is not self._empty:
             # the routes of this pass's rows, carried by the contacts themselves (a later
             # detect pass, at another pose, must not change how these rows are differentiated)
