@@ -698,8 +698,8 @@ def poly_pair_snap(view, ga, gb, c_v, c_voff, c_f, c_foff, c_e, c_eoff, c_rad, n
 
 @njit
 def _sum3(a0, a1, a2):
-    """a0 + a1 + a2 summed as numpy's add.reduce of three (a0 + (a1 + a2))."""
-    return a0 + (a1 + a2)
+    """a0 + a1 + a2 summed as numpy's add.reduce of three ((a0 + a1) + a2)."""
+    return (a0 + a1) + a2
 
 
 @njit
