@@ -51,7 +51,8 @@ from .model import SimModel
 from .convex_support import FACE_ID_BASE, SMOOTH_KINDS, face_contact, shape_of, solve
 from .pair_tables import NarrowPhase
 from .collision_kernels import (BROAD_SLACK as _BROAD_SLACK, KIND_CODES, detect_closed_form,
-                                merge_rows, narrow_rows, poly_pair_patch, poly_pair_snap)
+                                merge_rows, narrow_rows, poly_pair_patch, poly_pair_snap,
+                                poly_separated)
 from .trees import _oMg_view
 from .plane_contacts import ANALYTIC_KINDS, ELLIPSOID_POINTS, cylinder_box_face, shape_points
 
@@ -519,6 +520,7 @@ class CollisionDriver:
         for k in other:
             fast[k] = False
         self._poly_fast = fast
+        self._any_fast = bool(fast.any())
         self._gviews: tuple | None = None       # (gdata, view of its oMg or None)
 
     def _world(self, k, gdata):
@@ -877,7 +879,15 @@ class CollisionDriver:
         self.cylinder_face_pairs = set()
         self.convex_pairs = {}          # pair -> feature tolerance of its refined point
         self.face_pairs = {}            # pair -> (face geom, other geom, {point id: kind})
-        for k, mk in zip(cand.tolist(), cand_margin.tolist()):
+        # polytope pairs the separating-axis test proves out of reach: coal is not asked
+        if self._any_fast:
+            apart = poly_separated(self._oMg(gdata), cand, cand_margin, poly_fast, self.pairs,
+                                   *self._cores).tolist()
+        else:
+            apart = [False] * len(cand)
+        for k, mk, out_of_reach in zip(cand.tolist(), cand_margin.tolist(), apart):
+            if out_of_reach:
+                continue
             if analytic[k]:
                 self._plane_pair(k, gdata, mk, rows_pair, rows_pt, rows_pos, rows_n, rows_d)
                 continue

@@ -806,3 +806,52 @@ def narrow_rows(pair, point, pos, normal, dist, pairs, friction, by_pair):
         L = np.sqrt(_sum3(n0 * n0, n1 * n1, n2 * n2))
         _set_frame(frames, r, n0 / L, n1 / L, n2 / L)
     return P, g1, g2, pt, X, N, D, mu, frames
+
+
+@njit
+def poly_separated(view, cand, margin, fast, pairs, c_v, c_voff, c_f, c_foff, c_e, c_eoff, c_rad):
+    """For each candidate pair ``cand[i]`` of the compiled polytope route (``fast``): whether
+    the separating-axis test over its face normals and edge cross products proves it farther
+    apart than its margin (by more than a 1e-9 slack of its size), so that coal's test, which
+    asks whether the distance is below the margin, would say no. The separation along an axis
+    is a lower bound on the distance, so this never drops a pair coal would keep."""
+    out = np.zeros(cand.shape[0], dtype=np.bool_)
+    for i in range(cand.shape[0]):
+        k = cand[i]
+        if not fast[k]:
+            continue
+        ga, gb = pairs[k, 0], pairs[k, 1]
+        X, FA, EA = _core_world(view, ga, c_v, c_voff, c_f, c_foff, c_e, c_eoff)
+        Y, FB, EB = _core_world(view, gb, c_v, c_voff, c_f, c_foff, c_e, c_eoff)
+        size = 0.0
+        for V in (X, Y):
+            for ax in range(3):
+                size = max(size, V[:, ax].max() - V[:, ax].min())
+        thr = margin[i] + c_rad[ga] + c_rad[gb] + 1e-9 * max(size, 1.0)
+        sep = -np.inf
+        na, nb, ne = FA.shape[0], FB.shape[0], EA.shape[0] * EB.shape[0]
+        for j in range(na + nb + ne):
+            if j < na:
+                m = FA[j].copy()
+            elif j < na + nb:
+                m = FB[j - na].copy()
+            else:
+                e = j - na - nb
+                m = _k_cross(EA[e // EB.shape[0]], EB[e % EB.shape[0]])
+                L = np.sqrt(m @ m)
+                if not L > 1e-6:
+                    continue
+                m /= L
+            amin = amax = X[0] @ m
+            for a in range(1, X.shape[0]):
+                h = X[a] @ m
+                amin, amax = min(amin, h), max(amax, h)
+            bmin = bmax = Y[0] @ m
+            for b in range(1, Y.shape[0]):
+                h = Y[b] @ m
+                bmin, bmax = min(bmin, h), max(bmax, h)
+            sep = max(sep, bmin - amax, amin - bmax)
+            if sep > thr:
+                out[i] = True
+                break
+    return out
