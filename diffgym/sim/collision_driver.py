@@ -51,8 +51,8 @@ from .model import SimModel
 from .convex_support import FACE_ID_BASE, SMOOTH_KINDS, face_contact, shape_of, solve
 from .pair_tables import NarrowPhase
 from .collision_kernels import (BROAD_SLACK as _BROAD_SLACK, KIND_CODES, detect_closed_form,
-                                merge_rows, narrow_rows, poly_pair_patch, poly_pair_snap,
-                                poly_separated)
+                                merge_rows, narrow_rows, poly_patches, poly_separated,
+                                poly_snaps)
 from .trees import _oMg_view
 from .plane_contacts import ANALYTIC_KINDS, ELLIPSOID_POINTS, cylinder_box_face, shape_points
 
@@ -502,8 +502,8 @@ class CollisionDriver:
 
         cores = [core(g) for g in range(len(gm.geometryObjects))]  # (one per geom, shared)
         self._box_box = _SnapPairs(p, cores)
-        # the same cores as flat tables for the compiled per-pair work (collision_kernels
-        # poly_pair_snap / poly_pair_patch): vertices, face normals, edge directions (rows
+        # the same cores as flat tables for the compiled polytope route (collision_kernels
+        # poly_separated, poly_snaps, poly_patches): vertices, face normals, edge directions (rows
         # off[g]:off[g + 1] of geom g) and radius
         tabs = []
         for i in (1, 3, 4):
@@ -675,13 +675,11 @@ class CollisionDriver:
             out[g, 9:] = M.translation
         return out
 
-    def _poly_pair(self, k, gdata, pres, cres, rows_pair, rows_pt, rows_pos, rows_n,
-                   rows_d) -> None:
-        """Rows of snappable polytope pair k (box-box, box-capsule, convex meshes; no plane)
-        after coal's collision and patch: the patch snapped to the exact separating axis with
-        per-point distances, in one compiled call for the snap and one for the patch
-        (collision_kernels.poly_pair_snap / poly_pair_patch); single points as
-        ``_single_point``."""
+    def _poly_first(self, k, gdata, pres, cres, poly, rows_pair, rows_pt, rows_pos, rows_n,
+                    rows_d) -> None:
+        """Snappable polytope pair k (box-box, box-capsule, convex meshes; no plane) after
+        coal's collision and patch: a single point as ``_single_point``; a patch is queued in
+        ``poly`` as (k, coal's normal, its distance, its points) for ``_poly_batch``."""
         if pres.numContactPatches() == 0:
             c = cres.getContact(0)
             self._single_point(k, gdata, 0, c.getNearestPoint1(), c.getNearestPoint2(),
@@ -695,47 +693,70 @@ class CollisionDriver:
             self._single_point(k, gdata, 0, patch.getPointShape1(0), patch.getPointShape2(0),
                                n, rows_pair, rows_pt, rows_pos, rows_n, rows_d)
             return
-        ga, gb = int(self.pairs[k, 0]), int(self.pairs[k, 1])
-        view = self._oMg(gdata)
         p1, p2 = patch.getPointShape1(0), patch.getPointShape2(0)
-        crossing, ok, axis, d, c = poly_pair_snap(view, ga, gb, *self._cores, n,
-                                                  float(n @ (p2 - p1)), 1e-7,
-                                                  float(self._patch_tol), m == 2)
-        if crossing:
-            # (as in detect: coal's segment-segment patch of crossing segments is wrong; the
-            # contact is the one witness point)
-            ct = cres.getContact(0)
-            mid, pd = np.asarray(ct.pos).copy(), float(ct.penetration_depth)
-            self._single_point(k, gdata, 0, mid - 0.5 * pd * n, mid + 0.5 * pd * n, n,
-                               rows_pair, rows_pt, rows_pos, rows_n, rows_d)
-            return
-        if not ok:                         # coal's patch and distances stand
-            P1 = np.array([patch.getPointShape1(i) for i in range(m)])
-            P2 = np.array([patch.getPointShape2(i) for i in range(m)])
-            mid = 0.5 * (P1 + P2)
-            dist = n @ (P2 - P1).T
-            keep = _reduce_patch(mid, self.max_points)
-        else:
-            # the patch about the axis itself (see detect), its points projected on the mid
-            # plane, each with its own distance
-            mid = np.array([patch.getPoint(i) for i in range(m)])
-            n = axis
-            self._narrow.patch_along(k, gdata, n)
-            if pres.numContactPatches() and pres.getContactPatch(0).size() >= 2:
-                patch = pres.getContactPatch(0)
-                mid = np.array([patch.getPoint(i) for i in range(patch.size())])
-            ok, dist, mid, keep = poly_pair_patch(view, ga, gb, self._cores[0], self._cores[1],
-                                                  self._cores[6], n, c, mid,
-                                                  float(self._patch_tol), self.max_points)
-            if not ok:
-                raise np.linalg.LinAlgError("patch_distances: singular support feature")
-            self.per_point_pairs.add(k)
-        j = len(keep)
-        rows_pair += [k] * j
-        rows_pt += list(range(j))
-        rows_pos.extend(mid[keep])
-        rows_n += [n] * j
-        rows_d += dist[keep].tolist()
+        poly.append((k, n, float(n @ (p2 - p1)), [patch.getPoint(i) for i in range(m)]))
+
+    def _poly_batch(self, poly, gdata, rows_pair, rows_pt, rows_pos, rows_n, rows_d):
+        """Rows of the queued polytope pairs (``_poly_first``): every snap in one compiled call
+        (collision_kernels.poly_snaps), then coal's patch about each exact axis, then every
+        patch projected on its mid plane with per-point distances and reduced in one call
+        (poly_patches); returned as (pair, point, pos, normal, dist) arrays, or None. Pairs of
+        crossing segments (one witness point, as in detect) and pairs whose snap coal's answer
+        contradicts (coal's patch and distances stand) go to the row lists."""
+        view = self._oMg(gdata)
+        ks = np.array([e[0] for e in poly], dtype=np.int64)
+        N = np.array([e[1] for e in poly], dtype=float).reshape(-1, 3)
+        cross, ok, axes, _, heights = poly_snaps(
+            view, self.pairs, ks, N, np.array([e[2] for e in poly], dtype=float),
+            np.array([len(e[3]) == 2 for e in poly], dtype=np.bool_), 1e-7,
+            float(self._patch_tol), *self._cores)
+        take, mids, sizes = [], [], []
+        pres_all, cres = self._narrow.patch_results, self._narrow.results
+        for i, (k, n, _, first) in enumerate(poly):
+            if cross[i]:
+                # coal's segment-segment patch of crossing segments is wrong: the contact is
+                # the one witness point
+                ct = cres[k].getContact(0)
+                mid, pd = np.asarray(ct.pos).copy(), float(ct.penetration_depth)
+                self._single_point(k, gdata, 0, mid - 0.5 * pd * n, mid + 0.5 * pd * n, n,
+                                   rows_pair, rows_pt, rows_pos, rows_n, rows_d)
+            elif not ok[i]:                # coal's patch and distances stand
+                patch = pres_all[k].getContactPatch(0)
+                m = patch.size()
+                P1 = np.array([patch.getPointShape1(j) for j in range(m)])
+                P2 = np.array([patch.getPointShape2(j) for j in range(m)])
+                mid = 0.5 * (P1 + P2)
+                dist = n @ (P2 - P1).T
+                keep = _reduce_patch(mid, self.max_points)
+                for j, t in enumerate(keep):
+                    rows_pair.append(k); rows_pt.append(j)
+                    rows_pos.append(mid[t])
+                    rows_n.append(n)
+                    rows_d.append(float(dist[t]))
+            else:
+                # the patch about the axis itself (see detect; coal's, when it has fewer than
+                # two points about the axis)
+                self._narrow.patch_along(k, gdata, axes[i])
+                pres = pres_all[k]
+                if pres.numContactPatches() and pres.getContactPatch(0).size() >= 2:
+                    patch = pres.getContactPatch(0)
+                    first = [patch.getPoint(j) for j in range(patch.size())]
+                take.append(i)
+                sizes.append(len(first))
+                mids += first
+        if not take:
+            return None
+        take = np.array(take, dtype=np.int64)
+        off = np.zeros(len(take) + 1, dtype=np.int64)
+        np.cumsum(np.array(sizes, dtype=np.int64), out=off[1:])
+        good, *rows = poly_patches(view, self.pairs, ks[take], np.ascontiguousarray(axes[take]),
+                                   heights[take], np.array(mids, dtype=float).reshape(-1, 3),
+                                   off, self._cores[0], self._cores[1], self._cores[6],
+                                   float(self._patch_tol), self.max_points)
+        if not good:
+            raise np.linalg.LinAlgError("patch_distances: singular support feature")
+        self.per_point_pairs.update(ks[take].tolist())
+        return tuple(rows)
 
     def _cylinder_box(self, k, gdata, margin, rows_pair, rows_pt, rows_pos, rows_n, rows_d) -> bool:
         """Closed-form points of cylinder-box pair k where a box face is the contact feature
@@ -872,6 +893,7 @@ class CollisionDriver:
         rows_d: list = []
         analytic = self._analytic_list
         poly_fast = self._poly_fast
+        poly: list = []                 # polytope pairs with a patch, for _poly_batch
         reqs, cres, pres_all = self._narrow_tables(gdata)
         # box-box pairs whose patch points carry their own distances (derivatives read it)
         per_point = self.per_point_pairs = set()
@@ -906,8 +928,8 @@ class CollisionDriver:
                 continue
             if poly_fast[k]:
                 self._narrow.patch(k, gdata)
-                self._poly_pair(k, gdata, pres_all[k], cres[k], rows_pair, rows_pt, rows_pos,
-                                rows_n, rows_d)
+                self._poly_first(k, gdata, pres_all[k], cres[k], poly, rows_pair, rows_pt,
+                                 rows_pos, rows_n, rows_d)
                 continue
             self._narrow.patch(k, gdata)                  # (pinocchio.computeContactPatch)
             pres = pres_all[k]
@@ -969,16 +991,20 @@ class CollisionDriver:
                 rows_pos.append(mid[i] if not side else (P1[i] if side == 1 else P2[i]))
                 rows_n.append(n)
                 rows_d.append(float(dist[i]))
-        if rows_pair:
-            # the narrow phase's rows (frames, geoms, friction) in one compiled call, merged by
-            # pair with the closed-form rows (theirs first on equal pairs); alone, in the
-            # order they were found
-            narrow = narrow_rows(np.array(rows_pair, dtype=np.int64),
-                                 np.array(rows_pt, dtype=np.int64),
-                                 np.array(rows_pos, dtype=float).reshape(-1, 3),
-                                 np.array(rows_n, dtype=float).reshape(-1, 3),
-                                 np.array(rows_d, dtype=float), self.pairs, self._friction,
-                                 bool(blocks))
+        poly_rows = self._poly_batch(poly, gdata, rows_pair, rows_pt, rows_pos, rows_n,
+                                     rows_d) if poly else None
+        if rows_pair or poly_rows is not None:
+            # the narrow phase's rows (frames, geoms, friction) in one compiled call, ordered by
+            # pair (the order they were found in: the candidates are sorted, and the polytope
+            # rows of one pair come in one block), merged by pair with the closed-form rows
+            # (theirs first on equal pairs)
+            cols = (np.array(rows_pair, dtype=np.int64), np.array(rows_pt, dtype=np.int64),
+                    np.array(rows_pos, dtype=float).reshape(-1, 3),
+                    np.array(rows_n, dtype=float).reshape(-1, 3), np.array(rows_d, dtype=float))
+            if poly_rows is not None:
+                cols = tuple(np.concatenate((a, b)) for a, b in zip(cols, poly_rows)) \
+                    if rows_pair else poly_rows
+            narrow = narrow_rows(*cols, self.pairs, self._friction, True)
             out = Contacts(*(merge_rows(rows, narrow) if blocks else narrow))
         else:
             out = self._assemble(blocks)

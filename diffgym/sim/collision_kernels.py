@@ -855,3 +855,57 @@ def poly_separated(view, cand, margin, fast, pairs, c_v, c_voff, c_f, c_foff, c_
                 out[i] = True
                 break
     return out
+
+
+@njit
+def poly_snaps(view, pairs, ks, normals, d0, want_cross, tol, ptol, c_v, c_voff, c_f, c_foff, c_e,
+               c_eoff, c_rad):
+    """``poly_pair_snap`` of the polytope pairs ``ks`` of a step (coal's normals and distances
+    ``normals[i]``, ``d0[i]``; ``want_cross[i]``: coal's patch has two points) in one call:
+    (crossing, ok, axes, distances, mid-plane heights), one entry per pair."""
+    n = ks.shape[0]
+    cross = np.zeros(n, dtype=np.bool_)
+    ok = np.zeros(n, dtype=np.bool_)
+    axes = np.empty((n, 3))
+    dist = np.zeros(n)
+    mid = np.zeros(n)
+    for i in range(n):
+        k = ks[i]
+        cr, o, ax, d, c = poly_pair_snap(view, pairs[k, 0], pairs[k, 1], c_v, c_voff, c_f, c_foff,
+                                         c_e, c_eoff, c_rad, normals[i], d0[i], tol, ptol,
+                                         want_cross[i])
+        cross[i], ok[i], dist[i], mid[i] = cr, o, d, c
+        axes[i] = ax
+    return cross, ok, axes, dist, mid
+
+
+@njit
+def poly_patches(view, pairs, ks, axes, heights, mids, off, c_v, c_voff, c_rad, ptol, max_points):
+    """``poly_pair_patch`` of the snapped polytope pairs ``ks`` of a step (axes, mid-plane
+    heights, coal's patch points about each axis ``mids[off[i]:off[i + 1]]``) in one call, as
+    contact rows: (ok, pair, point, pos, normal, dist), the kept points of each pair in order
+    (point indices 0, 1, ...), the normal its axis; ok False (and no rows) where a support
+    feature's least-squares system is singular."""
+    n = ks.shape[0]
+    cap = 0
+    for i in range(n):
+        cap += min(off[i + 1] - off[i], max(max_points, 1))
+    pair = np.empty(cap, dtype=np.int64)
+    point = np.empty(cap, dtype=np.int64)
+    pos = np.empty((cap, 3))
+    nrm = np.empty((cap, 3))
+    dist = np.empty(cap)
+    r = 0
+    for i in range(n):
+        k = ks[i]
+        ok, d, pts, keep = poly_pair_patch(view, pairs[k, 0], pairs[k, 1], c_v, c_voff, c_rad,
+                                           axes[i], heights[i], mids[off[i]:off[i + 1]], ptol,
+                                           max_points)
+        if not ok:
+            return False, pair[:0], point[:0], pos[:0], nrm[:0], dist[:0]
+        for j in range(keep.shape[0]):
+            pair[r], point[r], dist[r] = k, j, d[keep[j]]
+            pos[r] = pts[keep[j]]
+            nrm[r] = axes[i]
+            r += 1
+    return True, pair[:r], point[:r], pos[:r], nrm[:r], dist[:r]
