@@ -1003,15 +1003,22 @@ def polytope_pairs(sim, kin, c, groups, dp, dn, dd) -> list:
     row_start = np.zeros(P + 1, dtype=np.int64)
     verts, nvert, all_rows = [], 0, []
     per_point_pairs = getattr(sim.collision, "per_point_pairs", ())
+    # the geoms' placements (ngeom, 12: rotation column-major, translation), read through the
+    # driver's view of gdata.oMg where there is one
+    view = sim.collision._oMg(sim.geom_data) if hasattr(sim.collision, "_oMg") else None
     oMg = sim.geom_data.oMg
     for i, (j1, j2, rows, g1, g2, VA, VB) in enumerate(todo):
         for s, (g, V) in enumerate(((g1, VA), (g2, VB))):
             verts.append(V)
             vrange[i, 2 * s], vrange[i, 2 * s + 1] = nvert, nvert + len(V)
             nvert += len(V)
-            M = oMg[g]
-            place[i, s, :9] = M.rotation.reshape(9)
-            place[i, s, 9:] = M.translation
+            if view is not None:
+                place[i, s, :9] = view[g, :9].reshape(3, 3).T.reshape(9)
+                place[i, s, 9:] = view[g, 9:]
+            else:
+                M = oMg[g]
+                place[i, s, :9] = M.rotation.reshape(9)
+                place[i, s, 9:] = M.translation
         pair = int(c.pair[rows[0]])
         per_point = len(rows) > 1 and pair in per_point_pairs
         scal[i] = (float(c.dist[rows[0]]), _radius(sim, g1), _radius(sim, g2), float(per_point),
