@@ -32,8 +32,21 @@ Normals point from geom 1 to geom 2; ``dist`` is the signed distance (negative i
 
 Cost: the per-step Python work is one loop over the *moving joints* (their placements and
 velocities, read from pinocchio's data), one compiled call for the broad phase and the closed
-forms, and a loop over the candidate pairs only (``last_candidates``: their number). The broad phase is conservative (plus a 1 nm slack), so
-the exact narrow-phase tests alone decide which points are contacts.
+forms, and a loop over the candidate pairs only (``last_candidates``: their number). The broad
+phase is conservative (plus a 1 nm slack), so the exact narrow-phase tests alone decide which
+points are contacts.
+
+Polytope pairs (box-box, box-capsule, convex meshes, no swept radius, on no other route) take a
+compiled route with three calls per pass in all (``collision_kernels``): ``poly_separated``
+drops the candidates the separating-axis test proves farther apart than their margin (coal
+would say no: the separation along an axis is a lower bound on the distance); coal is asked
+about the rest (collision, then the contact patch), ``poly_snaps`` snaps every patch's normal
+and distance to the exact separating axis, coal recomputes each patch about its axis, and
+``poly_patches`` projects the points on the mid plane, gives each its own distance and reduces
+the patch to ``max_points``. The geoms' placements are read through a view of gdata.oMg, their
+vertices, face normals and edge directions from tables made at load. The rows of every route
+get their frames and are merged with the closed-form rows in compiled code too
+(``narrow_rows``, ``merge_rows``).
 """
 from __future__ import annotations
 
