@@ -16,7 +16,13 @@ The kernels, called once per step with the driver's constant tables:
 * ``sphere_pairs``: the closed-form contacts of sphere-sphere pairs (exact: the broad-phase
   distance of two spheres is their distance);
 * ``sphere_box_pairs``: the closed-form contacts of sphere-box pairs (the box point closest to
-  the sphere centre, or the face of least penetration with the centre inside).
+  the sphere centre, or the face of least penetration with the centre inside);
+* the polytope route of the narrow phase (box-box, box-capsule, convex meshes), around coal's
+  collision and patch: ``poly_separated`` (the candidates the separating-axis test proves out
+  of reach), ``poly_snaps`` (every patch's normal and distance snapped to the exact separating
+  axis, or the crossing-segments test), ``poly_patches`` (every snapped patch projected on its
+  mid plane, per-point distances, reduced to ``max_points``, as rows); ``narrow_rows`` gives
+  the narrow phase's rows their frames, geoms and friction.
 
 They are plain loops over floats, compiled with numba (``jit.py``).
 """
