@@ -229,6 +229,56 @@ def _k_turn(J, u):
 
 
 @njit
+def _k_svd3(D):
+    """Singular values (descending) and right singular vectors (rows of Vt, in the same order)
+    of D (k, 3), as ``np.linalg.svd(D, full_matrices=False)[1:]`` for k >= 3 (for k < 3 the
+    trailing values are zeros): one-sided Jacobi (Hestenes) on the three columns, which gives
+    the small singular values to full relative accuracy, without LAPACK's call and workspace
+    (the singular vectors of equal singular values may be another basis of their space)."""
+    k = D.shape[0]
+    A = D.copy()
+    V = np.eye(3)
+    for _sweep in range(60):
+        rotated = False
+        for p in range(2):
+            for q in range(p + 1, 3):
+                alpha = beta = gamma = 0.0
+                for i in range(k):
+                    alpha += A[i, p] * A[i, p]
+                    beta += A[i, q] * A[i, q]
+                    gamma += A[i, p] * A[i, q]
+                if gamma == 0.0 or abs(gamma) <= 1e-16 * np.sqrt(alpha * beta):
+                    continue
+                rotated = True
+                zeta = (beta - alpha) / (2.0 * gamma)
+                t = (1.0 if zeta >= 0.0 else -1.0) / (abs(zeta) + np.sqrt(1.0 + zeta * zeta))
+                c = 1.0 / np.sqrt(1.0 + t * t)
+                s = c * t
+                for i in range(k):
+                    ap, aq = A[i, p], A[i, q]
+                    A[i, p], A[i, q] = c * ap - s * aq, s * ap + c * aq
+                for i in range(3):
+                    vp, vq = V[i, p], V[i, q]
+                    V[i, p], V[i, q] = c * vp - s * vq, s * vp + c * vq
+        if not rotated:
+            break
+    sv = np.empty(3)
+    for j in range(3):
+        acc = 0.0
+        for i in range(k):
+            acc += A[i, j] * A[i, j]
+        sv[j] = np.sqrt(acc)
+    order = np.argsort(-sv)
+    s_out = np.empty(3)
+    Vt = np.empty((3, 3))
+    for r in range(3):
+        s_out[r] = sv[order[r]]
+        for i in range(3):
+            Vt[r, i] = V[i, order[r]]
+    return s_out, Vt
+
+
+@njit
 def _k_affine(P, tol):
     """Affine rank (0..3) of the points P (k, 3) and an orthonormal basis (r, 3) of their
     directions (the singular vectors of P[1:] - P[0] above tol)."""
@@ -236,7 +286,7 @@ def _k_affine(P, tol):
     if k < 2:
         return 0, np.zeros((0, 3))
     D = np.ascontiguousarray(P[1:] - P[0])
-    _, s, Vt = np.linalg.svd(D, full_matrices=False)
+    s, Vt = _k_svd3(D)
     r = 0
     for i in range(s.shape[0]):
         if s[i] > tol:
@@ -251,7 +301,7 @@ def _k_area(P):
     if P.shape[0] < 3:
         return 0.0
     Q = np.ascontiguousarray(P - P.sum(axis=0) / P.shape[0])
-    _, s, _ = np.linalg.svd(Q, full_matrices=False)
+    s, _ = _k_svd3(Q)
     return s[0] * s[1]
 
 
@@ -953,15 +1003,22 @@ def polytope_pairs(sim, kin, c, groups, dp, dn, dd) -> list:
     row_start = np.zeros(P + 1, dtype=np.int64)
     verts, nvert, all_rows = [], 0, []
     per_point_pairs = getattr(sim.collision, "per_point_pairs", ())
+    # the geoms' placements (ngeom, 12: rotation column-major, translation), read through the
+    # driver's view of gdata.oMg where there is one
+    view = sim.collision._oMg(sim.geom_data) if hasattr(sim.collision, "_oMg") else None
     oMg = sim.geom_data.oMg
     for i, (j1, j2, rows, g1, g2, VA, VB) in enumerate(todo):
         for s, (g, V) in enumerate(((g1, VA), (g2, VB))):
             verts.append(V)
             vrange[i, 2 * s], vrange[i, 2 * s + 1] = nvert, nvert + len(V)
             nvert += len(V)
-            M = oMg[g]
-            place[i, s, :9] = M.rotation.reshape(9)
-            place[i, s, 9:] = M.translation
+            if view is not None:
+                place[i, s, :9] = view[g, :9].reshape(3, 3).T.reshape(9)
+                place[i, s, 9:] = view[g, 9:]
+            else:
+                M = oMg[g]
+                place[i, s, :9] = M.rotation.reshape(9)
+                place[i, s, 9:] = M.translation
         pair = int(c.pair[rows[0]])
         per_point = len(rows) > 1 and pair in per_point_pairs
         scal[i] = (float(c.dist[rows[0]]), _radius(sim, g1), _radius(sim, g2), float(per_point),

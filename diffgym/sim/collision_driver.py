@@ -32,8 +32,21 @@ Normals point from geom 1 to geom 2; ``dist`` is the signed distance (negative i
 
 Cost: the per-step Python work is one loop over the *moving joints* (their placements and
 velocities, read from pinocchio's data), one compiled call for the broad phase and the closed
-forms, and a loop over the candidate pairs only (``last_candidates``: their number). The broad phase is conservative (plus a 1 nm slack), so
-the exact narrow-phase tests alone decide which points are contacts.
+forms, and a loop over the candidate pairs only (``last_candidates``: their number). The broad
+phase is conservative (plus a 1 nm slack), so the exact narrow-phase tests alone decide which
+points are contacts.
+
+Polytope pairs (box-box, box-capsule, convex meshes, no swept radius, on no other route) take a
+compiled route with three calls per pass in all (``collision_kernels``): ``poly_separated``
+drops the candidates the separating-axis test proves farther apart than their margin (coal
+would say no: the separation along an axis is a lower bound on the distance); coal is asked
+about the rest (collision, then the contact patch), ``poly_snaps`` snaps every patch's normal
+and distance to the exact separating axis, coal recomputes each patch about its axis, and
+``poly_patches`` projects the points on the mid plane, gives each its own distance and reduces
+the patch to ``max_points``. The geoms' placements are read through a view of gdata.oMg, their
+vertices, face normals and edge directions from tables made at load. The rows of every route
+get their frames and are merged with the closed-form rows in compiled code too
+(``narrow_rows``, ``merge_rows``).
 """
 from __future__ import annotations
 
@@ -50,7 +63,10 @@ from .pinviews import gather_placements, placement_view
 from .model import SimModel
 from .convex_support import FACE_ID_BASE, SMOOTH_KINDS, face_contact, shape_of, solve
 from .pair_tables import NarrowPhase
-from .collision_kernels import BROAD_SLACK as _BROAD_SLACK, KIND_CODES, detect_closed_form
+from .collision_kernels import (BROAD_SLACK as _BROAD_SLACK, KIND_CODES, detect_closed_form,
+                                merge_rows, narrow_rows, poly_patches, poly_separated,
+                                poly_snaps)
+from .trees import _oMg_view
 from .plane_contacts import (ANALYTIC_KINDS, CYLINDER_POINTS, ELLIPSOID_POINTS, cylinder_box_face,
                              shape_points)
 
@@ -500,6 +516,26 @@ class CollisionDriver:
 
         cores = [core(g) for g in range(len(gm.geometryObjects))]  # (one per geom, shared)
         self._box_box = _SnapPairs(p, cores)
+        # the same cores as flat tables for the compiled polytope route (collision_kernels
+        # poly_separated, poly_snaps, poly_patches): vertices, face normals, edge directions (rows
+        # off[g]:off[g + 1] of geom g) and radius
+        tabs = []
+        for i in (1, 3, 4):
+            parts = [np.asarray(c[i], float).reshape(-1, 3) if c is not None else np.zeros((0, 3))
+                     for c in cores]
+            off = np.cumsum([0] + [len(x) for x in parts]).astype(np.int64)
+            tabs += [np.ascontiguousarray(np.concatenate(parts) if parts else np.zeros((0, 3))), off]
+        self._cores = tuple(tabs) + (np.array([c[2] if c is not None else 0.0 for c in cores],
+                                               dtype=float),)
+        # pairs of the compiled polytope route: snappable, on no closed-form or refined route
+        other = set(self._cyl_box) | set(self._face) | set(self._caps_caps) | set(self._convex)
+        fast = self._box_box.mask & ~self.analytic & (self.pair_plane < 0) if len(p) \
+            else np.zeros(0, dtype=bool)
+        for k in other:
+            fast[k] = False
+        self._poly_fast = fast
+        self._any_fast = bool(fast.any())
+        self._gviews: tuple | None = None       # (gdata, view of its oMg or None)
 
     def _world(self, k, gdata):
         """Per side of snappable pair k: world vertices, radius, face normals, edge directions
@@ -650,6 +686,103 @@ class CollisionDriver:
         rows_n.append(n)
         rows_d.append(float(n @ (p2 - p1)))
 
+    def _oMg(self, gdata) -> np.ndarray:
+        """The geoms' world placements (ngeom, 12: rotation column-major, translation): a view
+        of gdata.oMg made once per GeometryData, or a copy where no view can be made."""
+        gv = self._gviews
+        if gv is None or gv[0] is not gdata:
+            gv = self._gviews = (gdata, _oMg_view(gdata))
+        if gv[1] is not None:
+            return gv[1]
+        out = np.empty((self.ngeom, 12))
+        for g, M in enumerate(gdata.oMg):
+            out[g, :9] = M.rotation.ravel(order="F")
+            out[g, 9:] = M.translation
+        return out
+
+    def _poly_first(self, k, gdata, pres, cres, poly, rows_pair, rows_pt, rows_pos, rows_n,
+                    rows_d) -> None:
+        """Snappable polytope pair k (box-box, box-capsule, convex meshes; no plane) after
+        coal's collision and patch: a single point as ``_single_point``; a patch is queued in
+        ``poly`` as (k, coal's normal, its distance, its points) for ``_poly_batch``."""
+        if pres.numContactPatches() == 0:
+            c = cres.getContact(0)
+            self._single_point(k, gdata, 0, c.getNearestPoint1(), c.getNearestPoint2(),
+                               np.asarray(c.normal).copy(), rows_pair, rows_pt, rows_pos,
+                               rows_n, rows_d)
+            return
+        patch = pres.getContactPatch(0)
+        n = np.asarray(patch.getNormal()).copy()
+        m = patch.size()
+        if m == 1:
+            self._single_point(k, gdata, 0, patch.getPointShape1(0), patch.getPointShape2(0),
+                               n, rows_pair, rows_pt, rows_pos, rows_n, rows_d)
+            return
+        p1, p2 = patch.getPointShape1(0), patch.getPointShape2(0)
+        poly.append((k, n, float(n @ (p2 - p1)), [patch.getPoint(i) for i in range(m)]))
+
+    def _poly_batch(self, poly, gdata, rows_pair, rows_pt, rows_pos, rows_n, rows_d):
+        """Rows of the queued polytope pairs (``_poly_first``): every snap in one compiled call
+        (collision_kernels.poly_snaps), then coal's patch about each exact axis, then every
+        patch projected on its mid plane with per-point distances and reduced in one call
+        (poly_patches); returned as (pair, point, pos, normal, dist) arrays, or None. Pairs of
+        crossing segments (one witness point, as in detect) and pairs whose snap coal's answer
+        contradicts (coal's patch and distances stand) go to the row lists."""
+        view = self._oMg(gdata)
+        ks = np.array([e[0] for e in poly], dtype=np.int64)
+        N = np.array([e[1] for e in poly], dtype=float).reshape(-1, 3)
+        cross, ok, axes, _, heights = poly_snaps(
+            view, self.pairs, ks, N, np.array([e[2] for e in poly], dtype=float),
+            np.array([len(e[3]) == 2 for e in poly], dtype=np.bool_), 1e-7,
+            float(self._patch_tol), *self._cores)
+        take, mids, sizes = [], [], []
+        pres_all, cres = self._narrow.patch_results, self._narrow.results
+        for i, (k, n, _, first) in enumerate(poly):
+            if cross[i]:
+                # coal's segment-segment patch of crossing segments is wrong: the contact is
+                # the one witness point
+                ct = cres[k].getContact(0)
+                mid, pd = np.asarray(ct.pos).copy(), float(ct.penetration_depth)
+                self._single_point(k, gdata, 0, mid - 0.5 * pd * n, mid + 0.5 * pd * n, n,
+                                   rows_pair, rows_pt, rows_pos, rows_n, rows_d)
+            elif not ok[i]:                # coal's patch and distances stand
+                patch = pres_all[k].getContactPatch(0)
+                m = patch.size()
+                P1 = np.array([patch.getPointShape1(j) for j in range(m)])
+                P2 = np.array([patch.getPointShape2(j) for j in range(m)])
+                mid = 0.5 * (P1 + P2)
+                dist = n @ (P2 - P1).T
+                keep = _reduce_patch(mid, self.max_points)
+                for j, t in enumerate(keep):
+                    rows_pair.append(k); rows_pt.append(j)
+                    rows_pos.append(mid[t])
+                    rows_n.append(n)
+                    rows_d.append(float(dist[t]))
+            else:
+                # the patch about the axis itself (see detect; coal's, when it has fewer than
+                # two points about the axis)
+                self._narrow.patch_along(k, gdata, axes[i])
+                pres = pres_all[k]
+                if pres.numContactPatches() and pres.getContactPatch(0).size() >= 2:
+                    patch = pres.getContactPatch(0)
+                    first = [patch.getPoint(j) for j in range(patch.size())]
+                take.append(i)
+                sizes.append(len(first))
+                mids += first
+        if not take:
+            return None
+        take = np.array(take, dtype=np.int64)
+        off = np.zeros(len(take) + 1, dtype=np.int64)
+        np.cumsum(np.array(sizes, dtype=np.int64), out=off[1:])
+        good, *rows = poly_patches(view, self.pairs, ks[take], np.ascontiguousarray(axes[take]),
+                                   heights[take], np.array(mids, dtype=float).reshape(-1, 3),
+                                   off, self._cores[0], self._cores[1], self._cores[6],
+                                   float(self._patch_tol), self.max_points)
+        if not good:
+            raise np.linalg.LinAlgError("patch_distances: singular support feature")
+        self.per_point_pairs.update(ks[take].tolist())
+        return tuple(rows)
+
     def _cylinder_box(self, k, gdata, margin, rows_pair, rows_pt, rows_pos, rows_n, rows_d) -> bool:
         """Closed-form points of cylinder-box pair k where a box face is the contact feature
         (plane_contacts.cylinder_box_face: a cap flat on the face gives 4 rim points, a
@@ -786,6 +919,8 @@ class CollisionDriver:
         rows_n: list = []
         rows_d: list = []
         analytic = self._analytic_list
+        poly_fast = self._poly_fast
+        poly: list = []                 # polytope pairs with a patch, for _poly_batch
         reqs, cres, pres_all = self._narrow_tables(gdata)
         # box-box pairs whose patch points carry their own distances (derivatives read it)
         per_point = self.per_point_pairs = set()
@@ -793,7 +928,15 @@ class CollisionDriver:
         self.cylinder_face_pairs = set()
         self.convex_pairs = {}          # pair -> feature tolerance of its refined point
         self.face_pairs = {}            # pair -> (face geom, other geom, {point id: kind})
-        for k, mk in zip(cand.tolist(), cand_margin.tolist()):
+        # polytope pairs the separating-axis test proves out of reach: coal is not asked
+        if self._any_fast:
+            apart = poly_separated(self._oMg(gdata), cand, cand_margin, poly_fast, self.pairs,
+                                   *self._cores).tolist()
+        else:
+            apart = [False] * len(cand)
+        for k, mk, out_of_reach in zip(cand.tolist(), cand_margin.tolist(), apart):
+            if out_of_reach:
+                continue
             if analytic[k]:
                 self._plane_pair(k, gdata, mk, rows_pair, rows_pt, rows_pos, rows_n, rows_d)
                 continue
@@ -809,6 +952,11 @@ class CollisionDriver:
             req = reqs[k]
             req.security_margin = mk
             if not self._narrow.collide(k, gdata):        # (pinocchio.computeCollision)
+                continue
+            if poly_fast[k]:
+                self._narrow.patch(k, gdata)
+                self._poly_first(k, gdata, pres_all[k], cres[k], poly, rows_pair, rows_pt,
+                                 rows_pos, rows_n, rows_d)
                 continue
             self._narrow.patch(k, gdata)                  # (pinocchio.computeContactPatch)
             pres = pres_all[k]
@@ -870,11 +1018,23 @@ class CollisionDriver:
                 rows_pos.append(mid[i] if not side else (P1[i] if side == 1 else P2[i]))
                 rows_n.append(n)
                 rows_d.append(float(dist[i]))
-        if rows_pair:
-            pair = np.array(rows_pair, dtype=np.int64)
-            blocks.append((pair, np.array(rows_pt, dtype=np.int64), np.array(rows_pos).reshape(-1, 3),
-                           np.array(rows_n).reshape(-1, 3), np.array(rows_d, dtype=float), None))
-        out = self._assemble(blocks)
+        poly_rows = self._poly_batch(poly, gdata, rows_pair, rows_pt, rows_pos, rows_n,
+                                     rows_d) if poly else None
+        if rows_pair or poly_rows is not None:
+            # the narrow phase's rows (frames, geoms, friction) in one compiled call, ordered by
+            # pair (the order they were found in: the candidates are sorted, and the polytope
+            # rows of one pair come in one block), merged by pair with the closed-form rows
+            # (theirs first on equal pairs)
+            cols = (np.array(rows_pair, dtype=np.int64), np.array(rows_pt, dtype=np.int64),
+                    np.array(rows_pos, dtype=float).reshape(-1, 3),
+                    np.array(rows_n, dtype=float).reshape(-1, 3), np.array(rows_d, dtype=float))
+            if poly_rows is not None:
+                cols = tuple(np.concatenate((a, b)) for a, b in zip(cols, poly_rows)) \
+                    if rows_pair else poly_rows
+            narrow = narrow_rows(*cols, self.pairs, self._friction, True)
+            out = Contacts(*(merge_rows(rows, narrow) if blocks else narrow))
+        else:
+            out = self._assemble(blocks)
         if out is not self._empty:
             # the routes of this pass's rows, carried by the contacts themselves (a later
             # detect pass, at another pose, must not change how these rows are differentiated)

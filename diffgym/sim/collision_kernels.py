@@ -16,7 +16,13 @@ The kernels, called once per step with the driver's constant tables:
 * ``sphere_pairs``: the closed-form contacts of sphere-sphere pairs (exact: the broad-phase
   distance of two spheres is their distance);
 * ``sphere_box_pairs``: the closed-form contacts of sphere-box pairs (the box point closest to
-  the sphere centre, or the face of least penetration with the centre inside).
+  the sphere centre, or the face of least penetration with the centre inside);
+* the polytope route of the narrow phase (box-box, box-capsule, convex meshes), around coal's
+  collision and patch: ``poly_separated`` (the candidates the separating-axis test proves out
+  of reach), ``poly_snaps`` (every patch's normal and distance snapped to the exact separating
+  axis, or the crossing-segments test), ``poly_patches`` (every snapped patch projected on its
+  mid plane, per-point distances, reduced to ``max_points``, as rows); ``narrow_rows`` gives
+  the narrow phase's rows their frames, geoms and friction.
 
 They are plain loops over floats, compiled with numba (``jit.py``).
 """
@@ -24,6 +30,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from .collision_derivatives import (_k_cross, _k_rows_of, _k_snap_pair,
+                                    _k_world_patch_distances)
 from .jit import njit
 
 SPHERE, CAPSULE, BOX = 0, 1, 2
@@ -649,3 +657,272 @@ def sphere_box_pairs(W, margin, pairs, friction, sb_k, pcat, g_half, g_r):
         _set_frame(frames, r, n0, n1, n2)
         r += 1
     return pair, g1, g2, point, pos, normal, dist_o, mu, frames
+
+
+# -- polytope pairs of the narrow phase (box-box, box-capsule, convex meshes) ------------------
+# coal decides whether a pair touches and gives its contact patch; what the driver does with
+# them (the world vertices and axes of both shapes, the segment-crossing test, the snap to the
+# exact separating axis, the projection of the patch on the mid plane, the per-point distances
+# and the reduction to max_points) is one compiled call per pair, reading the geoms' world
+# placements from a view of gdata.oMg and their local cores from tables made at load.
+@njit
+def _core_dirs(view, g, A):
+    """Directions A (k, 3) of geom g turned to the world (``A @ R.T``)."""
+    W = np.empty((A.shape[0], 3))
+    for a in range(A.shape[0]):
+        for i in range(3):
+            W[a, i] = A[a, 0] * view[g, i] + A[a, 1] * view[g, 3 + i] + A[a, 2] * view[g, 6 + i]
+    return W
+
+
+@njit
+def _core_world(view, g, c_v, c_voff, c_f, c_foff, c_e, c_eoff):
+    """World vertices, face normals and edge directions of geom g's core (``V @ R.T + t``,
+    ``F @ R.T``, ``E @ R.T``; view[g] = rotation column-major, then translation)."""
+    return (_core_vertices(view, g, c_v, c_voff), _core_dirs(view, g, c_f[c_foff[g]:c_foff[g + 1]]),
+            _core_dirs(view, g, c_e[c_eoff[g]:c_eoff[g + 1]]))
+
+
+@njit
+def _crossing_support(X, Y, n, ptol):
+    """Whether the support sets of X along n and of Y along -n (within ptol) are two segments
+    that cross (not parallel, as ``collision_derivatives.segments_parallel``)."""
+    hx, hy = X @ n, Y @ n
+    ia = _k_rows_of(X, hx, hx.max(), ptol, True)
+    ib = _k_rows_of(Y, hy, hy.min(), ptol, False)
+    if ia.shape[0] != 2 or ib.shape[0] != 2:
+        return False
+    uA, uB = X[ia[1]] - X[ia[0]], Y[ib[1]] - Y[ib[0]]
+    cr = _k_cross(uA, uB)
+    return not (np.sqrt(cr @ cr) <= 1e-6 * (np.sqrt(uA @ uA) * np.sqrt(uB @ uB)))
+
+
+@njit
+def poly_pair_snap(view, ga, gb, c_v, c_voff, c_f, c_foff, c_e, c_eoff, c_rad, n, d, tol, ptol,
+                   want_cross):
+    """The driver's first look at polytope pair (ga, gb) after coal's test: (crossing, ok,
+    axis, distance, mid-plane height). With ``want_cross`` (coal's patch has two points) the
+    crossing-segments test first (crossing: the rest is not computed); then
+    ``collision_derivatives.snap_pair`` of coal's normal n and distance d (ok False: coal's
+    answer stands)."""
+    X, FA, EA = _core_world(view, ga, c_v, c_voff, c_f, c_foff, c_e, c_eoff)
+    Y, FB, EB = _core_world(view, gb, c_v, c_voff, c_f, c_foff, c_e, c_eoff)
+    if want_cross and _crossing_support(X, Y, n, ptol):
+        return True, False, n.copy(), 0.0, 0.0
+    ok, axis, f, c = _k_snap_pair(X, c_rad[ga], FA, EA, Y, c_rad[gb], FB, EB, n, d, tol)
+    return False, ok, axis, f, c
+
+
+@njit
+def _sum3(a0, a1, a2):
+    """a0 + a1 + a2 summed as numpy's add.reduce of three ((a0 + a1) + a2)."""
+    return (a0 + a1) + a2
+
+
+@njit
+def reduce_patch(points, max_points):
+    """Indices (sorted) of at most max_points points spanning a planar polygon: the point
+    farthest from the centroid, the point farthest from it, then the points farthest from
+    their line on either side (``collision_driver._reduce_patch``)."""
+    m = points.shape[0]
+    if m <= max_points:
+        return np.arange(m)
+    c = np.zeros(3)
+    for i in range(m):
+        c += points[i]
+    c /= m
+    i0, best = 0, -1.0
+    for i in range(m):
+        e = points[i] - c
+        s = _sum3(e[0] * e[0], e[1] * e[1], e[2] * e[2])
+        if s > best:
+            i0, best = i, s
+    i1, best = 0, -1.0
+    for i in range(m):
+        e = points[i] - points[i0]
+        s = _sum3(e[0] * e[0], e[1] * e[1], e[2] * e[2])
+        if s > best:
+            i1, best = i, s
+    chosen = np.full(4, -1, dtype=np.int64)
+    chosen[0], chosen[1] = i0, i1
+    if max_points > 2:
+        dv = points[i1] - points[i0]
+        dv /= max(np.sqrt(dv @ dv), 1e-300)
+        perp = np.empty((m, 3))
+        for i in range(m):
+            r = points[i] - points[i0]
+            perp[i] = r - (r @ dv) * dv
+        ip, best = 0, -1.0
+        for i in range(m):
+            s = _sum3(perp[i, 0] * perp[i, 0], perp[i, 1] * perp[i, 1], perp[i, 2] * perp[i, 2])
+            if s > best:
+                ip, best = i, s
+        if max_points == 3:
+            chosen[2] = ip
+        else:
+            ref = perp[ip].copy()
+            hi, lo = 0, 0
+            shi, slo = perp[0] @ ref, perp[0] @ ref
+            for i in range(1, m):
+                s = perp[i] @ ref
+                if s > shi:
+                    hi, shi = i, s
+                if s < slo:
+                    lo, slo = i, s
+            chosen[2], chosen[3] = hi, lo
+    k = min(max_points, 4)
+    return np.unique(chosen[:k][chosen[:k] >= 0])
+
+
+@njit
+def poly_pair_patch(view, ga, gb, c_v, c_voff, c_rad, n, c, mid, ptol, max_points):
+    """The snapped patch of polytope pair (ga, gb): its points ``mid`` (coal's patch about the
+    axis n) projected on the mid plane at height c along n, each point's own distance and
+    contact point (``collision_derivatives._k_world_patch_distances``) and the indices of the
+    points kept (``reduce_patch``). Returns (ok, dist, points, keep); ok False where a support
+    feature's least-squares system is singular."""
+    X = _core_vertices(view, ga, c_v, c_voff)
+    Y = _core_vertices(view, gb, c_v, c_voff)
+    P = np.empty((mid.shape[0], 3))
+    for i in range(mid.shape[0]):
+        h = mid[i] @ n - c
+        for a in range(3):
+            P[i, a] = mid[i, a] - h * n[a]
+    ok, dist, pts = _k_world_patch_distances(X, c_rad[ga], Y, c_rad[gb], n, P, ptol)
+    return ok, dist, pts, reduce_patch(pts, max_points)
+
+
+@njit
+def _core_vertices(view, g, c_v, c_voff):
+    """World vertices of geom g's core (``V @ R.T + t``)."""
+    A = c_v[c_voff[g]:c_voff[g + 1]]
+    W = np.empty((A.shape[0], 3))
+    for a in range(A.shape[0]):
+        for i in range(3):
+            W[a, i] = (A[a, 0] * view[g, i] + A[a, 1] * view[g, 3 + i]
+                       + A[a, 2] * view[g, 6 + i]) + view[g, 9 + i]
+    return W
+
+
+@njit
+def narrow_rows(pair, point, pos, normal, dist, pairs, friction, by_pair):
+    """Contact rows (as ``plane_points`` returns) of the narrow phase's points: geoms and
+    friction of their pairs, frames as ``frames.tangent_frames`` (of the normalized normal),
+    ordered by pair (stable) when ``by_pair``, else in the order given."""
+    order = np.argsort(pair, kind="mergesort") if by_pair else np.arange(pair.shape[0])
+    m = pair.shape[0]
+    P, g1, g2, pt, X, N, D, mu, frames = _new_rows(m)
+    for r in range(m):
+        s = order[r]
+        k = pair[s]
+        P[r], g1[r], g2[r], pt[r] = k, pairs[k, 0], pairs[k, 1], point[s]
+        X[r] = pos[s]
+        N[r] = normal[s]
+        D[r], mu[r] = dist[s], friction[k]
+        n0, n1, n2 = normal[s, 0], normal[s, 1], normal[s, 2]
+        L = np.sqrt(_sum3(n0 * n0, n1 * n1, n2 * n2))
+        _set_frame(frames, r, n0 / L, n1 / L, n2 / L)
+    return P, g1, g2, pt, X, N, D, mu, frames
+
+
+@njit
+def poly_separated(view, cand, margin, fast, pairs, c_v, c_voff, c_f, c_foff, c_e, c_eoff, c_rad):
+    """For each candidate pair ``cand[i]`` of the compiled polytope route (``fast``): whether
+    the separating-axis test over its face normals and edge cross products proves it farther
+    apart than its margin (by more than a 1e-9 slack of its size), so that coal's test, which
+    asks whether the distance is below the margin, would say no. The separation along an axis
+    is a lower bound on the distance, so this never drops a pair coal would keep."""
+    out = np.zeros(cand.shape[0], dtype=np.bool_)
+    for i in range(cand.shape[0]):
+        k = cand[i]
+        if not fast[k]:
+            continue
+        ga, gb = pairs[k, 0], pairs[k, 1]
+        X, FA, EA = _core_world(view, ga, c_v, c_voff, c_f, c_foff, c_e, c_eoff)
+        Y, FB, EB = _core_world(view, gb, c_v, c_voff, c_f, c_foff, c_e, c_eoff)
+        size = 0.0
+        for V in (X, Y):
+            for ax in range(3):
+                size = max(size, V[:, ax].max() - V[:, ax].min())
+        thr = margin[i] + c_rad[ga] + c_rad[gb] + 1e-9 * max(size, 1.0)
+        sep = -np.inf
+        na, nb, ne = FA.shape[0], FB.shape[0], EA.shape[0] * EB.shape[0]
+        for j in range(na + nb + ne):
+            if j < na:
+                m = FA[j].copy()
+            elif j < na + nb:
+                m = FB[j - na].copy()
+            else:
+                e = j - na - nb
+                m = _k_cross(EA[e // EB.shape[0]], EB[e % EB.shape[0]])
+                L = np.sqrt(m @ m)
+                if not L > 1e-6:
+                    continue
+                m /= L
+            amin = amax = X[0] @ m
+            for a in range(1, X.shape[0]):
+                h = X[a] @ m
+                amin, amax = min(amin, h), max(amax, h)
+            bmin = bmax = Y[0] @ m
+            for b in range(1, Y.shape[0]):
+                h = Y[b] @ m
+                bmin, bmax = min(bmin, h), max(bmax, h)
+            sep = max(sep, bmin - amax, amin - bmax)
+            if sep > thr:
+                out[i] = True
+                break
+    return out
+
+
+@njit
+def poly_snaps(view, pairs, ks, normals, d0, want_cross, tol, ptol, c_v, c_voff, c_f, c_foff, c_e,
+               c_eoff, c_rad):
+    """``poly_pair_snap`` of the polytope pairs ``ks`` of a step (coal's normals and distances
+    ``normals[i]``, ``d0[i]``; ``want_cross[i]``: coal's patch has two points) in one call:
+    (crossing, ok, axes, distances, mid-plane heights), one entry per pair."""
+    n = ks.shape[0]
+    cross = np.zeros(n, dtype=np.bool_)
+    ok = np.zeros(n, dtype=np.bool_)
+    axes = np.empty((n, 3))
+    dist = np.zeros(n)
+    mid = np.zeros(n)
+    for i in range(n):
+        k = ks[i]
+        cr, o, ax, d, c = poly_pair_snap(view, pairs[k, 0], pairs[k, 1], c_v, c_voff, c_f, c_foff,
+                                         c_e, c_eoff, c_rad, normals[i], d0[i], tol, ptol,
+                                         want_cross[i])
+        cross[i], ok[i], dist[i], mid[i] = cr, o, d, c
+        axes[i] = ax
+    return cross, ok, axes, dist, mid
+
+
+@njit
+def poly_patches(view, pairs, ks, axes, heights, mids, off, c_v, c_voff, c_rad, ptol, max_points):
+    """``poly_pair_patch`` of the snapped polytope pairs ``ks`` of a step (axes, mid-plane
+    heights, coal's patch points about each axis ``mids[off[i]:off[i + 1]]``) in one call, as
+    contact rows: (ok, pair, point, pos, normal, dist), the kept points of each pair in order
+    (point indices 0, 1, ...), the normal its axis; ok False (and no rows) where a support
+    feature's least-squares system is singular."""
+    n = ks.shape[0]
+    cap = 0
+    for i in range(n):
+        cap += min(off[i + 1] - off[i], max(max_points, 1))
+    pair = np.empty(cap, dtype=np.int64)
+    point = np.empty(cap, dtype=np.int64)
+    pos = np.empty((cap, 3))
+    nrm = np.empty((cap, 3))
+    dist = np.empty(cap)
+    r = 0
+    for i in range(n):
+        k = ks[i]
+        ok, d, pts, keep = poly_pair_patch(view, pairs[k, 0], pairs[k, 1], c_v, c_voff, c_rad,
+                                           axes[i], heights[i], mids[off[i]:off[i + 1]], ptol,
+                                           max_points)
+        if not ok:
+            return False, pair[:0], point[:0], pos[:0], nrm[:0], dist[:0]
+        for j in range(keep.shape[0]):
+            pair[r], point[r], dist[r] = k, j, d[keep[j]]
+            pos[r] = pts[keep[j]]
+            nrm[r] = axes[i]
+            r += 1
+    return True, pair[:r], point[:r], pos[:r], nrm[:r], dist[:r]
