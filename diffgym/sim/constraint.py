@@ -49,6 +49,7 @@ import numpy as np
 from .collision_driver import Contacts
 from .jit import njit
 from .model import SimModel
+from .solver_kernels import BODY_MIN_ROWS, _lstsq, _rank_deficient
 
 
 @dataclass
@@ -451,7 +452,126 @@ def assemble_problem(pos, frames, j1, j2, dist, Jw, support, sup_ptr, sup_idx, j
     return J, b, G, g, MJt, Ms
 
 
+# -- the drift correction made realizable (issue 16: redundant contacts) ------------------------
+@njit
+def _bias_row_ok(r, nc, dist, skin, rest, lim_dist):
+    """Whether row r's offset is a drift correction that ``realizable_bias`` may project: a row
+    of a touching contact (``dist <= skin``: the Baumgarte branch, ``b = erp d / dt``, its
+    tangent rows ``b = 0``) whose normal row does not carry Newton's impact law or the
+    ``d / dt`` of a contact closing ahead of its impact (``rest``: restitution_bias's (2, nc),
+    empty: none), or of a joint limit within the skin."""
+    if r < 3 * nc:
+        k = r // 3
+        if rest.shape[1] and (rest[0, k] != 0.0 or rest[1, k] != 0.0):
+            return False
+        return dist[k] <= skin
+    return lim_dist[r - 3 * nc] <= skin
+
+
+@njit
+def _project_block(Gs, bs, keep):
+    """The offsets ``bs`` of one island's rows (its Delassus block ``Gs``) with the part of
+    those flagged in ``keep`` projected onto the range of their Delassus block (= the range of
+    their rows of J): ``b_S <- G_SS G_SS^+ b_S``, the least-squares realizable correction, by the
+    solver's own minimum-norm least squares (``solver_kernels._lstsq``, singular values below
+    1e-11 of the largest are null) where the block is rank deficient (``_rank_deficient``, the
+    solver's test); elsewhere (independent rows: every offset is realizable) nothing changes.
+    Islands with ``BODY_MIN_ROWS`` flagged rows or more (the body-space solves' size; a dense
+    rank test and SVD there would cost more than the step) are left as they are.
+    Returns (changed, the new offsets of the flagged rows, in order)."""
+    ms = bs.shape[0]
+    n = 0
+    for a in range(ms):
+        if keep[a]:
+            n += 1
+    if n < 2 or n >= BODY_MIN_ROWS:
+        return False, np.zeros(0)
+    idx = np.empty(n, np.int64)
+    n = 0
+    for a in range(ms):
+        if keep[a]:
+            idx[n] = a
+            n += 1
+    A = np.empty((n, n))
+    y = np.empty(n)
+    for a in range(n):
+        y[a] = bs[idx[a]]
+        for c in range(n):
+            A[a, c] = Gs[idx[a], idx[c]]
+    if not _rank_deficient(A):
+        return False, np.zeros(0)
+    x = _lstsq(A, y)
+    out = np.empty(n)
+    for a in range(n):
+        t = 0.0
+        for c in range(n):
+            t += A[a, c] * x[c]
+        out[a] = t
+    return True, out
+
+
+@njit
+def realizable_bias(G, b, g, nc, dist, skin, rest, lim_dist, isl_c, isl_l, nis):
+    """Makes the drift correction of each island realizable (in place on ``b`` and ``g = J
+    v_free + b``; ``G`` the dense Delassus matrix, ``isl_c``/``isl_l``/``nis`` the islands of
+    ``row_islands``; ``rest`` as ``_bias_row_ok``). Returns how many islands changed.
+
+    Redundant contacts (a box on its face, a rod flat against it) make J's rows dependent: the
+    offsets ``b`` of the touching rows then ask for velocities that no motion produces (e.g. a
+    penetration removed by a rotation whose tangential slip a sticking contact forbids, or four
+    corners whose depths are not exactly coplanar), the mode equations of such an active set
+    have no solution, and the active-set Newton stalls at a least-squares point (the steady
+    push of DiffPush-v0 left stage 1 on 58 of 200 steps). The offsets of the touching rows
+    (``_bias_row_ok``) of each island are replaced by their orthogonal projection onto the range
+    of those rows of J, ``b_S <- J_S J_S^+ b_S`` (computed as ``G_SS G_SS^+ b_S``, the same
+    projector): the least-squares closest correction one generalized velocity realizes (every
+    row, tangent rows included, its image), so every active set among them is consistent.
+    Where the offsets were realizable this changes nothing (to rounding; islands whose touching
+    rows are independent are not touched at all), and otherwise only the drift correction, by
+    the unrealizable part (of the order of the penetration's rounding or of its removal's
+    tangential slip, 5e-6 m/s on DiffPush-v0). Rows of separated contacts, impacts and
+    restitution keep their offsets."""
+    m = b.shape[0]
+    ptr, rows = island_rows(isl_c, isl_l, nis)[:2]
+    nchanged = 0
+    for s in range(nis):
+        r0 = ptr[s]
+        ms = ptr[s + 1] - r0
+        Gs = np.empty((ms, ms))
+        for a in range(ms):
+            ra = rows[r0 + a]
+            for c in range(ms):
+                Gs[a, c] = G[ra, rows[r0 + c]]
+        nchanged += realizable_bias_island(Gs, b, g, rows, r0, ms, nc, dist, skin, rest,
+                                           lim_dist)
+    return nchanged
+
+
+@njit
+def realizable_bias_island(Gs, b, g, rows, r0, ms, nc, dist, skin, rest, lim_dist):
+    """``realizable_bias`` on one island (rows ``rows[r0:r0 + ms]``, Delassus block ``Gs``), in
+    place on the step's ``b`` and ``g``; 1 if it changed them, else 0. (The per-island storage
+    of ``island_step`` calls it with its block.)"""
+    keep = np.zeros(ms, np.bool_)
+    bs = np.empty(ms)
+    for a in range(ms):
+        keep[a] = _bias_row_ok(rows[r0 + a], nc, dist, skin, rest, lim_dist)
+        bs[a] = b[rows[r0 + a]]
+    changed, nb = _project_block(Gs, bs, keep)
+    if not changed:
+        return 0
+    t = 0
+    for a in range(ms):
+        if keep[a]:
+            ra = rows[r0 + a]
+            g[ra] += nb[t] - b[ra]
+            b[ra] = nb[t]
+            t += 1
+    return 1
+
+
 _NO_SPENT = np.zeros(0)   # restitution_bias's ``spent`` on a step's first pass
+_NO_REST = np.zeros((2, 0))   # realizable_bias's ``rest`` where no contact has restitution
 
 
 def baumgarte_gain(dist: np.ndarray, dt: float, erp: float, skin: float) -> np.ndarray:
@@ -547,13 +667,22 @@ class ConstraintBuilder:
             self.skin, Minv, v_free)
         rest = rtime = None
         pr = self.pair_restitution
+        j1, j2 = self.geom_joint[contacts.geom1], self.geom_joint[contacts.geom2]
+        rb = _NO_REST
         if nc and v is not None and len(pr):
             # (v: the velocity at the start of the step, for Newton's impact law)
-            rest, rtime = restitution_bias(
+            rb = restitution_bias(
                 J, b, g, np.ascontiguousarray(v, dtype=float), contacts.dist, contacts.pair, pr,
-                nc, dt, self.erp, self.skin, self.restitution_thr(dt),
-                self.geom_joint[contacts.geom1], self.geom_joint[contacts.geom2], self.joint_tree,
+                nc, dt, self.erp, self.skin, self.restitution_thr(dt), j1, j2, self.joint_tree,
                 _NO_SPENT if spent is None else np.ascontiguousarray(spent, dtype=float))
+            rest, rtime = rb
+        if G.shape[0] > 1:
+            # the touching rows' drift correction made realizable (as the compiled step does)
+            isl_c, isl_l, nis = row_islands(j1, j2, self.joint_tree, lim_idx, self.lim_v,
+                                            self.tree_lo)
+            realizable_bias(G, b, g, nc, np.ascontiguousarray(contacts.dist, dtype=float),
+                            self.skin, rb, np.ascontiguousarray(lim_dist, dtype=float), isl_c,
+                            isl_l, nis)
         cons = Constraints(J, b, nc, contacts.mu, frames, contacts, lim_idx, lim_dist, contacts.dist,
                            rest, rtime)
         return cons, G, g, MJt, Ms

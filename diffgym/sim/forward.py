@@ -18,7 +18,8 @@ import pinocchio as pin
 
 from .collision_driver import CollisionDriver, Contacts
 from .constraint import (ConstraintBuilder, Constraints, _active_limits, assemble_problem,  # noqa: F401
-                         _NO_SPENT, assemble_sparse, island_rows, restitution_bias)
+                         _NO_SPENT, assemble_sparse, island_rows, realizable_bias,
+                         restitution_bias)
 from .derivatives import step_jacobian
 from .jit import ENABLED as _JIT, njit
 from .model import ModelError, SimModel
@@ -394,6 +395,8 @@ def _constrained_velocity(pos, frames, geom1, geom2, geom_joint, dist, mu, pair,
         lim_idx, lim_dist, lim_v, lim_sign, dt, erp, skin, Minv, v_free)
     rest = restitution_bias(J, b, g, v, dist, pair, pair_rest, nc, dt, erp, skin, rest_thr, j1, j2,
                             joint_tree, rest_spent)
+    # the touching rows' drift correction made realizable island by island (redundant contacts)
+    realizable_bias(G, b, g, nc, dist, skin, rest, lim_dist, isl_c, isl_l, nis)
     m = G.shape[0]
     found = False
     if warm:

@@ -24,7 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .constraint import (Constraints, _active_limits, assemble_blocks, blocks_dense)
+from .constraint import (_NO_REST, Constraints, _active_limits, assemble_blocks, blocks_dense,
+                         realizable_bias_island)
 from .forward import _island_gather, _island_scatter, _match_warm_start
 from .jit import njit
 from .solver import NCPSolver, SolverResult
@@ -159,6 +160,8 @@ def constrained_step_blocks(pos, frames, geom1, geom2, geom_joint, dist, mu, pai
         ncs = cptr[s + 1] - cptr[s]
         nls = lptr[s + 1] - lptr[s]
         Gs = Gb[gptr[s]:gptr[s + 1]].copy().reshape(ms, ms)
+        # the touching rows' drift correction made realizable (constraint.realizable_bias)
+        realizable_bias_island(Gs, b, g, rows, r0, ms, nc, dist, skin, _NO_REST, lim_dist)
         gs, mus, lam0s, modes0s = _island_gather(g, mu, lam0, modes0, found, nc, rows, r0, ms,
                                                  cs, cptr[s], ncs, ls, lptr[s], nls)
         if ms >= BODY_MIN_ROWS:
