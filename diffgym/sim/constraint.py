@@ -453,19 +453,51 @@ def assemble_problem(pos, frames, j1, j2, dist, Jw, support, sup_ptr, sup_idx, j
 
 
 # -- the drift correction made realizable (issue 16: redundant contacts) ------------------------
+TOUCH_DIST = 1e-9    # m: a pair with a point this close touches (the rounding of resting poses)
+
+
 @njit
-def _bias_row_ok(r, nc, dist, skin, rest, lim_dist):
+def _pairs_in_contact(pair, dist):
+    """(nc,) bool: whether contact k's pair (``pair``: the candidate pair of each contact) has a
+    contact point at ``dist <= TOUCH_DIST`` (touching, to the rounding of a resting pose's
+    distances, or penetrating)."""
+    nc = pair.shape[0]
+    out = np.zeros(nc, np.bool_)
+    if nc == 0:
+        return out
+    order = np.argsort(pair)
+    a = 0
+    while a < nc:
+        e = a
+        hit = False
+        while e < nc and pair[order[e]] == pair[order[a]]:
+            if dist[order[e]] <= TOUCH_DIST:
+                hit = True
+            e += 1
+        if hit:
+            for t in range(a, e):
+                out[order[t]] = True
+        a = e
+    return out
+
+
+@njit
+def _bias_row_ok(r, nc, touch, dist, skin, rest, lim_dist):
     """Whether row r's offset is a drift correction that ``realizable_bias`` may project: a row
-    of a touching contact (``dist <= skin``: the Baumgarte branch, ``b = erp d / dt``, its
-    tangent rows ``b = 0``) whose normal row does not carry Newton's impact law or the
-    ``d / dt`` of a contact closing ahead of its impact (``rest``: restitution_bias's (2, nc),
-    empty: none), or of a joint limit within the skin."""
+    of a contact within the skin (``dist <= skin``: the Baumgarte branch, ``b = erp d / dt``,
+    its tangent rows ``b = 0``) of a pair in contact (``touch``: ``_pairs_in_contact``; the
+    other points of a patch of which one touches or penetrates are included; a pair merely
+    within the skin is a gap whose offset allows approach, not a drift to correct: projecting
+    that allowance would push the rows that do touch, e.g. racked billiard balls 1 mm apart)
+    whose normal row does not carry Newton's impact law or the ``d / dt`` of a contact closing
+    ahead of its impact (``rest``: restitution_bias's (2, nc), empty: none), or of a joint
+    limit at or beyond its bound (``lim_dist <= 0``)."""
     if r < 3 * nc:
         k = r // 3
         if rest.shape[1] and (rest[0, k] != 0.0 or rest[1, k] != 0.0):
             return False
-        return dist[k] <= skin
-    return lim_dist[r - 3 * nc] <= skin
+        return touch[k] and dist[k] <= skin
+    return lim_dist[r - 3 * nc] <= 0.0
 
 
 @njit
@@ -511,7 +543,7 @@ def _project_block(Gs, bs, keep):
 
 
 @njit
-def realizable_bias(G, b, g, nc, dist, skin, rest, lim_dist, isl_c, isl_l, nis):
+def realizable_bias(G, b, g, nc, pair, dist, skin, rest, lim_dist, isl_c, isl_l, nis):
     """Makes the drift correction of each island realizable (in place on ``b`` and ``g = J
     v_free + b``; ``G`` the dense Delassus matrix, ``isl_c``/``isl_l``/``nis`` the islands of
     ``row_islands``; ``rest`` as ``_bias_row_ok``). Returns how many islands changed.
@@ -533,6 +565,7 @@ def realizable_bias(G, b, g, nc, dist, skin, rest, lim_dist, isl_c, isl_l, nis):
     restitution keep their offsets."""
     m = b.shape[0]
     ptr, rows = island_rows(isl_c, isl_l, nis)[:2]
+    touch = _pairs_in_contact(pair, dist)
     nchanged = 0
     for s in range(nis):
         r0 = ptr[s]
@@ -542,20 +575,20 @@ def realizable_bias(G, b, g, nc, dist, skin, rest, lim_dist, isl_c, isl_l, nis):
             ra = rows[r0 + a]
             for c in range(ms):
                 Gs[a, c] = G[ra, rows[r0 + c]]
-        nchanged += realizable_bias_island(Gs, b, g, rows, r0, ms, nc, dist, skin, rest,
-                                           lim_dist)
+        nchanged += realizable_bias_island(Gs, b, g, rows, r0, ms, nc, touch, dist, skin,
+                                           rest, lim_dist)
     return nchanged
 
 
 @njit
-def realizable_bias_island(Gs, b, g, rows, r0, ms, nc, dist, skin, rest, lim_dist):
-    """``realizable_bias`` on one island (rows ``rows[r0:r0 + ms]``, Delassus block ``Gs``), in
-    place on the step's ``b`` and ``g``; 1 if it changed them, else 0. (The per-island storage
-    of ``island_step`` calls it with its block.)"""
+def realizable_bias_island(Gs, b, g, rows, r0, ms, nc, touch, dist, skin, rest, lim_dist):
+    """``realizable_bias`` on one island (rows ``rows[r0:r0 + ms]``, Delassus block ``Gs``;
+    ``touch``: ``_pairs_in_contact``), in place on the step's ``b`` and ``g``; 1 if it changed
+    them, else 0. (The per-island storage of ``island_step`` calls it with its block.)"""
     keep = np.zeros(ms, np.bool_)
     bs = np.empty(ms)
     for a in range(ms):
-        keep[a] = _bias_row_ok(rows[r0 + a], nc, dist, skin, rest, lim_dist)
+        keep[a] = _bias_row_ok(rows[r0 + a], nc, touch, dist, skin, rest, lim_dist)
         bs[a] = b[rows[r0 + a]]
     changed, nb = _project_block(Gs, bs, keep)
     if not changed:
@@ -680,7 +713,8 @@ class ConstraintBuilder:
             # the touching rows' drift correction made realizable (as the compiled step does)
             isl_c, isl_l, nis = row_islands(j1, j2, self.joint_tree, lim_idx, self.lim_v,
                                             self.tree_lo)
-            realizable_bias(G, b, g, nc, np.ascontiguousarray(contacts.dist, dtype=float),
+            realizable_bias(G, b, g, nc, np.ascontiguousarray(contacts.pair, dtype=np.int64),
+                            np.ascontiguousarray(contacts.dist, dtype=float),
                             self.skin, rb, np.ascontiguousarray(lim_dist, dtype=float), isl_c,
                             isl_l, nis)
         cons = Constraints(J, b, nc, contacts.mu, frames, contacts, lim_idx, lim_dist, contacts.dist,

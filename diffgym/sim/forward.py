@@ -396,7 +396,7 @@ def _constrained_velocity(pos, frames, geom1, geom2, geom_joint, dist, mu, pair,
     rest = restitution_bias(J, b, g, v, dist, pair, pair_rest, nc, dt, erp, skin, rest_thr, j1, j2,
                             joint_tree, rest_spent)
     # the touching rows' drift correction made realizable island by island (redundant contacts)
-    realizable_bias(G, b, g, nc, dist, skin, rest, lim_dist, isl_c, isl_l, nis)
+    realizable_bias(G, b, g, nc, pair, dist, skin, rest, lim_dist, isl_c, isl_l, nis)
     m = G.shape[0]
     found = False
     if warm:

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .constraint import (_NO_REST, Constraints, _active_limits, assemble_blocks, blocks_dense,
-                         realizable_bias_island)
+from .constraint import (_NO_REST, Constraints, _active_limits, _pairs_in_contact,
+                         assemble_blocks, blocks_dense, realizable_bias_island)
 from .forward import _island_gather, _island_scatter, _match_warm_start
 from .jit import njit
 from .solver import NCPSolver, SolverResult
@@ -149,6 +149,7 @@ def constrained_step_blocks(pos, frames, geom1, geom2, geom_joint, dist, mu, pai
     sigma = np.zeros(m)
     modes = np.zeros(nc, dtype=np.int64)
     lim_act = np.zeros(nl, dtype=np.bool_)
+    touch = _pairs_in_contact(pair, dist)
     all_ok = True
     island_ok = np.ones(nis, dtype=np.bool_)
     its = 0
@@ -161,7 +162,8 @@ def constrained_step_blocks(pos, frames, geom1, geom2, geom_joint, dist, mu, pai
         nls = lptr[s + 1] - lptr[s]
         Gs = Gb[gptr[s]:gptr[s + 1]].copy().reshape(ms, ms)
         # the touching rows' drift correction made realizable (constraint.realizable_bias)
-        realizable_bias_island(Gs, b, g, rows, r0, ms, nc, dist, skin, _NO_REST, lim_dist)
+        realizable_bias_island(Gs, b, g, rows, r0, ms, nc, touch, dist, skin, _NO_REST,
+                               lim_dist)
         gs, mus, lam0s, modes0s = _island_gather(g, mu, lam0, modes0, found, nc, rows, r0, ms,
                                                  cs, cptr[s], ncs, ls, lptr[s], nls)
         if ms >= BODY_MIN_ROWS:
