@@ -336,19 +336,10 @@ def _stage1b(G, g, nc, mu, start):
     return SolverResult(out[1], out[2], out[3], out[4], out[5], out[6], True, "prox+newton")
 
 
-# stage 1b alone from the cold sticking and sliding starts fails on the Go1 lying state this
-# trajectory reaches since the step makes the drift correction realizable (constraint.
-# realizable_bias; at this state the offsets are the raw ones to 7e-15, and with the raw ones it
-# fails the same way, at any budget): the full solve's cold start reaches 8.6e-14 there through
-# the polish of pinocchio's ADMM, and the step's warm start solves it in stage 1
-STAGE1B_COLD_FAILS = {"go1 lying (calf joint limits active)"}
-_COLD_SCENES = [s if s[0] not in STAGE1B_COLD_FAILS else pytest.param(
-    s, marks=pytest.mark.xfail(strict=True, reason="stage 1b alone fails from both cold starts "
-                                                   "on this state (see STAGE1B_COLD_FAILS)"))
-                for s in SCENES if s[0] not in OWN_COLD_FAILS]   # (see OWN_COLD_FAILS)
+_COLD_SCENES = [s for s in SCENES if s[0] not in OWN_COLD_FAILS]   # (see OWN_COLD_FAILS)
 
 
-@pytest.mark.parametrize("scene", _COLD_SCENES, ids=[s[0] for s in SCENES if s[0] not in OWN_COLD_FAILS])
+@pytest.mark.parametrize("scene", _COLD_SCENES, ids=[s[0] for s in _COLD_SCENES])
 def test_stage_1b_alone_against_pinocchio(scene):
     """The proximal stage run by itself (not as a fallback) on the captured scene problems, the
     redundant ones included (four coplanar box corners, the Go1 lying on limits and thighs):

@@ -545,24 +545,30 @@ def _project_block(Gs, bs, keep):
 @njit
 def realizable_bias(G, b, g, nc, pair, dist, skin, rest, lim_dist, isl_c, isl_l, nis):
     """Makes the drift correction of each island realizable (in place on ``b`` and ``g = J
-    v_free + b``; ``G`` the dense Delassus matrix, ``isl_c``/``isl_l``/``nis`` the islands of
-    ``row_islands``; ``rest`` as ``_bias_row_ok``). Returns how many islands changed.
+    v_free + b``; ``G`` the dense Delassus matrix, ``pair`` each contact's candidate pair,
+    ``isl_c``/``isl_l``/``nis`` the islands of ``row_islands``; ``rest`` as ``_bias_row_ok``).
+    Returns how many islands changed. The step applies it to an island only where stage 1
+    failed on the raw offsets (``forward._realizable_retry``, ``Simulator._step``'s
+    stage-by-stage path through ``ConstraintBuilder.realizable``) and keeps the result only
+    where stage 1 then succeeds; every other step solves the raw problem.
 
     Redundant contacts (a box on its face, a rod flat against it) make J's rows dependent: the
-    offsets ``b`` of the touching rows then ask for velocities that no motion produces (e.g. a
-    penetration removed by a rotation whose tangential slip a sticking contact forbids, or four
-    corners whose depths are not exactly coplanar), the mode equations of such an active set
-    have no solution, and the active-set Newton stalls at a least-squares point (the steady
-    push of DiffPush-v0 left stage 1 on 58 of 200 steps). The offsets of the touching rows
-    (``_bias_row_ok``) of each island are replaced by their orthogonal projection onto the range
-    of those rows of J, ``b_S <- J_S J_S^+ b_S`` (computed as ``G_SS G_SS^+ b_S``, the same
-    projector): the least-squares closest correction one generalized velocity realizes (every
-    row, tangent rows included, its image), so every active set among them is consistent.
-    Where the offsets were realizable this changes nothing (to rounding; islands whose touching
-    rows are independent are not touched at all), and otherwise only the drift correction, by
-    the unrealizable part (of the order of the penetration's rounding or of its removal's
-    tangential slip, 5e-6 m/s on DiffPush-v0). Rows of separated contacts, impacts and
-    restitution keep their offsets."""
+    offsets ``b`` of the touching rows can then ask for velocities that no motion produces (a
+    penetration of the rod's end removed by a yaw whose tangential slip the sticking rod
+    contacts forbid; the table's lift of a box whose sticking rod cannot rise), the mode
+    equations of such an active set have no solution, and the active-set Newton stalls at a
+    least-squares point (the steady push of DiffPush-v0 left stage 1 on 58 of 200 steps, 3
+    ended unconverged). The offsets of the touching rows (``_bias_row_ok``) of each island are
+    replaced by their orthogonal projection onto the range of those rows of J,
+    ``b_S <- J_S J_S^+ b_S`` (computed as ``G_SS G_SS^+ b_S``, the same projector, by the
+    solver's own least squares): the closest correction (least squares over the rows) that
+    one generalized velocity realizes, every row, tangent rows included, getting its image, so
+    that every active set among those rows is consistent. This changes the drift correction
+    only, by its unrealizable part (measured on the steady push: up to 5e-6 m/s on the rod's
+    tangent rows, the table's lift halved where the rod holds the box); islands whose touching
+    rows are independent are not touched. Rows of pairs only within the skin (gaps),
+    impacts and restitution keep their offsets, and so do islands of ``BODY_MIN_ROWS`` touching
+    rows or more (not implemented in body space)."""
     m = b.shape[0]
     ptr, rows = island_rows(isl_c, isl_l, nis)[:2]
     touch = _pairs_in_contact(pair, dist)
@@ -709,17 +715,27 @@ class ConstraintBuilder:
                 nc, dt, self.erp, self.skin, self.restitution_thr(dt), j1, j2, self.joint_tree,
                 _NO_SPENT if spent is None else np.ascontiguousarray(spent, dtype=float))
             rest, rtime = rb
-        if G.shape[0] > 1:
-            # the touching rows' drift correction made realizable (as the compiled step does)
-            isl_c, isl_l, nis = row_islands(j1, j2, self.joint_tree, lim_idx, self.lim_v,
-                                            self.tree_lo)
-            realizable_bias(G, b, g, nc, np.ascontiguousarray(contacts.pair, dtype=np.int64),
-                            np.ascontiguousarray(contacts.dist, dtype=float),
-                            self.skin, rb, np.ascontiguousarray(lim_dist, dtype=float), isl_c,
-                            isl_l, nis)
         cons = Constraints(J, b, nc, contacts.mu, frames, contacts, lim_idx, lim_dist, contacts.dist,
                            rest, rtime)
+        cons._realizable = (j1, j2, rb)      # (realizable: what realizable_bias needs)
         return cons, G, g, MJt, Ms
+
+    def realizable(self, cons: Constraints, G: np.ndarray, g: np.ndarray):
+        """``(b, g)`` of ``cons``'s problem with the touching rows' drift correction made
+        realizable in every island (``realizable_bias``; copies), or None where nothing changed
+        (every island's offsets already realizable). The step takes them where stage 1 failed
+        on the raw ones (as the compiled step does island by island)."""
+        j1, j2, rb = cons._realizable
+        if G.shape[0] < 2:
+            return None
+        isl_c, isl_l, nis = row_islands(j1, j2, self.joint_tree, cons.limits, self.lim_v,
+                                        self.tree_lo)
+        b, g = cons.b.copy(), np.array(g, dtype=float)
+        n = realizable_bias(np.ascontiguousarray(G, dtype=float), b, g, cons.nc,
+                            np.ascontiguousarray(cons.contacts.pair, dtype=np.int64),
+                            np.ascontiguousarray(cons.dist, dtype=float), self.skin, rb,
+                            np.ascontiguousarray(cons.limit_dist, dtype=float), isl_c, isl_l, nis)
+        return (b, g) if n else None
 
 
 # -- per-island storage (no (m, nv) or (m, m) matrix) ------------------------------------------

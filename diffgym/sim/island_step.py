@@ -24,9 +24,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .constraint import (_NO_REST, Constraints, _active_limits, _pairs_in_contact,
-                         assemble_blocks, blocks_dense, realizable_bias_island)
-from .forward import _island_gather, _island_scatter, _match_warm_start
+from .constraint import (_NO_REST, Constraints, _active_limits, assemble_blocks,
+                         blocks_dense)
+from .forward import _island_gather, _island_scatter, _match_warm_start, _realizable_retry
 from .jit import njit
 from .solver import NCPSolver, SolverResult
 from .solver_kernels import (_NO_I, _NO_J, BODY_MIN_ROWS, island_mass, natres,
@@ -149,7 +149,6 @@ def constrained_step_blocks(pos, frames, geom1, geom2, geom_joint, dist, mu, pai
     sigma = np.zeros(m)
     modes = np.zeros(nc, dtype=np.int64)
     lim_act = np.zeros(nl, dtype=np.bool_)
-    touch = _pairs_in_contact(pair, dist)
     all_ok = True
     island_ok = np.ones(nis, dtype=np.bool_)
     its = 0
@@ -161,9 +160,6 @@ def constrained_step_blocks(pos, frames, geom1, geom2, geom_joint, dist, mu, pai
         ncs = cptr[s + 1] - cptr[s]
         nls = lptr[s + 1] - lptr[s]
         Gs = Gb[gptr[s]:gptr[s + 1]].copy().reshape(ms, ms)
-        # the touching rows' drift correction made realizable (constraint.realizable_bias)
-        realizable_bias_island(Gs, b, g, rows, r0, ms, nc, touch, dist, skin, _NO_REST,
-                               lim_dist)
         gs, mus, lam0s, modes0s = _island_gather(g, mu, lam0, modes0, found, nc, rows, r0, ms,
                                                  cs, cptr[s], ncs, ls, lptr[s], nls)
         if ms >= BODY_MIN_ROWS:
@@ -174,6 +170,15 @@ def constrained_step_blocks(pos, frames, geom1, geom2, geom_joint, dist, mu, pai
         ok, lam_s, sigma_s, modes_s, lact_s, its_s, res_s, prox = solve_stage1(
             Gs, gs, ncs, mus, lam0s, modes0s, found, tol, mode_tol, newton_iter, mode_rounds,
             budget, Jb, Mbd, tlo, thi)
+        if not ok:      # once more with the drift correction made realizable (forward's rule)
+            ok2, lam2, sigma2, modes2, lim2, its2, res2, prox2 = _realizable_retry(
+                Gs, g, b, rows, r0, ms, ncs, mus, lam0s, modes0s, found, tol, mode_tol,
+                newton_iter, mode_rounds, budget, Jb, Mbd, tlo, thi, pair, dist, skin, _NO_REST,
+                lim_dist)
+            its_s += its2
+            if ok2:
+                ok, lam_s, sigma_s, modes_s, lact_s, res_s, prox = (ok2, lam2, sigma2, modes2,
+                                                                     lim2, res2, prox2)
         its += its_s
         nprox += prox
         if not ok:
