@@ -18,6 +18,11 @@ velocity-level damping term (``Kd = 0``): the velocity rows are exact. ``b`` is 
 smooth around ``d = 0``, where resting contacts settle, so step derivatives there are those of
 one smooth piece; its only kink is at ``d = s``, away from resting states.
 
+Redundant contacts (``realizable_bias``): where an island's stage 1 fails on these offsets, the
+step solves it once more with the offsets of its touching rows projected onto the range of
+those rows of J (the closest drift correction one generalized velocity realizes) and keeps
+that solution where stage 1 then succeeds; every other step uses the offsets above.
+
 Restitution (Newton's impact law, ``restitution_bias``): a contact of a pair with coefficient
 ``e > 0`` whose normal velocity at the start of the step, ``u = J_N v`` (the pre-step ``v``, at
 the step's contact frame), is closing faster than the threshold (``u < -thr``) and that closes
