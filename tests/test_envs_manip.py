@@ -149,9 +149,9 @@ def test_push_steady_push_converges_without_slow_stages():
     """The ramped push of test_push_ramped_pose_target_pushes_box_onto_target (a face pushed
     by the rod's side, the box sliding and turning on its face): every step converges at the
     stated tolerance in the compiled stage 1 (active set or its proximal variant), with no
-    fallback stage (issue 16's bar for redundant contacts). Before the drift correction was
-    made realizable where stage 1 fails (constraint.realizable_bias) 58 of 200 steps needed
-    stages 1b-4 and 3 ended unconverged at 2e-7 to 5e-7 m/s (here steps 44 and 49-52);
+    fallback stage (issue 16's bar for redundant contacts), with
+    ``SolverSettings.realizable_bias``. Without it (the default, as before) 58 of 200 steps need
+    stages 1b-4 and 3 end unconverged at 2e-7 to 5e-7 m/s (here steps 44 and 49-52);
     measured now over these
     130 steps: 98 newton, 32 prox+newton (200 steps: 163 / 37), 18 of them solved with the
     realizable offsets after stage 1 failed on the raw ones (``forward._realizable_retry``)."""
@@ -163,6 +163,7 @@ def test_push_steady_push_converges_without_slow_stages():
     yaw = np.arctan2(u[1], u[0])
     start = -0.12 * u
     e.set_state(_push_state(e, rod_xy=start, rod_yaw=yaw, target=tuple(target)))
+    e.sim.solver.settings.realizable_bias = True     # (off by default: see SolverSettings)
     goal = target - 0.07 * u
     bad, methods = [], []
     with warnings.catch_warnings():

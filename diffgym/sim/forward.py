@@ -333,7 +333,7 @@ def _realizable_retry(Gs, g, b, rows, r0, ms, nc_s, mu_s, lam0s, modes0s, found,
 @njit(inline="always")
 def _solve_islands(G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mode_tol,
                    newton_iter, mode_rounds, budget, J, Minv, tree_lo, tree_hi, b, pair, dist,
-                   skin, rest, lim_dist):
+                   skin, rest, lim_dist, realizable):
     """Stage 1 of the NCP solve island by island: the rows of different islands do not couple
     (their block of G is zero), so each island's problem (its contacts' rows, then its limits'
     rows, with their warm start) is solved on its own by ``solve_stage1`` and the results are
@@ -344,7 +344,8 @@ def _solve_islands(G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mo
     (``island_body``: J, Minv and the trees' dof ranges) for its large linear Newton steps;
     ``Minv`` None: the problem has fewer rows (the step knows it from its contacts and limits),
     and this variant is compiled without the body-space path (``_body_data``).
-    An island whose stage 1 fails is tried once more with its drift correction made realizable
+    With ``realizable`` (``SolverSettings.realizable_bias``), an island whose stage 1 fails is
+    tried once more with its drift correction made realizable
     (``_realizable_retry``: ``b`` and ``g`` updated in place where that succeeds, left as they
     were where not; ``pair``, ``dist``, ``skin``, ``rest``, ``lim_dist`` for it)."""
     m = G.shape[0]
@@ -354,7 +355,7 @@ def _solve_islands(G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mo
         ok, lam, sigma, modes, lim_act, its, res, prox = solve_stage1(
             G, g, nc, mu, lam0, modes0, found, tol, mode_tol, newton_iter, mode_rounds, budget,
             Jb, Mb, tlo, thi)
-        if not ok:
+        if not ok and realizable:
             ok2, lam2, sigma2, modes2, lim2, its2, res2, prox2 = _realizable_retry(
                 G, g, b, np.arange(m), 0, m, nc, mu, lam0, modes0, found, tol, mode_tol,
                 newton_iter, mode_rounds, budget, Jb, Mb, tlo, thi, pair, dist, skin, rest,
@@ -393,7 +394,7 @@ def _solve_islands(G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mo
         ok, lam_s, sigma_s, modes_s, lact_s, its_s, res_s, prox = solve_stage1(
             Gs, gs, ncs, mus, lam0s, modes0s, found, tol, mode_tol, newton_iter, mode_rounds,
             budget, Jb, Mb, tlo, thi)
-        if not ok:
+        if not ok and realizable:
             ok2, lam2, sigma2, modes2, lim2, its2, res2, prox2 = _realizable_retry(
                 Gs, g, b, rows, r0, ms, ncs, mus, lam0s, modes0s, found, tol, mode_tol,
                 newton_iter, mode_rounds, budget, Jb, Mb, tlo, thi, pair, dist, skin, rest,
@@ -420,7 +421,7 @@ def _constrained_velocity(pos, frames, geom1, geom2, geom_joint, dist, mu, pair,
                           q, v, lim_q, lim_v, lim_bound, lim_sign, limit_margin, dt, erp, skin,
                           Minv, v_free, warm, pair_w, point_w, lam_w, modes_w, limits_w, lim_act_w,
                           tol, mode_tol, newton_iter, mode_rounds, budget, pair_rest, rest_thr,
-                          rest_spent, Mbody):
+                          rest_spent, Mbody, realizable=False):
     """The constrained part of the step in one compiled call: the active joint limits, the
     problem and its islands (constraint.assemble_sparse), Newton's impact law on the normal rows
     of impacting contacts (constraint.restitution_bias, at the pre-step ``v``; ``pair_rest``
@@ -463,7 +464,8 @@ def _constrained_velocity(pos, frames, geom1, geom2, geom_joint, dist, mu, pair,
                 0, 0.0, v1, MJt, rest, 0)
     island_ok, lam, sigma, modes, lim_act, its, res, nprox = _solve_islands(
         G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mode_tol, newton_iter,
-        mode_rounds, budget, J, Mbody, tree_lo, tree_hi, b, pair, dist, skin, rest, lim_dist)
+        mode_rounds, budget, J, Mbody, tree_lo, tree_hi, b, pair, dist, skin, rest, lim_dist,
+        realizable)
     _add_impulses(v1, MJt, rt, lam, tree_hi)
     return (island_ok, isl_c, isl_l, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, lim_act,
             its, res, v1, MJt, rest, nprox)
@@ -533,7 +535,7 @@ def _constrained_step(pos, frames, geom1, geom2, geom_joint, dist, mu, pair, poi
                       q, v, lim_q, lim_v, lim_bound, lim_sign, limit_margin, dt, erp, skin,
                       Minv, v_free, warm, pair_w, point_w, lam_w, modes_w, limits_w, lim_act_w,
                       tol, mode_tol, newton_iter, mode_rounds, budget, pair_rest, rest_thr,
-                      rest_spent, Mbody):
+                      rest_spent, Mbody, realizable=False):
     """``_constrained_velocity`` (same arguments) and, when every island's stage 1 succeeded,
     the check of its solution at the final velocity (``_verify_velocity``), in one compiled call
     that returns only what the common step keeps (every returned array costs numba a boxing
@@ -548,7 +550,7 @@ def _constrained_step(pos, frames, geom1, geom2, geom_joint, dist, mu, pair, poi
         sup_idx, joint_tree, tree_lo, tree_hi, q, v, lim_q, lim_v, lim_bound, lim_sign,
         limit_margin, dt, erp, skin, Minv, v_free, warm, pair_w, point_w, lam_w, modes_w,
         limits_w, lim_act_w, tol, mode_tol, newton_iter, mode_rounds, budget, pair_rest, rest_thr,
-        rest_spent, Mbody)
+        rest_spent, Mbody, realizable)
     all_ok = True
     for s in range(island_ok.shape[0]):
         if not island_ok[s]:
@@ -1164,7 +1166,8 @@ class Simulator:
                     _NO_SPENT if spent is None else spent,
                     # (at most 3 rows a contact and one a limit: a smaller bound than
                     # BODY_MIN_ROWS takes the variant compiled without the body-space path)
-                    Mk if 3 * nc + len(cb.lim_q) >= BODY_MIN_ROWS else None)
+                    Mk if 3 * nc + len(cb.lim_q) >= BODY_MIN_ROWS else None,
+                    bool(st.realizable_bias))
             # (the solve and the check of its solution at v1 in one compiled call)
             (all_ok, nis, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, lim_act,
              its, resid, v1, rest, r1, vs, nprox) = _constrained_step(*args)
@@ -1198,7 +1201,8 @@ class Simulator:
                                                     spent)
                 lam0, modes0 = self._warm_start(cons)
                 res = self._solve(solver, G, g, cons, lam0, modes0, v)
-                if res.method not in _STAGE1 and isinstance(solver, NCPSolver):
+                if (res.method not in _STAGE1 and isinstance(solver, NCPSolver)
+                        and solver.settings.realizable_bias):
                     # stage 1 failed: once more with the drift correction made realizable
                     # (the compiled step's rule, constraint.realizable_bias)
                     alt = cb.realizable(cons, G, g)

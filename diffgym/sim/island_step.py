@@ -115,7 +115,7 @@ def constrained_step_blocks(pos, frames, geom1, geom2, geom_joint, dist, mu, pai
                             support, sup_ptr, sup_idx, joint_tree, tree_lo, tree_hi, q, v, lim_q,
                             lim_v, lim_bound, lim_sign, limit_margin, dt, erp, skin, Mb, moff,
                             v_free, warm, pair_w, point_w, lam_w, modes_w, limits_w, lim_act_w,
-                            tol, mode_tol, newton_iter, mode_rounds, budget):
+                            tol, mode_tol, newton_iter, mode_rounds, budget, realizable=False):
     """``forward._constrained_step`` (without restitution) on per-island storage: the active
     limits, ``constraint.assemble_blocks``, the warm start, stage 1 per island, ``v1`` and the
     check of the solution at ``v1``. Returns (all_ok, lim_idx, lim_dist, lam, sigma, modes,
@@ -170,7 +170,7 @@ def constrained_step_blocks(pos, frames, geom1, geom2, geom_joint, dist, mu, pai
         ok, lam_s, sigma_s, modes_s, lact_s, its_s, res_s, prox = solve_stage1(
             Gs, gs, ncs, mus, lam0s, modes0s, found, tol, mode_tol, newton_iter, mode_rounds,
             budget, Jb, Mbd, tlo, thi)
-        if not ok:      # once more with the drift correction made realizable (forward's rule)
+        if not ok and realizable:   # once more with a realizable drift correction (forward's rule)
             ok2, lam2, sigma2, modes2, lim2, its2, res2, prox2 = _realizable_retry(
                 Gs, g, b, rows, r0, ms, ncs, mus, lam0s, modes0s, found, tol, mode_tol,
                 newton_iter, mode_rounds, budget, Jb, Mbd, tlo, thi, pair, dist, skin, _NO_REST,
@@ -323,7 +323,7 @@ def block_step(sim, trees, q, v, Jw, contacts, v_free):
         cb.joint_tree, cb.tree_lo, cb.tree_hi, q, v, cb.lim_q, cb.lim_v, cb.lim_bound,
         cb.lim_sign, cb.limit_margin, sim.dt, cb.erp, cb.skin, Mb, moff, v_free, w is not None,
         *(w if w is not None else _NO_WARM), st.tol, st.mode_tol, st.newton_iter,
-        st.mode_rounds, st.newton_budget)
+        st.mode_rounds, st.newton_budget, bool(st.realizable_bias))
     (all_ok, island_ok, lim_idx, lim_dist, lam, sigma, modes, lim_act, its, resid, v1, r1, vs,
      nprox, storage) = out
     cons = BlockConstraints(storage, nv, storage[3], nc, contacts.mu, frames, contacts, lim_idx,
