@@ -18,6 +18,13 @@ velocity-level damping term (``Kd = 0``): the velocity rows are exact. ``b`` is 
 smooth around ``d = 0``, where resting contacts settle, so step derivatives there are those of
 one smooth piece; its only kink is at ``d = s``, away from resting states.
 
+Redundant contacts (``realizable_bias``, with ``SolverSettings(realizable_bias=True)``, off by
+default): where an island's stage 1 fails on these offsets, the step solves it once more with
+the offsets of its touching rows projected onto the range of those rows of J (the closest
+drift correction one generalized velocity realizes) and keeps that solution where stage 1
+then succeeds; every other step uses the offsets above. The step Jacobian does not include the
+projection's derivative (why it is off by default: README, "The steady push").
+
 Restitution (Newton's impact law, ``restitution_bias``): a contact of a pair with coefficient
 ``e > 0`` whose normal velocity at the start of the step, ``u = J_N v`` (the pre-step ``v``, at
 the step's contact frame), is closing faster than the threshold (``u < -thr``) and that closes
@@ -49,6 +56,7 @@ import numpy as np
 from .collision_driver import Contacts
 from .jit import njit
 from .model import SimModel
+from .solver_kernels import BODY_MIN_ROWS, _lstsq, _rank_deficient
 
 
 @dataclass
@@ -464,7 +472,166 @@ def assemble_problem(pos, frames, j1, j2, dist, Jw, support, sup_ptr, sup_idx, j
     return J, b, G, g, MJt, Ms
 
 
+# -- the drift correction made realizable (issue 16: redundant contacts) ------------------------
+TOUCH_DIST = 1e-9    # m: a pair with a point this close touches (the rounding of resting poses)
+
+
+@njit
+def _pairs_in_contact(pair, dist):
+    """(nc,) bool: whether contact k's pair (``pair``: the candidate pair of each contact) has a
+    contact point at ``dist <= TOUCH_DIST`` (touching, to the rounding of a resting pose's
+    distances, or penetrating)."""
+    nc = pair.shape[0]
+    out = np.zeros(nc, np.bool_)
+    if nc == 0:
+        return out
+    order = np.argsort(pair)
+    a = 0
+    while a < nc:
+        e = a
+        hit = False
+        while e < nc and pair[order[e]] == pair[order[a]]:
+            if dist[order[e]] <= TOUCH_DIST:
+                hit = True
+            e += 1
+        if hit:
+            for t in range(a, e):
+                out[order[t]] = True
+        a = e
+    return out
+
+
+@njit
+def _bias_row_ok(r, nc, touch, dist, skin, rest, lim_dist):
+    """Whether row r's offset is a drift correction that ``realizable_bias`` may project: a row
+    of a contact within the skin (``dist <= skin``: the Baumgarte branch, ``b = erp d / dt``,
+    its tangent rows ``b = 0``) of a pair in contact (``touch``: ``_pairs_in_contact``; the
+    other points of a patch of which one touches or penetrates are included; a pair merely
+    within the skin is a gap whose offset allows approach, not a drift to correct: projecting
+    that allowance would push the rows that do touch, e.g. racked billiard balls 1 mm apart)
+    whose normal row does not carry Newton's impact law or the ``d / dt`` of a contact closing
+    ahead of its impact (``rest``: restitution_bias's (2, nc), empty: none), or of a joint
+    limit at or beyond its bound (``lim_dist <= 0``)."""
+    if r < 3 * nc:
+        k = r // 3
+        if rest.shape[1] and (rest[0, k] != 0.0 or rest[1, k] != 0.0):
+            return False
+        return touch[k] and dist[k] <= skin
+    return lim_dist[r - 3 * nc] <= 0.0
+
+
+@njit
+def _project_block(Gs, bs, keep):
+    """The offsets ``bs`` of one island's rows (its Delassus block ``Gs``) with the part of
+    those flagged in ``keep`` projected onto the range of their Delassus block (= the range of
+    their rows of J): ``b_S <- G_SS G_SS^+ b_S``, the least-squares realizable correction, by the
+    solver's own minimum-norm least squares (``solver_kernels._lstsq``, singular values below
+    1e-11 of the largest are null) where the block is rank deficient (``_rank_deficient``, the
+    solver's test); elsewhere (independent rows: every offset is realizable) nothing changes.
+    Islands with ``BODY_MIN_ROWS`` flagged rows or more (the body-space solves' size; a dense
+    rank test and SVD there would cost more than the step) are left as they are.
+    Returns (changed, the new offsets of the flagged rows, in order)."""
+    ms = bs.shape[0]
+    n = 0
+    for a in range(ms):
+        if keep[a]:
+            n += 1
+    if n < 2 or n >= BODY_MIN_ROWS:
+        return False, np.zeros(0)
+    idx = np.empty(n, np.int64)
+    n = 0
+    for a in range(ms):
+        if keep[a]:
+            idx[n] = a
+            n += 1
+    A = np.empty((n, n))
+    y = np.empty(n)
+    for a in range(n):
+        y[a] = bs[idx[a]]
+        for c in range(n):
+            A[a, c] = Gs[idx[a], idx[c]]
+    if not _rank_deficient(A):
+        return False, np.zeros(0)
+    x = _lstsq(A, y)
+    out = np.empty(n)
+    for a in range(n):
+        t = 0.0
+        for c in range(n):
+            t += A[a, c] * x[c]
+        out[a] = t
+    return True, out
+
+
+@njit
+def realizable_bias(G, b, g, nc, pair, dist, skin, rest, lim_dist, isl_c, isl_l, nis):
+    """Makes the drift correction of each island realizable (in place on ``b`` and ``g = J
+    v_free + b``; ``G`` the dense Delassus matrix, ``pair`` each contact's candidate pair,
+    ``isl_c``/``isl_l``/``nis`` the islands of ``row_islands``; ``rest`` as ``_bias_row_ok``).
+    Returns how many islands changed. With ``SolverSettings.realizable_bias`` (off by default)
+    the step applies it to an island only where stage 1 failed on the raw offsets
+    (``forward._realizable_retry``, ``Simulator._step``'s
+    stage-by-stage path through ``ConstraintBuilder.realizable``) and keeps the result only
+    where stage 1 then succeeds; every other step solves the raw problem.
+
+    Redundant contacts (a box on its face, a rod flat against it) make J's rows dependent: the
+    offsets ``b`` of the touching rows can then ask for velocities that no motion produces (a
+    penetration of the rod's end removed by a yaw whose tangential slip the sticking rod
+    contacts forbid; the table's lift of a box whose sticking rod cannot rise), the mode
+    equations of such an active set have no solution, and the active-set Newton stalls at a
+    least-squares point (the steady push of DiffPush-v0 left stage 1 on 58 of 200 steps, 3
+    ended unconverged). The offsets of the touching rows (``_bias_row_ok``) of each island are
+    replaced by their orthogonal projection onto the range of those rows of J,
+    ``b_S <- J_S J_S^+ b_S`` (computed as ``G_SS G_SS^+ b_S``, the same projector, by the
+    solver's own least squares): the closest correction (least squares over the rows) that
+    one generalized velocity realizes, every row, tangent rows included, getting its image, so
+    that every active set among those rows is consistent. This changes the drift correction
+    only, by its unrealizable part (measured on the steady push: up to 5e-6 m/s on the rod's
+    tangent rows, the table's lift halved where the rod holds the box); islands whose touching
+    rows are independent are not touched. Rows of pairs only within the skin (gaps),
+    impacts and restitution keep their offsets, and so do islands of ``BODY_MIN_ROWS`` touching
+    rows or more (not implemented in body space)."""
+    m = b.shape[0]
+    ptr, rows = island_rows(isl_c, isl_l, nis)[:2]
+    touch = _pairs_in_contact(pair, dist)
+    nchanged = 0
+    for s in range(nis):
+        r0 = ptr[s]
+        ms = ptr[s + 1] - r0
+        Gs = np.empty((ms, ms))
+        for a in range(ms):
+            ra = rows[r0 + a]
+            for c in range(ms):
+                Gs[a, c] = G[ra, rows[r0 + c]]
+        nchanged += realizable_bias_island(Gs, b, g, rows, r0, ms, nc, touch, dist, skin,
+                                           rest, lim_dist)
+    return nchanged
+
+
+@njit
+def realizable_bias_island(Gs, b, g, rows, r0, ms, nc, touch, dist, skin, rest, lim_dist):
+    """``realizable_bias`` on one island (rows ``rows[r0:r0 + ms]``, Delassus block ``Gs``;
+    ``touch``: ``_pairs_in_contact``), in place on the step's ``b`` and ``g``; 1 if it changed
+    them, else 0. (The per-island storage of ``island_step`` calls it with its block.)"""
+    keep = np.zeros(ms, np.bool_)
+    bs = np.empty(ms)
+    for a in range(ms):
+        keep[a] = _bias_row_ok(rows[r0 + a], nc, touch, dist, skin, rest, lim_dist)
+        bs[a] = b[rows[r0 + a]]
+    changed, nb = _project_block(Gs, bs, keep)
+    if not changed:
+        return 0
+    t = 0
+    for a in range(ms):
+        if keep[a]:
+            ra = rows[r0 + a]
+            g[ra] += nb[t] - b[ra]
+            b[ra] = nb[t]
+            t += 1
+    return 1
+
+
 _NO_SPENT = np.zeros(0)   # restitution_bias's ``spent`` on a step's first pass
+_NO_REST = np.zeros((2, 0))   # realizable_bias's ``rest`` where no contact has restitution
 
 
 def baumgarte_gain(dist: np.ndarray, dt: float, erp: float, skin: float) -> np.ndarray:
@@ -560,16 +727,36 @@ class ConstraintBuilder:
             self.skin, Minv, v_free)
         rest = rtime = None
         pr = self.pair_restitution
+        j1, j2 = self.geom_joint[contacts.geom1], self.geom_joint[contacts.geom2]
+        rb = _NO_REST
         if nc and v is not None and len(pr):
             # (v: the velocity at the start of the step, for Newton's impact law)
-            rest, rtime = restitution_bias(
+            rb = restitution_bias(
                 J, b, g, np.ascontiguousarray(v, dtype=float), contacts.dist, contacts.pair, pr,
-                nc, dt, self.erp, self.skin, self.restitution_thr(dt),
-                self.geom_joint[contacts.geom1], self.geom_joint[contacts.geom2], self.joint_tree,
+                nc, dt, self.erp, self.skin, self.restitution_thr(dt), j1, j2, self.joint_tree,
                 _NO_SPENT if spent is None else np.ascontiguousarray(spent, dtype=float))
+            rest, rtime = rb
         cons = Constraints(J, b, nc, contacts.mu, frames, contacts, lim_idx, lim_dist, contacts.dist,
                            rest, rtime)
+        cons._realizable = (j1, j2, rb)      # (realizable: what realizable_bias needs)
         return cons, G, g, MJt, Ms
+
+    def realizable(self, cons: Constraints, G: np.ndarray, g: np.ndarray):
+        """``(b, g)`` of ``cons``'s problem with the touching rows' drift correction made
+        realizable in every island (``realizable_bias``; copies), or None where nothing changed
+        (every island's offsets already realizable). The step takes them where stage 1 failed
+        on the raw ones (as the compiled step does island by island)."""
+        j1, j2, rb = cons._realizable
+        if G.shape[0] < 2:
+            return None
+        isl_c, isl_l, nis = row_islands(j1, j2, self.joint_tree, cons.limits, self.lim_v,
+                                        self.tree_lo)
+        b, g = cons.b.copy(), np.array(g, dtype=float)
+        n = realizable_bias(np.ascontiguousarray(G, dtype=float), b, g, cons.nc,
+                            np.ascontiguousarray(cons.contacts.pair, dtype=np.int64),
+                            np.ascontiguousarray(cons.dist, dtype=float), self.skin, rb,
+                            np.ascontiguousarray(cons.limit_dist, dtype=float), isl_c, isl_l, nis)
+        return (b, g) if n else None
 
 
 # -- per-island storage (no (m, nv) or (m, m) matrix) ------------------------------------------

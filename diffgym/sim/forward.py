@@ -18,7 +18,8 @@ import pinocchio as pin
 
 from .collision_driver import CollisionDriver, Contacts
 from .constraint import (ConstraintBuilder, Constraints, _active_limits, assemble_problem,  # noqa: F401
-                         _NO_SPENT, assemble_sparse, island_rows, restitution_bias)
+                         _NO_SPENT, _pairs_in_contact, assemble_sparse, island_rows,
+                         realizable_bias_island, restitution_bias)
 from .derivatives import step_jacobian
 from .jit import ENABLED as _JIT, njit
 from .model import ModelError, SimModel
@@ -293,12 +294,46 @@ if _JIT:
         return impl
 
 
+@njit
+def _realizable_retry(Gs, g, b, rows, r0, ms, nc_s, mu_s, lam0s, modes0s, found, tol, mode_tol,
+                      newton_iter, mode_rounds, budget, Jb, Mb, tlo, thi, pair, dist, skin, rest,
+                      lim_dist):
+    """Stage 1 once more on an island whose stage 1 failed (rows ``rows[r0:r0 + ms]`` of the
+    step's ``b`` and ``g``, Delassus block ``Gs``, its contacts' ``mu_s`` and warm start), with
+    the drift correction of its touching rows made realizable
+    (``constraint.realizable_bias_island``): where the offsets were not realizable (redundant
+    contacts asking for a correction no motion produces) that is the problem stage 1 failed on.
+    Returns ``solve_stage1``'s tuple; where it succeeds ``b`` and ``g`` hold the realizable
+    offsets (in place), where it does not (or nothing was unrealizable) they are as they were,
+    for the later stages."""
+    bs0 = np.empty(ms)
+    gs0 = np.empty(ms)
+    for a in range(ms):
+        bs0[a] = b[rows[r0 + a]]
+        gs0[a] = g[rows[r0 + a]]
+    touch = _pairs_in_contact(pair, dist)
+    if not realizable_bias_island(Gs, b, g, rows, r0, ms, pair.shape[0], touch, dist, skin,
+                                  rest, lim_dist):
+        return False, lam0s, lam0s, modes0s, np.zeros(0, np.bool_), 0, np.inf, 0
+    gs = np.empty(ms)
+    for a in range(ms):
+        gs[a] = g[rows[r0 + a]]
+    out = solve_stage1(Gs, gs, nc_s, mu_s, lam0s, modes0s, found, tol, mode_tol, newton_iter,
+                       mode_rounds, budget, Jb, Mb, tlo, thi)
+    if not out[0]:
+        for a in range(ms):
+            b[rows[r0 + a]] = bs0[a]
+            g[rows[r0 + a]] = gs0[a]
+    return out
+
+
 # (inlined into _constrained_velocity, its one caller: numba links each callee's machine code
 # into its caller and optimizes the whole again, so a level less in the step's chain is one
 # such pass less on first use)
 @njit(inline="always")
 def _solve_islands(G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mode_tol,
-                   newton_iter, mode_rounds, budget, J, Minv, tree_lo, tree_hi):
+                   newton_iter, mode_rounds, budget, J, Minv, tree_lo, tree_hi, b, pair, dist,
+                   skin, rest, lim_dist, realizable):
     """Stage 1 of the NCP solve island by island: the rows of different islands do not couple
     (their block of G is zero), so each island's problem (its contacts' rows, then its limits'
     rows, with their warm start) is solved on its own by ``solve_stage1`` and the results are
@@ -308,7 +343,11 @@ def _solve_islands(G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mo
     An island of at least ``BODY_MIN_ROWS`` rows also gets its rows and mass matrix in body space
     (``island_body``: J, Minv and the trees' dof ranges) for its large linear Newton steps;
     ``Minv`` None: the problem has fewer rows (the step knows it from its contacts and limits),
-    and this variant is compiled without the body-space path (``_body_data``)."""
+    and this variant is compiled without the body-space path (``_body_data``).
+    With ``realizable`` (``SolverSettings.realizable_bias``), an island whose stage 1 fails is
+    tried once more with its drift correction made realizable
+    (``_realizable_retry``: ``b`` and ``g`` updated in place where that succeeds, left as they
+    were where not; ``pair``, ``dist``, ``skin``, ``rest``, ``lim_dist`` for it)."""
     m = G.shape[0]
     nl = m - 3 * nc
     if nis == 1:            # (one island: its rows are all rows, in order; no copies)
@@ -316,6 +355,14 @@ def _solve_islands(G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mo
         ok, lam, sigma, modes, lim_act, its, res, prox = solve_stage1(
             G, g, nc, mu, lam0, modes0, found, tol, mode_tol, newton_iter, mode_rounds, budget,
             Jb, Mb, tlo, thi)
+        if not ok and realizable:
+            ok2, lam2, sigma2, modes2, lim2, its2, res2, prox2 = _realizable_retry(
+                G, g, b, np.arange(m), 0, m, nc, mu, lam0, modes0, found, tol, mode_tol,
+                newton_iter, mode_rounds, budget, Jb, Mb, tlo, thi, pair, dist, skin, rest,
+                lim_dist)
+            its += its2
+            if ok2:
+                ok, lam, sigma, modes, lim_act, res, prox = ok2, lam2, sigma2, modes2, lim2, res2, prox2
         island_ok = np.ones(1, dtype=np.bool_)
         if not ok:
             island_ok[0] = False
@@ -347,6 +394,15 @@ def _solve_islands(G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mo
         ok, lam_s, sigma_s, modes_s, lact_s, its_s, res_s, prox = solve_stage1(
             Gs, gs, ncs, mus, lam0s, modes0s, found, tol, mode_tol, newton_iter, mode_rounds,
             budget, Jb, Mb, tlo, thi)
+        if not ok and realizable:
+            ok2, lam2, sigma2, modes2, lim2, its2, res2, prox2 = _realizable_retry(
+                Gs, g, b, rows, r0, ms, ncs, mus, lam0s, modes0s, found, tol, mode_tol,
+                newton_iter, mode_rounds, budget, Jb, Mb, tlo, thi, pair, dist, skin, rest,
+                lim_dist)
+            its_s += its2
+            if ok2:
+                ok, lam_s, sigma_s, modes_s, lact_s, res_s, prox = (ok2, lam2, sigma2, modes2,
+                                                                     lim2, res2, prox2)
         its += its_s
         nprox += prox
         if not ok:
@@ -365,7 +421,7 @@ def _constrained_velocity(pos, frames, geom1, geom2, geom_joint, dist, mu, pair,
                           q, v, lim_q, lim_v, lim_bound, lim_sign, limit_margin, dt, erp, skin,
                           Minv, v_free, warm, pair_w, point_w, lam_w, modes_w, limits_w, lim_act_w,
                           tol, mode_tol, newton_iter, mode_rounds, budget, pair_rest, rest_thr,
-                          rest_spent, Mbody):
+                          rest_spent, Mbody, realizable=False):
     """The constrained part of the step in one compiled call: the active joint limits, the
     problem and its islands (constraint.assemble_sparse), Newton's impact law on the normal rows
     of impacting contacts (constraint.restitution_bias, at the pre-step ``v``; ``pair_rest``
@@ -408,7 +464,8 @@ def _constrained_velocity(pos, frames, geom1, geom2, geom_joint, dist, mu, pair,
                 0, 0.0, v1, MJt, rest, 0)
     island_ok, lam, sigma, modes, lim_act, its, res, nprox = _solve_islands(
         G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mode_tol, newton_iter,
-        mode_rounds, budget, J, Mbody, tree_lo, tree_hi)
+        mode_rounds, budget, J, Mbody, tree_lo, tree_hi, b, pair, dist, skin, rest, lim_dist,
+        realizable)
     _add_impulses(v1, MJt, rt, lam, tree_hi)
     return (island_ok, isl_c, isl_l, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, lim_act,
             its, res, v1, MJt, rest, nprox)
@@ -478,7 +535,7 @@ def _constrained_step(pos, frames, geom1, geom2, geom_joint, dist, mu, pair, poi
                       q, v, lim_q, lim_v, lim_bound, lim_sign, limit_margin, dt, erp, skin,
                       Minv, v_free, warm, pair_w, point_w, lam_w, modes_w, limits_w, lim_act_w,
                       tol, mode_tol, newton_iter, mode_rounds, budget, pair_rest, rest_thr,
-                      rest_spent, Mbody):
+                      rest_spent, Mbody, realizable=False):
     """``_constrained_velocity`` (same arguments) and, when every island's stage 1 succeeded,
     the check of its solution at the final velocity (``_verify_velocity``), in one compiled call
     that returns only what the common step keeps, packed into three arrays: every array a
@@ -499,7 +556,7 @@ def _constrained_step(pos, frames, geom1, geom2, geom_joint, dist, mu, pair, poi
         sup_idx, joint_tree, tree_lo, tree_hi, q, v, lim_q, lim_v, lim_bound, lim_sign,
         limit_margin, dt, erp, skin, Minv, v_free, warm, pair_w, point_w, lam_w, modes_w,
         limits_w, lim_act_w, tol, mode_tol, newton_iter, mode_rounds, budget, pair_rest, rest_thr,
-        rest_spent, Mbody)
+        rest_spent, Mbody, realizable)
     all_ok = True
     for s in range(island_ok.shape[0]):
         if not island_ok[s]:
@@ -588,6 +645,7 @@ def _step_checks(v, v1, q1, gate, mu):
 
 
 _NO_MU = np.zeros(0)
+_STAGE1 = ("newton", "prox+newton", "none")     # methods of a solve that stage 1 (or 1b) did
 _LAZY_FIELDS = frozenset(("contact_points", "contact_normals", "contact_distances",
                           "contact_impulses", "contact_impulses_world", "contact_modes",
                           "contact_geoms", "limit_joints", "limit_impulses", "limit_active"))
@@ -1167,7 +1225,8 @@ class Simulator:
                     _NO_SPENT if spent is None else spent,
                     # (at most 3 rows a contact and one a limit: a smaller bound than
                     # BODY_MIN_ROWS takes the variant compiled without the body-space path)
-                    Mk if 3 * nc + len(cb.lim_q) >= BODY_MIN_ROWS else None)
+                    Mk if 3 * nc + len(cb.lim_q) >= BODY_MIN_ROWS else None,
+                    bool(st.realizable_bias))
             # (the solve and the check of its solution at v1 in one compiled call)
             (all_ok, nis, nl, its, resid, r1, vs, nprox, F, ints,
              lim_act) = _constrained_step(*args)
@@ -1203,6 +1262,15 @@ class Simulator:
                                                     spent)
                 lam0, modes0 = self._warm_start(cons)
                 res = self._solve(solver, G, g, cons, lam0, modes0, v)
+                if (res.method not in _STAGE1 and isinstance(solver, NCPSolver)
+                        and solver.settings.realizable_bias):
+                    # stage 1 failed: once more with the drift correction made realizable
+                    # (the compiled step's rule, constraint.realizable_bias)
+                    alt = cb.realizable(cons, G, g)
+                    if alt is not None:
+                        res2 = self._solve(solver, G, alt[1], cons, lam0, modes0, v)
+                        if res2.method in _STAGE1:
+                            cons.b, g, res = alt[0], alt[1], res2
                 v1 = v_free + MJt @ res.lam
         else:
             cons = None

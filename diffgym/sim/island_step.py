@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .constraint import (Constraints, _active_limits, assemble_blocks, blocks_dense)
-from .forward import _island_gather, _island_scatter, _match_warm_start
+from .constraint import (_NO_REST, Constraints, _active_limits, assemble_blocks,
+                         blocks_dense)
+from .forward import _island_gather, _island_scatter, _match_warm_start, _realizable_retry
 from .jit import njit
 from .solver import NCPSolver, SolverResult
 from .solver_kernels import (_NO_I, _NO_J, BODY_MIN_ROWS, island_mass, natres,
@@ -114,7 +115,7 @@ def constrained_step_blocks(pos, frames, geom1, geom2, geom_joint, dist, mu, pai
                             support, sup_ptr, sup_idx, joint_tree, tree_lo, tree_hi, q, v, lim_q,
                             lim_v, lim_bound, lim_sign, limit_margin, dt, erp, skin, Mb, moff,
                             v_free, warm, pair_w, point_w, lam_w, modes_w, limits_w, lim_act_w,
-                            tol, mode_tol, newton_iter, mode_rounds, budget):
+                            tol, mode_tol, newton_iter, mode_rounds, budget, realizable=False):
     """``forward._constrained_step`` (without restitution) on per-island storage: the active
     limits, ``constraint.assemble_blocks``, the warm start, stage 1 per island, ``v1`` and the
     check of the solution at ``v1``. Returns (all_ok, lim_idx, lim_dist, lam, sigma, modes,
@@ -169,6 +170,15 @@ def constrained_step_blocks(pos, frames, geom1, geom2, geom_joint, dist, mu, pai
         ok, lam_s, sigma_s, modes_s, lact_s, its_s, res_s, prox = solve_stage1(
             Gs, gs, ncs, mus, lam0s, modes0s, found, tol, mode_tol, newton_iter, mode_rounds,
             budget, Jb, Mbd, tlo, thi)
+        if not ok and realizable:   # once more with a realizable drift correction (forward's rule)
+            ok2, lam2, sigma2, modes2, lim2, its2, res2, prox2 = _realizable_retry(
+                Gs, g, b, rows, r0, ms, ncs, mus, lam0s, modes0s, found, tol, mode_tol,
+                newton_iter, mode_rounds, budget, Jb, Mbd, tlo, thi, pair, dist, skin, _NO_REST,
+                lim_dist)
+            its_s += its2
+            if ok2:
+                ok, lam_s, sigma_s, modes_s, lact_s, res_s, prox = (ok2, lam2, sigma2, modes2,
+                                                                     lim2, res2, prox2)
         its += its_s
         nprox += prox
         if not ok:
@@ -313,7 +323,7 @@ def block_step(sim, trees, q, v, Jw, contacts, v_free):
         cb.joint_tree, cb.tree_lo, cb.tree_hi, q, v, cb.lim_q, cb.lim_v, cb.lim_bound,
         cb.lim_sign, cb.limit_margin, sim.dt, cb.erp, cb.skin, Mb, moff, v_free, w is not None,
         *(w if w is not None else _NO_WARM), st.tol, st.mode_tol, st.newton_iter,
-        st.mode_rounds, st.newton_budget)
+        st.mode_rounds, st.newton_budget, bool(st.realizable_bias))
     (all_ok, island_ok, lim_idx, lim_dist, lam, sigma, modes, lim_act, its, resid, v1, r1, vs,
      nprox, storage) = out
     cons = BlockConstraints(storage, nv, storage[3], nc, contacts.mu, frames, contacts, lim_idx,
