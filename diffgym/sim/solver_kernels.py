@@ -1168,7 +1168,10 @@ def proximal(G, g, nc, mu, modes, lim_act, lam, dG, dc, zero, haszero, vscale, b
 # envelope Cholesky in reverse Cuthill-McKee order (cost ~ n b^2, b the envelope width: one row of
 # a rack, one column of a pile) whose vanishing pivots are dropped (K^g: the inverse of the kept
 # block, zero on the dropped dofs; each dropped dof d gives the null vector e_d - K^g K e_d),
-# instead of the dense LU, rank test and SVD of the m x m Gaa.
+# instead of the dense LU, rank test and SVD of the m x m Gaa. Storage grows with K's
+# nonzeros (``body_factor_rows``): K in CSR, the Cholesky in row envelopes, each null vector
+# over its component of K (K^g is block diagonal over them) and N^T M N block by block over
+# the components of K joined by the trees (M couples only a tree's dofs).
 BODY_MIN_ROWS = 256     # islands and active sets at least this large use it (see the README)
 BODY_DROP = 1e-13       # a pivot^2 below this times K's diagonal entry: a dependent dof
 BODY_MAX_NULL = 1024    # more dependent dofs than this coupled in one block of N^T M N: the dense path
