@@ -54,7 +54,7 @@ def test_body_pinv_is_the_minimum_norm_least_squares_solution(case):
     np.testing.assert_allclose(M, np.linalg.inv(Minv), rtol=0, atol=1e-10)
     fac = sk.body_factor(Jb, M, tlo, thi)
     assert fac[0]
-    assert fac[5].shape[1] == (0 if null is None else 1)         # the null basis found
+    assert fac[6] == (0 if null is None else 1)         # the null basis found
     G = J @ Minv @ J.T
     for _ in range(3):
         r = rng.normal(size=G.shape[0])
@@ -112,3 +112,79 @@ def test_rack_and_pile_converge_in_stage1_and_match_pinocchio_admm(scene):
                             1e-10, 20, 12, 240, sk._NO_J, sk._NO_J, sk._NO_I, sk._NO_I)
     if dense[0]:
         np.testing.assert_allclose(sigma, dense[2], rtol=0, atol=1e-8)
+
+
+def _dense_null_basis(fac, n):
+    """body_factor's null vectors as a dense (n, nd) matrix and its N^T M N inverse blocks as
+    one dense (nd, nd) matrix (zero between blocks)."""
+    (ok, perm, first, lptr, Lv, drop, nd, klo, khi, noff, Nv, bptr, bcol, aoff, Av) = fac[:15]
+    N = np.zeros((n, nd))
+    for c in range(nd):
+        N[perm[klo[c]:khi[c]], c] = Nv[noff[c]:noff[c + 1]]
+    Ainv = np.zeros((nd, nd))
+    for b in range(len(bptr) - 1):
+        cols = bcol[bptr[b]:bptr[b + 1]]
+        w = len(cols)
+        Ainv[np.ix_(cols, cols)] = Av[aoff[b]:aoff[b] + w * w].reshape(w, w)
+    return N, Ainv
+
+
+@pytest.mark.parametrize("cold", [False, True])
+def test_body_factor_many_null_dofs_by_block_matches_svd_pinv(cold):
+    """A 40-ball rack (one island) whose active set is the floor contacts only (a resting
+    rack's warm start: each ball keeps 3 dofs no row holds, 120 null dofs in 40 independent
+    blocks of N^T M N: far more than the old single dense block allowed (32), so it used to
+    take the dense O(m^3) path), or every contact (the whole rack coupled). The null basis
+    spans null(K) exactly, N^T M N is block diagonal over the blocks found, and Gaa^+ r
+    equals numpy's SVD pseudo-inverse."""
+    rng = np.random.default_rng(5)
+    sim = diffgym.Simulator.from_string(balls_mjcf(40))
+    _capture(sim, 2)
+    cons, Minv = sim.cache["cons"], sim.cache["Minv"]
+    J = np.asarray(cons.J)
+    nc = cons.nc
+    lo, hi = sim.constraints.tree_lo, sim.constraints.tree_hi
+    floor = np.array([i for i in range(nc) if min(cons.contacts.geom1[i], cons.contacts.geom2[i]) == 0])
+    contacts = np.arange(nc) if cold else floor
+    rows = np.concatenate([[3 * i, 3 * i + 1, 3 * i + 2] for i in contacts])
+    Jb, M, tlo, thi = sk.island_body(J, np.triu(Minv), lo, hi, rows)
+    fac = sk.body_factor(Jb, M, tlo, thi)
+    assert fac[0]
+    nd = fac[6]
+    assert nd > 32 or cold
+    n = Jb.shape[1]
+    N, Ainv = _dense_null_basis(fac, n)
+    K = Jb.T @ Jb
+    assert np.linalg.matrix_rank(N) == nd
+    assert nd == n - np.linalg.matrix_rank(K)
+    np.testing.assert_allclose(K @ N, 0.0, atol=1e-9 * np.abs(K).max() * max(1.0, np.abs(N).max()))
+    np.testing.assert_allclose(Ainv @ (N.T @ M @ N), np.eye(nd), atol=1e-8)
+    if not cold:
+        assert len(fac[11]) - 1 == len(floor)             # one block per ball
+    G = Jb @ np.linalg.inv(M) @ Jb.T
+    for _ in range(3):
+        r = rng.normal(size=G.shape[0])
+        x = sk.body_pinv(Jb, M, tlo, thi, *fac[1:], r)
+        ref = np.linalg.pinv(G, rcond=1e-11) @ r
+        np.testing.assert_allclose(x, ref, rtol=0, atol=1e-8 * np.abs(ref).max())
+
+
+def test_body_factor_drops_a_dof_only_rounding_couples():
+    """A dof whose column holds only rounding-level entries (a ball's spin about its floor
+    normal, 1e-35 from its rotation matrix) is dependent: before, its K diagonal (1e-70) made
+    it its own pivot and scaled the null vectors by 1e35 (N^T M N singular)."""
+    rng = np.random.default_rng(7)
+    J, Minv, lo, hi = _free_bodies_rows(rng, 4, 2)
+    J[:, 6 * np.arange(4) + 5] = 0.0
+    J[0, 5] = 1.3e-35
+    J[6, 11] = -3.5e-52
+    Jb, M, tlo, thi = sk.island_body(J, np.triu(Minv), lo, hi, np.arange(J.shape[0]))
+    fac = sk.body_factor(Jb, M, tlo, thi)
+    assert fac[0] and fac[6] == 4
+    N, Ainv = _dense_null_basis(fac, Jb.shape[1])
+    assert np.abs(N).max() < 1e3
+    G = J @ Minv @ J.T
+    r = rng.normal(size=G.shape[0])
+    x = sk.body_pinv(Jb, M, tlo, thi, *fac[1:], r)
+    ref = np.linalg.pinv(G, rcond=1e-11) @ r
+    np.testing.assert_allclose(x, ref, rtol=0, atol=1e-9 * np.abs(ref).max())

@@ -159,7 +159,8 @@ def constrained_step_blocks(pos, frames, geom1, geom2, geom_joint, dist, mu, pai
         ms = r1 - r0
         ncs = cptr[s + 1] - cptr[s]
         nls = lptr[s + 1] - lptr[s]
-        Gs = Gb[gptr[s]:gptr[s + 1]].copy().reshape(ms, ms)
+        # (a view: the solver never writes G; a copy doubled the step's largest array)
+        Gs = Gb[gptr[s]:gptr[s + 1]].reshape(ms, ms)
         gs, mus, lam0s, modes0s = _island_gather(g, mu, lam0, modes0, found, nc, rows, r0, ms,
                                                  cs, cptr[s], ncs, ls, lptr[s], nls)
         if ms >= BODY_MIN_ROWS:

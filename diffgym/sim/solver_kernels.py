@@ -573,10 +573,8 @@ def _newton(G, g, nc, mu, modes, lim_act, lam, dc, vscale, max_its, anchored, mi
         body = False
         if Jb is not None:      # (None: compiled without the body-space path, see _newton's doc)
             if Jb.shape[0] and na >= BODY_MIN_ROWS and fn > ftol:
-                Ja = np.empty((na, Jb.shape[1]))
-                for a in range(na):
-                    Ja[a] = Jb[act[a]]
-                body, perm, first, L, drop, N, Ainv, nz_ptr, nz = body_factor(Ja, Mb, tlo, thi)
+                (body, perm, first, lptr, Lv, drop, nd, klo, khi, noff, Nv, bptr, bcol, aoff,
+                 Av, nz_ptr, nz, nzv) = body_factor_rows(Jb, act[:na], Mb, tlo, thi)
         while True:
             if fn <= ftol and its >= min_steps:
                 ok = True
@@ -590,10 +588,11 @@ def _newton(G, g, nc, mu, modes, lim_act, lam, dc, vscale, max_its, anchored, mi
                 r = np.empty(na)
                 for a in range(na):
                     r[a] = F[a] if anchored else -ga[a]      # (Gaa x - F = -ga)
-                y = body_pinv(Ja, Mb, tlo, thi, perm, first, L, drop, N, Ainv, nz_ptr, nz, r)
+                y = body_pinv(Jb, Mb, tlo, thi, perm, first, lptr, Lv, drop, nd, klo, khi,
+                              noff, Nv, bptr, bcol, aoff, Av, nz_ptr, nz, nzv, r)
                 # checked: the normal equations Ja^T (Gaa y - r) = 0 must hold (else the dense
                 # path: a dependent dof decided by rounding, an ill-conditioned K)
-                if _normal_ok(Gaa, Ja, nz_ptr, nz, y, r):
+                if _normal_ok(Gaa, Jb, nz_ptr, nz, nzv, y, r):
                     if anchored:
                         d = y
                     else:
@@ -1169,10 +1168,13 @@ def proximal(G, g, nc, mu, modes, lim_act, lam, dG, dc, zero, haszero, vscale, b
 # envelope Cholesky in reverse Cuthill-McKee order (cost ~ n b^2, b the envelope width: one row of
 # a rack, one column of a pile) whose vanishing pivots are dropped (K^g: the inverse of the kept
 # block, zero on the dropped dofs; each dropped dof d gives the null vector e_d - K^g K e_d),
-# instead of the dense LU, rank test and SVD of the m x m Gaa.
+# instead of the dense LU, rank test and SVD of the m x m Gaa. Storage grows with K's
+# nonzeros (``body_factor_rows``): K in CSR, the Cholesky in row envelopes, each null vector
+# over its component of K (K^g is block diagonal over them) and N^T M N block by block over
+# the components of K joined by the trees (M couples only a tree's dofs).
 BODY_MIN_ROWS = 256     # islands and active sets at least this large use it (see the README)
 BODY_DROP = 1e-13       # a pivot^2 below this times K's diagonal entry: a dependent dof
-BODY_MAX_NULL = 32      # more dependent dofs than this: the dense path
+BODY_MAX_NULL = 1024    # more dependent dofs than this coupled in one block of N^T M N: the dense path
 
 
 @njit
@@ -1239,150 +1241,337 @@ def _rcm(adj_ptr, adj, deg, n):
 
 
 @njit
-def _k_solve(perm, first, L, drop, y, out):
-    """out = K^g y (``body_factor``: the kept block's Cholesky, zero on the dropped dofs)."""
-    n = y.shape[0]
-    z = np.empty(n)
-    for i in range(n):
+def _k_solve(perm, first, lptr, Lv, drop, y, out, lo, hi):
+    """out = K^g y (``body_factor``: the kept block's Cholesky, zero on the dropped dofs) on
+    the permuted positions ``lo:hi`` (a union of K's components: K^g is block diagonal over
+    them; ``out`` is written there only, ``y`` is read there only)."""
+    z = np.empty(hi - lo)
+    for i in range(lo, hi):
         if drop[i]:
-            z[i] = 0.0
+            z[i - lo] = 0.0
             continue
         s = y[perm[i]]
+        o = lptr[i] - first[i]
         for k in range(first[i], i):
-            s -= L[i, k] * z[k]
-        z[i] = s / L[i, i]
-    for i in range(n - 1, -1, -1):
+            s -= Lv[o + k] * z[k - lo]
+        z[i - lo] = s / Lv[o + i]
+    for i in range(hi - 1, lo - 1, -1):
         if drop[i]:
             continue
-        z[i] /= L[i, i]
-        zi = z[i]
+        o = lptr[i] - first[i]
+        z[i - lo] /= Lv[o + i]
+        zi = z[i - lo]
         for k in range(first[i], i):
-            z[k] -= L[i, k] * zi
-    for i in range(n):
-        out[perm[i]] = z[i]
+            z[k - lo] -= Lv[o + k] * zi
+    for i in range(lo, hi):
+        out[perm[i]] = z[i - lo]
+
+
+@njit
+def _uf_find(parent, a):
+    while parent[a] != a:
+        parent[a] = parent[parent[a]]
+        a = parent[a]
+    return a
 
 
 @njit
 def body_factor(Ja, M, tlo, thi):
-    """Factor the body-space step of the rows ``Ja`` (module comment above): (ok, perm, first,
-    L, drop, N, Ainv, nz_ptr, nz) with ``L`` the envelope Cholesky of K's kept dofs (permuted
-    indices, row i filled from ``first[i]``, ``drop[i]``: dropped), ``N`` (n, nd) the null basis,
-    ``Ainv`` = (N^T M N)^-1 and the nonzero columns of each row of Ja (CSR); ok False when more
-    than BODY_MAX_NULL dofs are dependent."""
-    na, n = Ja.shape
+    """``body_factor_rows`` of all the rows of ``Ja``."""
+    return body_factor_rows(Ja, np.arange(Ja.shape[0]), M, tlo, thi)
+
+
+@njit
+def body_factor_rows(Jb, act, M, tlo, thi):
+    """Factor the body-space step of the rows ``Ja = Jb[act]`` (module comment above; not
+    gathered: read in place), in storage that
+    grows with K's nonzeros, not with n^2: (ok, perm, first, lptr, Lv, drop, nd, klo, khi, noff,
+    Nv, bptr, bcol, aoff, Av, nz_ptr, nz, nzv) with
+
+    * the envelope Cholesky of K's kept dofs in permuted indices: row i holds its entries of
+      columns ``first[i]..i`` at ``Lv[lptr[i]:lptr[i + 1]]``, ``drop[i]``: dropped;
+    * the ``nd`` null vectors (one per dropped dof, in permuted order), column c nonzero only on
+      the permuted positions ``klo[c]:khi[c]`` of its component of K (the reverse Cuthill-McKee
+      order keeps each component contiguous), stored there at ``Nv[noff[c]:]``;
+    * ``N^T M N`` block diagonal over the components of K's graph joined by the trees (M
+      couples a tree's dofs only): block b holds the columns ``bcol[bptr[b]:bptr[b + 1]]`` and
+      its inverse, row-major, at ``Av[aoff[b]:]``;
+    * the nonzeros of each row of Ja (CSR: ``nz_ptr``, columns ``nz``, values ``nzv``).
+
+    ok False when a block of N^T M N has more than BODY_MAX_NULL columns."""
+    na = act.shape[0]
+    n = Jb.shape[1]
     nz_ptr = np.zeros(na + 1, np.int64)
     cnt = 0
     for a in range(na):
+        ra = act[a]
         for c in range(n):
-            if Ja[a, c] != 0.0:
+            if Jb[ra, c] != 0.0:
                 cnt += 1
         nz_ptr[a + 1] = cnt
     nz = np.empty(cnt, np.int64)
+    nzv = np.empty(cnt)
     cnt = 0
     for a in range(na):
+        ra = act[a]
         for c in range(n):
-            if Ja[a, c] != 0.0:
+            if Jb[ra, c] != 0.0:
                 nz[cnt] = c
+                nzv[cnt] = Jb[ra, c]
                 cnt += 1
-    K = np.zeros((n, n))
+    # the rows holding each dof (CSR of Ja^T, rows increasing)
+    cptr = np.zeros(n + 1, np.int64)
+    for s in range(cnt):
+        cptr[nz[s] + 1] += 1
+    for c in range(n):
+        cptr[c + 1] += cptr[c]
+    crow = np.empty(cnt, np.int64)
+    cfill = cptr[:n].copy()
     for a in range(na):
         for s in range(nz_ptr[a], nz_ptr[a + 1]):
-            c = nz[s]
-            x = Ja[a, c]
-            for t in range(nz_ptr[a], nz_ptr[a + 1]):
-                K[c, nz[t]] += x * Ja[a, nz[t]]
+            crow[cfill[nz[s]]] = a
+            cfill[nz[s]] += 1
+    # K = Ja^T Ja row by row (each entry summed over the rows in increasing order, as a dense
+    # accumulation would), its off-diagonal nonzeros as the (sorted) adjacency
+    acc = np.zeros(n)
+    mark = np.full(n, -1, np.int64)
+    lst = np.empty(n, np.int64)
+    kdiag = np.zeros(n)
     deg = np.zeros(n, np.int64)
-    for i in range(n):
-        for j in range(n):
-            if j != i and K[i, j] != 0.0:
-                deg[i] += 1
-    adj_ptr = np.zeros(n + 1, np.int64)
-    for i in range(n):
-        adj_ptr[i + 1] = adj_ptr[i] + deg[i]
-    adj = np.empty(adj_ptr[n], np.int64)
-    for i in range(n):
-        e = adj_ptr[i]
-        for j in range(n):
-            if j != i and K[i, j] != 0.0:
-                adj[e] = j
-                e += 1
-    perm = _rcm(adj_ptr, adj, deg, n)
+    kcap = 16 * n + 16
+    kptr = np.zeros(n + 1, np.int64)
+    kcol = np.empty(kcap, np.int64)
+    kval = np.empty(kcap)
+    for c in range(n):
+        nl = 0
+        for e in range(cptr[c], cptr[c + 1]):
+            a = crow[e]
+            x = 0.0
+            for s in range(nz_ptr[a], nz_ptr[a + 1]):
+                if nz[s] == c:
+                    x = nzv[s]
+            for s in range(nz_ptr[a], nz_ptr[a + 1]):
+                d = nz[s]
+                if mark[d] != c:
+                    mark[d] = c
+                    acc[d] = 0.0
+                    lst[nl] = d
+                    nl += 1
+                acc[d] += x * nzv[s]
+        srt = np.sort(lst[:nl])
+        k0 = kptr[c]
+        if k0 + nl > kcap:
+            kcap = 2 * (k0 + nl)
+            kc2 = np.empty(kcap, np.int64)
+            kv2 = np.empty(kcap)
+            kc2[:k0] = kcol[:k0]
+            kv2[:k0] = kval[:k0]
+            kcol = kc2
+            kval = kv2
+        k = k0
+        for t in range(nl):
+            d = srt[t]
+            if d == c:
+                kdiag[c] = acc[d]
+            elif acc[d] != 0.0:
+                kcol[k] = d
+                kval[k] = acc[d]
+                k += 1
+        kptr[c + 1] = k
+        deg[c] = k - k0
+    perm = _rcm(kptr, kcol, deg, n)
     inv = np.empty(n, np.int64)
     for i in range(n):
         inv[perm[i]] = i
     first = np.empty(n, np.int64)
+    lptr = np.zeros(n + 1, np.int64)
     for i in range(n):
         pi = perm[i]
         f = i
-        for e in range(adj_ptr[pi], adj_ptr[pi + 1]):
-            j = inv[adj[e]]
+        for e in range(kptr[pi], kptr[pi + 1]):
+            j = inv[kcol[e]]
             if j < f:
                 f = j
         first[i] = f
+        lptr[i + 1] = lptr[i] + i - f + 1
     # row-oriented envelope Cholesky (fill stays inside the envelope); a pivot that vanishes
     # against its diagonal entry drops its dof (its column is left out of the later rows)
-    L = np.zeros((n, n))
+    Lv = np.zeros(lptr[n])
     drop = np.zeros(n, np.bool_)
+    # a pivot is measured against its dof's diagonal entry, but at least against 1e-12 of the
+    # largest one of its tree: a dof that only rounding couples to the rows (a ball's spin about
+    # its floor normal, entries 1e-35 from its rotation matrix) is dependent, not a pivot that
+    # would scale its null vectors by 1e35
+    kref = kdiag.copy()
+    for c in range(n):
+        tm = 0.0
+        for j in range(tlo[c], thi[c]):
+            if kdiag[j] > tm:
+                tm = kdiag[j]
+        if 1e-12 * tm > kref[c]:
+            kref[c] = 1e-12 * tm
+    krow = np.zeros(n)          # K's row perm[i] at permuted columns
     nd = 0
     for i in range(n):
         pi = perm[i]
         fi = first[i]
+        oi = lptr[i] - fi
+        for e in range(kptr[pi], kptr[pi + 1]):
+            krow[inv[kcol[e]]] = kval[e]
+        krow[i] = kdiag[pi]
         for j in range(fi, i + 1):
             if drop[j]:
                 continue
-            s = K[pi, perm[j]]
+            s = krow[j]
+            oj = lptr[j] - first[j]
             k0 = fi if fi > first[j] else first[j]
             for k in range(k0, j):
-                s -= L[i, k] * L[j, k]
+                s -= Lv[oi + k] * Lv[oj + k]
             if j < i:
-                L[i, j] = s / L[j, j]
-            elif s > BODY_DROP * K[pi, pi]:
-                L[i, i] = math.sqrt(s)
+                Lv[oi + j] = s / Lv[oj + j]
+            elif s > BODY_DROP * kref[pi]:
+                Lv[oi + i] = math.sqrt(s)
             else:
                 drop[i] = True
                 nd += 1
                 for k in range(fi, i):
-                    L[i, k] = 0.0
-    N = np.zeros((n, nd))
-    Ainv = np.zeros((nd, nd))
-    ok = nd <= BODY_MAX_NULL
-    if nd and ok:
-        col = np.empty(n)
-        sol = np.empty(n)
+                    Lv[oi + k] = 0.0
+        for e in range(kptr[pi], kptr[pi + 1]):
+            krow[inv[kcol[e]]] = 0.0
+        krow[i] = 0.0
+    # components of K's graph (contiguous in the permuted order): [comp_lo, comp_hi) of each
+    # permuted position; and their unions through the trees (union-find over dofs)
+    comp_lo = np.empty(n, np.int64)
+    comp_hi = np.empty(n, np.int64)
+    parent = np.arange(n)
+    for c in range(n):
+        for e in range(kptr[c], kptr[c + 1]):
+            ra = _uf_find(parent, c)
+            rb = _uf_find(parent, kcol[e])
+            if ra != rb:
+                parent[ra] = rb
+    kcomp = np.empty(n, np.int64)
+    for c in range(n):
+        kcomp[c] = _uf_find(parent, c)
+    i = 0
+    while i < n:
+        j = i + 1
+        while j < n and kcomp[perm[j]] == kcomp[perm[i]]:
+            j += 1
+        for t in range(i, j):
+            comp_lo[t] = i
+            comp_hi[t] = j
+        i = j
+    for c in range(n):          # join the trees' dofs
+        ra = _uf_find(parent, c)
+        rb = _uf_find(parent, tlo[c])
+        if ra != rb:
+            parent[ra] = rb
+    klo = np.empty(nd, np.int64)
+    khi = np.empty(nd, np.int64)
+    noff = np.zeros(nd + 1, np.int64)
+    ucomp = np.empty(nd, np.int64)
+    c = 0
+    for i in range(n):
+        if drop[i]:
+            klo[c] = comp_lo[i]
+            khi[c] = comp_hi[i]
+            noff[c + 1] = noff[c] + comp_hi[i] - comp_lo[i]
+            ucomp[c] = _uf_find(parent, perm[i])
+            c += 1
+    Nv = np.zeros(noff[nd])
+    if nd:
+        col = np.zeros(n)
+        sol = np.zeros(n)
         c = 0
         for i in range(n):
             if drop[i]:
                 d = perm[i]
-                for r in range(n):
-                    col[r] = K[r, d]
-                _k_solve(perm, first, L, drop, col, sol)
-                for r in range(n):
-                    N[r, c] = -sol[r]
-                N[d, c] += 1.0
+                lo = klo[c]
+                hi = khi[c]
+                for e in range(kptr[d], kptr[d + 1]):
+                    col[kcol[e]] = kval[e]
+                col[d] = kdiag[d]
+                _k_solve(perm, first, lptr, Lv, drop, col, sol, lo, hi)
+                for e in range(kptr[d], kptr[d + 1]):
+                    col[kcol[e]] = 0.0
+                col[d] = 0.0
+                o = noff[c] - lo
+                for t in range(lo, hi):
+                    Nv[o + t] = -sol[perm[t]]
+                Nv[o + i] += 1.0
                 c += 1
-        MN = np.empty((n, nd))
-        for r in range(n):
-            for c in range(nd):
-                s = 0.0
-                for j in range(tlo[r], thi[r]):
-                    s += M[r, j] * N[j, c]
-                MN[r, c] = s
-        A = np.empty((nd, nd))
-        for a in range(nd):
-            for c in range(nd):
-                s = 0.0
-                for r in range(n):
-                    s += N[r, a] * MN[r, c]
-                A[a, c] = s
-        Ainv = np.linalg.inv(A)
-    return ok, perm, first, L, drop, N, Ainv, nz_ptr, nz
+    # the blocks of N^T M N: the null columns grouped by their union component
+    order = np.argsort(ucomp, kind="mergesort")
+    nb = 0
+    for t in range(nd):
+        if t == 0 or ucomp[order[t]] != ucomp[order[t - 1]]:
+            nb += 1
+    bptr = np.zeros(nb + 1, np.int64)
+    bcol = order.astype(np.int64)
+    b = 0
+    for t in range(nd):
+        if t > 0 and ucomp[order[t]] != ucomp[order[t - 1]]:
+            b += 1
+        bptr[b + 1] = t + 1
+    aoff = np.zeros(nb + 1, np.int64)
+    big = 0
+    for b in range(nb):
+        w = bptr[b + 1] - bptr[b]
+        aoff[b + 1] = aoff[b] + w * w
+        if w > big:
+            big = w
+    ok = big <= BODY_MAX_NULL
+    Av = np.zeros(aoff[nb] if ok else 0)
+    if nd and ok:
+        mn = np.zeros(n)
+        nfull = np.zeros(n)
+        for b in range(nb):
+            w = bptr[b + 1] - bptr[b]
+            A = np.empty((w, w))
+            for cc in range(w):
+                c = bcol[bptr[b] + cc]
+                o = noff[c] - klo[c]
+                for t in range(klo[c], khi[c]):
+                    nfull[perm[t]] = Nv[o + t]
+                # (M N)[:, c] on the dofs of the trees the column touches
+                for t in range(klo[c], khi[c]):
+                    r = perm[t]
+                    for rr in range(tlo[r], thi[r]):
+                        mn[rr] = 0.0
+                for t in range(klo[c], khi[c]):
+                    r = perm[t]
+                    x = nfull[r]
+                    if x != 0.0:
+                        for rr in range(tlo[r], thi[r]):
+                            mn[rr] += M[rr, r] * x
+                for aa in range(w):
+                    a_ = bcol[bptr[b] + aa]
+                    oa = noff[a_] - klo[a_]
+                    s = 0.0
+                    for t in range(klo[a_], khi[a_]):
+                        s += Nv[oa + t] * mn[perm[t]]
+                    A[aa, cc] = s
+                for t in range(klo[c], khi[c]):
+                    r = perm[t]
+                    nfull[r] = 0.0
+                    for rr in range(tlo[r], thi[r]):
+                        mn[rr] = 0.0
+            Ai = np.linalg.inv(A)
+            for aa in range(w):
+                for cc in range(w):
+                    Av[aoff[b] + aa * w + cc] = Ai[aa, cc]
+    return (ok, perm, first, lptr, Lv, drop, nd, klo, khi, noff, Nv, bptr, bcol, aoff, Av,
+            nz_ptr, nz, nzv)
 
 
 @njit
-def _normal_ok(Gaa, Ja, nz_ptr, nz, y, r):
+def _normal_ok(Gaa, Ja, nz_ptr, nz, nzv, y, r):
     """Whether ``Ja^T (Gaa y - r)`` vanishes against ``Ja^T r`` (to 1e-9, relative): the
-    least-squares optimality of ``body_pinv``'s solution."""
-    na, n = Ja.shape
+    least-squares optimality of ``body_pinv``'s solution (Ja: its CSR ``nz_ptr``, ``nz``,
+    ``nzv``; only its number of columns is read from ``Ja``)."""
+    na = Gaa.shape[0]
+    n = Ja.shape[1]
     e = np.empty(na)
     _matvec(Gaa, y, r, e)           # Gaa y + r
     t1 = np.zeros(n)
@@ -1392,8 +1581,8 @@ def _normal_ok(Gaa, Ja, nz_ptr, nz, y, r):
         ra = r[a]
         for s in range(nz_ptr[a], nz_ptr[a + 1]):
             c = nz[s]
-            t1[c] += Ja[a, c] * ea
-            t2[c] += Ja[a, c] * ra
+            t1[c] += nzv[s] * ea
+            t2[c] += nzv[s] * ra
     m1 = 0.0
     m2 = 0.0
     for c in range(n):
@@ -1405,22 +1594,23 @@ def _normal_ok(Gaa, Ja, nz_ptr, nz, y, r):
 
 
 @njit
-def body_pinv(Ja, M, tlo, thi, perm, first, L, drop, N, Ainv, nz_ptr, nz, r):
+def body_pinv(Ja, M, tlo, thi, perm, first, lptr, Lv, drop, nd, klo, khi, noff, Nv, bptr, bcol,
+              aoff, Av, nz_ptr, nz, nzv, r):
     """``Gaa^+ r`` (module comment above) from ``body_factor``'s factors (``M``: the island's
-    mass matrix, whose dof i couples only with dofs ``tlo[i]:thi[i]`` of its tree)."""
-    na, n = Ja.shape
+    mass matrix, whose dof i couples only with dofs ``tlo[i]:thi[i]`` of its tree; ``Ja``: only
+    its shape is read)."""
+    na = nz_ptr.shape[0] - 1
+    n = Ja.shape[1]
     y = np.zeros(n)
     for a in range(na):
         ra = r[a]
         if ra != 0.0:
             for s in range(nz_ptr[a], nz_ptr[a + 1]):
-                c = nz[s]
-                y[c] += Ja[a, c] * ra
+                y[nz[s]] += nzv[s] * ra
     w = np.empty(n)
-    _k_solve(perm, first, L, drop, y, w)
-    nd = N.shape[1]
+    _k_solve(perm, first, lptr, Lv, drop, y, w, 0, n)
     if nd:
-        # w += N c with N^T M (w + N c) = 0
+        # w += N c with N^T M (w + N c) = 0, block by block of N^T M N
         Mw = np.empty(n)
         for i in range(n):
             s = 0.0
@@ -1428,31 +1618,38 @@ def body_pinv(Ja, M, tlo, thi, perm, first, L, drop, N, Ainv, nz_ptr, nz, r):
                 s += M[i, j] * w[j]
             Mw[i] = s
         t = np.empty(nd)
-        for a in range(nd):
+        for c in range(nd):
+            o = noff[c] - klo[c]
             s = 0.0
-            for i in range(n):
-                s += N[i, a] * Mw[i]
-            t[a] = s
-        for a in range(nd):
-            s = 0.0
-            for c in range(nd):
-                s += Ainv[a, c] * t[c]
-            for i in range(n):
-                w[i] -= N[i, a] * s
+            for i in range(klo[c], khi[c]):
+                s += Nv[o + i] * Mw[perm[i]]
+            t[c] = s
+        for b in range(bptr.shape[0] - 1):
+            b0 = bptr[b]
+            wb = bptr[b + 1] - b0
+            for aa in range(wb):
+                s = 0.0
+                for cc in range(wb):
+                    s += Av[aoff[b] + aa * wb + cc] * t[bcol[b0 + cc]]
+                c = bcol[b0 + aa]
+                o = noff[c] - klo[c]
+                for i in range(klo[c], khi[c]):
+                    w[perm[i]] -= Nv[o + i] * s
     for i in range(n):
         s = 0.0
         for j in range(tlo[i], thi[i]):
             s += M[i, j] * w[j]
         y[i] = s
-    _k_solve(perm, first, L, drop, y, w)
+    _k_solve(perm, first, lptr, Lv, drop, y, w, 0, n)
     out = np.empty(na)
     for a in range(na):
         s = 0.0
         for t in range(nz_ptr[a], nz_ptr[a + 1]):
-            c = nz[t]
-            s += Ja[a, c] * w[c]
+            s += nzv[t] * w[nz[t]]
         out[a] = s
     return out
+
+
 @njit
 def island_mass(used, tree_lo, tree_hi, Minv, Mb, moff):
     """The local numbering ``loc`` (-1 elsewhere) of the dofs of the trees whose root dof is
