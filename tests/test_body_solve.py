@@ -71,7 +71,7 @@ def _capture(sim, steps, v=None):
     def spy(*a):
         r = orig(*a)
         nc = a[0].shape[0]
-        G, g, lam, sigma = [fw._unpack_step(r[8], r[9], nc, r[2], a[9].shape[1])[i]
+        G, g, lam, sigma = [fw._unpack_step(r[8], r[9], r[11], r[12], nc, r[2], a[9].shape[1])[i]
                             for i in (4, 5, 6, 7)]
         out.append((G, g, nc, a[6], lam, sigma, np.array([r[0]])))
         return r

@@ -356,7 +356,7 @@ def test_compiled_sphere_box_pairs_equal_coal_on_free_bodies(region, ball_first)
 
 @pytest.mark.parametrize("model", ["hopper.xml", "go1.urdf"])
 def test_packed_constrained_step_returns_the_arrays_of_the_solve(model):
-    """``forward._constrained_step`` returns its arrays packed (three arrays instead of thirteen,
+    """``forward._constrained_step`` returns its small arrays packed (five arrays instead of thirteen,
     which numba would box one by one); ``_unpack_step``'s views must be, bit for bit, the
     arrays ``_constrained_velocity`` computes from the same arguments, and a step's arrays must
     stay what they were after later steps (each step packs into arrays of its own)."""
@@ -387,7 +387,7 @@ def test_packed_constrained_step_returns_the_arrays_of_the_solve(model):
     for a, r in calls:
         all_ok, nl, F, ints, lim_act = r[0], r[2], r[8], r[9], r[10]
         nc, nv = a[0].shape[0], a[9].shape[1]
-        packed = fw._unpack_step(F, ints, nc, nl, nv)
+        packed = fw._unpack_step(F, ints, r[11], r[12], nc, nl, nv)
         ref = fw._constrained_velocity(*a)
         # (lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, v1, restitution) in ref's order
         for x, y in zip(packed, (ref[3], ref[4], ref[5], ref[6], ref[7], ref[8], ref[9], ref[10],

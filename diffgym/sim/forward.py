@@ -540,14 +540,15 @@ def _constrained_step(pos, frames, geom1, geom2, geom_joint, dist, mu, pair, poi
     the check of its solution at the final velocity (``_verify_velocity``), in one compiled call
     that returns only what the common step keeps, packed into three arrays: every array a
     compiled call returns costs numba a boxing (a Python object, about 0.4 us each), and a
-    view the caller slices costs less (``_unpack_step``). The islands' labels and
+    view the caller slices costs less (``_unpack_step``); J and G, the large ones, are returned
+    as they are (a copy of G would double a large island's peak memory). The islands' labels and
     ``M^-1 J^T`` are left out; the rare step with a failed island calls
     ``_constrained_velocity`` again, a pure function of the same arguments, for them.
 
     Returns (all_ok, islands, nl, its, res, verify residual, verify scale, nprox, F, I,
-    lim_act): ``nl`` active limits (``m = 3 nc + nl`` rows); ``F`` (float64) holds, in order,
-    lim_dist (nl), J (m, nv), b (m), G (m, m), g (m), lam (m), sigma (m), v1 (nv) and the
-    restitution pair (2, nc); ``I`` (int64) lim_idx (nl) then modes (nc); ``lim_act`` (nl,)
+    lim_act, J, G): ``nl`` active limits (``m = 3 nc + nl`` rows); ``F`` (float64) holds, in
+    order, lim_dist (nl), b (m), g (m), lam (m), sigma (m), v1 (nv) and the restitution pair
+    (2, nc); ``I`` (int64) lim_idx (nl) then modes (nc); ``lim_act`` (nl,)
     bool. The verify pair is 0.0 unless all_ok and there are rows; nprox: islands that took
     the compiled proximal stage 1b."""
     (island_ok, isl_c, isl_l, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, lim_act,
@@ -569,28 +570,20 @@ def _constrained_step(pos, frames, geom1, geom2, geom_joint, dist, mu, pair, poi
     nl = lim_idx.shape[0]
     m = G.shape[0]
     nv = v1.shape[0]
+    # J and G are returned as they are (each boxed once): copying them into the packed array
+    # would double the step's largest allocations on a large island (G is m x m).
     # (written out, not a helper: a helper called with 1-d and 2-d arrays would be a kernel
     # with two signatures, compiled twice on first use)
-    F = np.empty(nl + m * nv + m * m + 4 * m + nv + 2 * nc)
+    F = np.empty(nl + 4 * m + nv + 2 * nc)
     for i in range(nl):
         F[i] = lim_dist[i]
     o = nl
     for r in range(m):
-        for c in range(nv):
-            F[o + r * nv + c] = J[r, c]
-    o += m * nv
-    for r in range(m):
         F[o + r] = b[r]
-    o += m
-    for r in range(m):
-        for c in range(m):
-            F[o + r * m + c] = G[r, c]
-    o += m * m
-    for r in range(m):
-        F[o + r] = g[r]
-        F[o + m + r] = lam[r]
-        F[o + 2 * m + r] = sigma[r]
-    o += 3 * m
+        F[o + m + r] = g[r]
+        F[o + 2 * m + r] = lam[r]
+        F[o + 3 * m + r] = sigma[r]
+    o += 4 * m
     for i in range(nv):
         F[o + i] = v1[i]
     o += nv
@@ -606,20 +599,18 @@ def _constrained_step(pos, frames, geom1, geom2, geom_joint, dist, mu, pair, poi
         ints[i] = lim_idx[i]
     for i in range(modes.shape[0]):
         ints[nl + i] = modes[i]
-    return (all_ok, island_ok.shape[0], nl, its, res, r1, vs, nprox, F, ints, lim_act)
+    return (all_ok, island_ok.shape[0], nl, its, res, r1, vs, nprox, F, ints, lim_act, J, G)
 
 
-def _unpack_step(F, ints, nc, nl, nv):
-    """Views of ``_constrained_step``'s packed arrays: (lim_idx, lim_dist, J, b, G, g, lam,
-    sigma, modes, v1, restitution (2, nc))."""
+def _unpack_step(F, ints, J, G, nc, nl, nv):
+    """Views of ``_constrained_step``'s packed arrays, with its J and G: (lim_idx, lim_dist, J,
+    b, G, g, lam, sigma, modes, v1, restitution (2, nc))."""
     m = 3 * nc + nl
-    o1 = nl + m * nv
-    o2 = o1 + m
-    o3 = o2 + m * m
-    o4, o5, o6 = o3 + m, o3 + 2 * m, o3 + 3 * m
-    o7 = o6 + nv
-    return (ints[:nl], F[:nl], F[nl:o1].reshape(m, nv), F[o1:o2], F[o2:o3].reshape(m, m),
-            F[o3:o4], F[o4:o5], F[o5:o6], ints[nl:], F[o6:o7], F[o7:o7 + 2 * nc].reshape(2, nc))
+    o1 = nl + m
+    o2, o3, o4 = o1 + m, o1 + 2 * m, o1 + 3 * m
+    o5 = o4 + nv
+    return (ints[:nl], F[:nl], J, F[nl:o1], G, F[o1:o2], F[o2:o3], F[o3:o4], ints[nl:],
+            F[o4:o5], F[o5:o5 + 2 * nc].reshape(2, nc))
 
 
 @njit
@@ -1229,9 +1220,9 @@ class Simulator:
                     bool(st.realizable_bias))
             # (the solve and the check of its solution at v1 in one compiled call)
             (all_ok, nis, nl, its, resid, r1, vs, nprox, F, ints,
-             lim_act) = _constrained_step(*args)
+             lim_act, J, G) = _constrained_step(*args)
             (lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, v1,
-             rest) = _unpack_step(F, ints, nc, nl, nv)
+             rest) = _unpack_step(F, ints, J, G, nc, nl, nv)
             if G.shape[0]:
                 cons = Constraints(J, b, nc, contacts.mu, frames, contacts, lim_idx, lim_dist,
                                    contacts.dist, *(rest if len(cb.pair_restitution) else
