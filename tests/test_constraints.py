@@ -568,3 +568,25 @@ def test_rows_on_a_scene_stepped_tree_by_tree(data_sizes, monkeypatch):
     data = sim.model.createData()
     pin.forwardKinematics(sim.model, data, q)
     assert np.linalg.norm(data.oMi[c.jid1].act(c.anchor1) - data.oMi[c.jid2].act(c.anchor2)) < 5e-6
+
+
+def test_frictionloss_on_a_limited_joint_outside_its_range():
+    """Gymnasium's ant with joint dry friction: it starts with its ankles outside their ranges,
+    so each ankle's limit row (its drift-correction velocity) and friction row share one dof.
+    Sticking there makes the limit row's Schur diagonal vanish; the mixed solve used to leave
+    the limit out with zero impulse, flip the friction row between sticking and sliding the
+    wrong way for 60 rounds and report a non-converged step with a residual of 1e-16 while the
+    limit was violated by 10 rad/s. Every step must now be solved, by the independent oracle."""
+    import os
+    import re
+    src = open(os.path.join(os.path.dirname(__import__("gymnasium").__file__), "envs", "mujoco",
+                            "assets", "ant.xml")).read()
+    src, n = re.subn(r'type="hinge"/>', 'type="hinge" frictionloss="0.05"/>', src)
+    assert n == 8
+    sim = diffgym.Simulator.from_string(src, ignore_unsupported=("option.integrator",))
+    rng = np.random.default_rng(0)
+    q, v = sim.q0.copy(), np.zeros(sim.nv)
+    for k in range(6):
+        q, v = sim.step(q, v, sim.actuation(rng.uniform(-1, 1, len(sim.actuators))))
+        assert sim.last.converged, k
+        assert step_conditions(sim) < 1e-9, k

@@ -312,6 +312,21 @@ def mixed_solve(G, g, nc, nl, mu, kind, bound, xmode_in, lam0, modes0, has_modes
                 elif xmode[i] == 2 and si < -tol:
                     new[i] = 0
                     viol[i] = -si
+        # a unilateral row (contact normal, joint limit) left out of the reduced NCP because
+        # sticking friction rows took its direction (its Schur diagonal vanished) and separating
+        # there (sigma < 0, zero impulse): those sticks are infeasible (e.g. a limit's
+        # drift-correction velocity on the dof of a friction row); each stuck friction row along
+        # it slides against the motion the row's impulse will cause. (Switched back to
+        # sticking, the rows would only repeat: 0 -> bound -> 0 on the same dof.)
+        for i in range(s0):
+            if (i >= 3 * nc or i % 3 == 2) and sigma[i] < -tol and lam[i] == 0.0:
+                for t in range(mx):
+                    r = s0 + t
+                    if (kind[t] == KIND_FRICTION and xmode[t] == 0
+                            and abs(G[r, i]) > 1e-9 * np.sqrt(G[r, r] * G[i, i])):
+                        new[t] = 1 if G[r, i] > 0 else -1
+                        if -sigma[i] > viol[t]:
+                            viol[t] = -sigma[i]
         same = True
         for i in range(mx):
             if new[i] != xmode[i]:
@@ -363,6 +378,9 @@ def mixed_solve(G, g, nc, nl, mu, kind, bound, xmode_in, lam0, modes0, has_modes
     for i in range(mx):
         if xmode[i] == 0 and abs(sigma[s0 + i]) > rx:
             rx = abs(sigma[s0 + i])
+    for i in range(s0):            # (the unilateral rows left out of the reduced NCP too)
+        if (i >= 3 * nc or i % 3 == 2) and -sigma[i] > rx:
+            rx = -sigma[i]
     resid = rx if rx > res_resid else res_resid
     gmax = 1.0
     for i in range(m):
