@@ -181,6 +181,7 @@ def mixed_solve(G, g, nc, nl, mu, kind, bound, xmode_in, lam0, modes0, has_modes
     Gs = np.zeros((s0, s0))
     gs = np.zeros(s0)
     last = rnd0
+    stuck_viol = 0.0
     for rnd in range(rnd0, 60):
         last = rnd
         ne = 0
@@ -318,6 +319,9 @@ def mixed_solve(G, g, nc, nl, mu, kind, bound, xmode_in, lam0, modes0, has_modes
         # drift-correction velocity on the dof of a friction row); each stuck friction row along
         # it slides against the motion the row's impulse will cause. (Switched back to
         # sticking, the rows would only repeat: 0 -> bound -> 0 on the same dof.)
+        # (A row that only a true equality takes, e.g. the contacts of a body welded to the
+        # world, is left breaking with zero impulse by design: not counted.)
+        stuck_viol = 0.0
         for i in range(s0):
             if (i >= 3 * nc or i % 3 == 2) and sigma[i] < -tol and lam[i] == 0.0:
                 for t in range(mx):
@@ -327,6 +331,8 @@ def mixed_solve(G, g, nc, nl, mu, kind, bound, xmode_in, lam0, modes0, has_modes
                         new[t] = 1 if G[r, i] > 0 else -1
                         if -sigma[i] > viol[t]:
                             viol[t] = -sigma[i]
+                        if -sigma[i] > stuck_viol:
+                            stuck_viol = -sigma[i]
         same = True
         for i in range(mx):
             if new[i] != xmode[i]:
@@ -378,9 +384,8 @@ def mixed_solve(G, g, nc, nl, mu, kind, bound, xmode_in, lam0, modes0, has_modes
     for i in range(mx):
         if xmode[i] == 0 and abs(sigma[s0 + i]) > rx:
             rx = abs(sigma[s0 + i])
-    for i in range(s0):            # (the unilateral rows left out of the reduced NCP too)
-        if (i >= 3 * nc or i % 3 == 2) and -sigma[i] > rx:
-            rx = -sigma[i]
+    if stuck_viol > rx:            # (a row left out under infeasible sticks, last round)
+        rx = stuck_viol
     resid = rx if rx > res_resid else res_resid
     gmax = 1.0
     for i in range(m):
