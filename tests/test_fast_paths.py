@@ -3,6 +3,7 @@ batched shape-on-plane contacts, the mesh-on-plane broad phase, the lazy ``sim.l
 array warm start."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import numpy as np
@@ -403,3 +404,94 @@ def test_packed_constrained_step_returns_the_arrays_of_the_solve(model):
     for res, lam, cons, J in kept:
         np.testing.assert_array_equal(res.lam, lam)
         np.testing.assert_array_equal(cons.J, J)
+
+
+def _detect_stage_by_stage(a):
+    """The closed-form detect pass as separate kernel calls, in the layout it had before the
+    outputs were packed: (cand, cand_margin, rows)."""
+    from diffgym.sim import collision_kernels as ck
+
+    (oM, mj, Jw, v, support, lin, ang, from_jacobian, gslot, W0, reach, pairs, perm, pcat, rad,
+     sap_g, base_margin, dt, hp_k, hp_pl, hp_ot, ext_vec, ext_const, use_rot, mesh_i, mesh_pl,
+     mesh_ot, mesh_sw, hull_off, hull_pts, g_boxhalf, g_isbox, friction, max_points, bp_pair,
+     bp_kind, bp_geom, bp_n, bp_off, bp_N, bp_frames, bp_size, g_ssr, g_sbhalf, g_sbr) = a
+    if from_jacobian:
+        lin, ang = ck.joint_speeds(Jw, v, support, oM[mj, 9:12].copy())
+    W, speed, cand, cm, ss, ssm, sb, sbm = ck.placements_and_bounds(
+        oM, mj, lin, ang, gslot, W0, reach, pairs, perm, pcat, rad, sap_g, base_margin, dt,
+        hp_k, hp_pl, hp_ot, ext_vec, ext_const, use_rot, mesh_i, mesh_pl, mesh_ot, mesh_sw,
+        hull_off, hull_pts, g_boxhalf, g_isbox)
+    bpm = np.array([ck.pair_margin(speed, pairs, base_margin, dt, k) for k in bp_pair])
+    bpr = np.array([ck.pair_margin(speed, pairs, 0.0, dt, k) for k in bp_pair])
+    rows = ck.plane_points(W, bpm.reshape(-1), pairs, friction, max_points, bp_pair, bp_kind,
+                           bp_geom, bp_n, bp_off, bp_N, bp_frames, bp_size, bpr.reshape(-1))
+    if ss.shape[0]:
+        rows = ck.merge_rows(rows, ck.sphere_pairs(W, ssm, pairs, friction, ss, g_ssr))
+    if sb.shape[0]:
+        rows = ck.merge_rows(rows, ck.sphere_box_pairs(W, sbm, pairs, friction, sb, pcat,
+                                                       g_sbhalf, g_sbr))
+    return cand, cm, rows
+
+
+STACK = """<mujoco><option timestep="0.002"/><worldbody>
+<geom name="floor" type="plane" size="5 5 .1"/>
+<body pos="0 0 0.1"><freejoint/><geom type="box" size="0.1 0.1 0.1" mass="1"/></body>
+<body pos="0.02 0 0.3"><freejoint/><geom type="box" size="0.1 0.08 0.1" mass="1"/></body>
+<body pos="0.15 0 0.1"><freejoint/><geom type="capsule" size="0.05 0.1" mass="1"/></body>
+</worldbody></mujoco>"""
+
+
+@pytest.mark.parametrize("model", ["hopper.xml", "go1.urdf", "billiards.xml", "stack"])
+def test_packed_detect_returns_the_arrays_of_the_closed_forms(model):
+    """``collision_kernels.detect_closed_form`` returns its outputs packed in one float64 and
+    one int64 array (instead of eleven arrays numba would box one by one);
+    ``collision_driver._unpack_detect``'s views must be, bit for bit, the arrays the kernels it
+    chains return when called one by one, and a step's contacts must stay what they were after
+    later steps (each pass packs into arrays of its own)."""
+    from diffgym.sim import collision_driver as cd
+
+    sim = (diffgym.Simulator.from_string(STACK) if model == "stack" else
+           diffgym.Simulator.from_file(asset_path(model), ignore_unsupported=("joint.frictionloss",)))
+    calls = []
+    orig = cd.detect_closed_form
+
+    def spy(*a):
+        r = orig(*a)
+        # (copies: the driver refills some arguments, as the placements, in place each pass)
+        calls.append((tuple(x.copy() if isinstance(x, np.ndarray) else x for x in a), r))
+        return r
+    kept = []
+    drv = sim.collision
+    orig_detect = drv.detect
+
+    def keep(*a, **k):
+        c = orig_detect(*a, **k)
+        kept.append((c, copy.deepcopy(c)))
+        return c
+    rng = np.random.default_rng(5)
+    q, v = sim.q0, rng.normal(0.0, 1.0, sim.nv)
+    cd.detect_closed_form, drv.detect = spy, keep
+    try:
+        for t in range(60):
+            q, v = sim.step(q, v, rng.normal(0.0, 5.0, sim.nv) if t % 2 else np.zeros(sim.nv))
+    finally:
+        cd.detect_closed_form = orig
+        del drv.detect
+    rows_seen = cand_seen = 0
+    for a, (nc, n, F, I) in calls:
+        cand, cm, rows = cd._unpack_detect(F, I, nc, n)
+        rcand, rcm, rrows = _detect_stage_by_stage(a)
+        for x, y in zip((cand, cm) + rows, (rcand, rcm) + tuple(rrows)):
+            assert x.dtype == y.dtype and x.shape == y.shape and x.flags.c_contiguous
+            np.testing.assert_array_equal(x, y)
+        rows_seen += n
+        cand_seen += nc
+    assert rows_seen > 50 and (cand_seen > 50 or model != "stack")   # (stack: box-box, box-capsule)
+    assert len(kept) >= 60
+    fields = [f.name for f in dataclasses.fields(cd.Contacts)]
+    for c, c0 in kept:
+        for f in fields:
+            x, y = getattr(c, f), getattr(c0, f)
+            assert (x is None) == (y is None)
+            if x is not None:
+                np.testing.assert_array_equal(x, y, err_msg=f)

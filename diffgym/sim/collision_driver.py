@@ -72,6 +72,16 @@ from .plane_contacts import (ANALYTIC_KINDS, CYLINDER_POINTS, ELLIPSOID_POINTS, 
 
 
 
+def _unpack_detect(F, I, nc, n):
+    """Views of ``detect_closed_form``'s packed arrays: (cand, cand_margin, rows), rows =
+    (pair, geom1, geom2, point, pos, normal, dist, mu, frames) of the n closed-form points."""
+    o = nc + 2 * n
+    return (I[:nc], F[:nc], (I[nc:nc + n], I[nc + n:nc + 2 * n], I[nc + 2 * n:nc + 3 * n],
+                             I[nc + 3 * n:], F[o:o + 3 * n].reshape(n, 3),
+                             F[o + 3 * n:o + 6 * n].reshape(n, 3), F[nc:nc + n],
+                             F[nc + n:o], F[o + 6 * n:].reshape(n, 3, 3)))
+
+
 @dataclass
 class Contacts:
     """Contact points found by one detection pass (all arrays have one row per point)."""
@@ -898,16 +908,17 @@ class CollisionDriver:
                                               self._no_speed, False)
         # (the margins' part that is not the bodies' motion within the step: _plane_pair)
         self._margin0 = self.base_margin + dt * dt * self._gravity
-        cand, cand_margin, rows = detect_closed_form(
+        nc, n, F, I = detect_closed_form(
             oM, self._mj_arr, Jw, v, self._support, lin, ang, from_jacobian, self._gslot, self._W0, self._reach,
             self.pairs, self._perm, self._pcat, self._rad, self._sap_g,
             self._margin0, dt, self._hp, self._hp_pl, self._hp_ot,
             self._hp_ext_vec, self._hp_ext_const, self._hp_use_rot, *self._mesh,
             self._g_boxhalf, self._g_isbox, self._friction, self.max_points, *self._bp,
             self._g_ssr, self._g_half, self._g_sphere_r)
-        self.last_candidates = len(cand)
-        if not len(cand):
-            return Contacts(*rows) if len(rows[0]) else self._empty
+        self.last_candidates = nc
+        if not nc:
+            return Contacts(*_unpack_detect(F, I, nc, n)[2]) if n else self._empty
+        cand, cand_margin, rows = _unpack_detect(F, I, nc, n)
         blocks = [(rows[0], rows[3], rows[4], rows[5], rows[6], rows[8])] if len(rows[0]) else []
         if not len(cand):
             return self._assemble(blocks)

@@ -543,7 +543,12 @@ def detect_closed_form(oM, mj, Jw, v, support, lin, ang, from_jacobian, gslot, W
                        bp_geom, bp_n, bp_off, bp_N, bp_frames, bp_size, g_ssr, g_sbhalf, g_sbr):
     """The kernels above in one call (one dispatch from Python): speeds (from ``Jw`` and
     ``v`` when ``from_jacobian``, else the given ``lin``, ``ang``), placements, the broad phase,
-    then the closed-form points. Returns (cand, cand_margin, rows)."""
+    then the closed-form points: (nc, n, F, I), the candidate pairs of the narrow phase (nc)
+    and the n closed-form contact rows packed in one float64 and one int64 array (each array
+    numba returns costs a boxing and an unpickling call; Python's slices of two cost less):
+    I = cand (nc), pair, geom1, geom2, point (n each); F = cand_margin (nc), dist, mu (n each),
+    pos, normal (3 n each, row-major (n, 3)), frames (9 n, row-major (n, 3, 3)).
+    ``collision_driver._unpack_detect`` gives the views (cand, cand_margin, rows)."""
     if from_jacobian:
         origins = np.empty((mj.shape[0], 3))
         for s in range(mj.shape[0]):
@@ -566,7 +571,27 @@ def detect_closed_form(oM, mj, Jw, v, support, lin, ang, from_jacobian, gslot, W
     if sb.shape[0]:
         rows = merge_rows(rows, sphere_box_pairs(W, sbm, pairs, friction, sb, pcat, g_sbhalf,
                                                  g_sbr))
-    return cand, cm, rows
+    pair, g1, g2, point, pos, normal, dist, mu, frames = rows
+    nc, n = cand.shape[0], pair.shape[0]
+    I = np.empty(nc + 4 * n, dtype=np.int64)
+    F = np.empty(nc + 17 * n)
+    for i in range(nc):
+        I[i] = cand[i]
+        F[i] = cm[i]
+    o = nc + 2 * n
+    for r in range(n):
+        I[nc + r] = pair[r]
+        I[nc + n + r] = g1[r]
+        I[nc + 2 * n + r] = g2[r]
+        I[nc + 3 * n + r] = point[r]
+        F[nc + r] = dist[r]
+        F[nc + n + r] = mu[r]
+        for c in range(3):
+            F[o + 3 * r + c] = pos[r, c]
+            F[o + 3 * n + 3 * r + c] = normal[r, c]
+            for e in range(3):
+                F[o + 6 * n + 9 * r + 3 * c + e] = frames[r, c, e]
+    return nc, n, F, I
 
 
 @njit
