@@ -56,7 +56,7 @@ import numpy as np
 from .collision_driver import Contacts
 from .jit import njit
 from .model import SimModel
-from .solver_kernels import BODY_MIN_ROWS, _lstsq, _rank_deficient
+from .solver_kernels import BODY_MIN_ROWS, _lstsq, _rank_deficient, _uf_find
 
 
 @dataclass
@@ -199,12 +199,12 @@ def restitution_bias(J, b, g, v, dist, pair, pair_rest, nc, dt, erp, skin, thr, 
         for k in range(nc):
             if out[0, k] > 0.0 and tree[k] >= 0:
                 t = min(max(dist[k] / -un[k], 0.0), dt)
-                rk = _find(parent, tree[k])
+                rk = _uf_find(parent, tree[k])
                 if t < first[rk]:
                     first[rk] = t
         for k in range(nc):
             if out[0, k] > 0.0 and tree[k] >= 0:
-                out[1, k] = first[_find(parent, tree[k])]
+                out[1, k] = first[_uf_find(parent, tree[k])]
     for k in range(nc):
         e = out[0, k]
         if not e > 0.0:
@@ -218,23 +218,15 @@ def restitution_bias(J, b, g, v, dist, pair, pair_rest, nc, dt, erp, skin, thr, 
 
 
 @njit
-def _find(parent, a):
-    while parent[a] != a:
-        parent[a] = parent[parent[a]]
-        a = parent[a]
-    return a
-
-
-@njit
 def _tree_components(j1, j2, joint_tree, nv):
     """Union-find over the kinematic trees (named by their first dof) linked by the contacts
-    between joints ``j1`` and ``j2``: the parent array (``_find`` gives each tree's root, the
-    smallest tree of its component)."""
+    between joints ``j1`` and ``j2``: the parent array (``solver_kernels._uf_find`` gives each
+    tree's root, the smallest tree of its component)."""
     parent = np.arange(max(nv, 1))
     for k in range(j1.shape[0]):
         a, b = joint_tree[j1[k]], joint_tree[j2[k]]
         if a >= 0 and b >= 0:
-            ra, rb = _find(parent, a), _find(parent, b)
+            ra, rb = _uf_find(parent, a), _uf_find(parent, b)
             if ra != rb:
                 if ra < rb:
                     parent[rb] = ra
@@ -266,13 +258,13 @@ def row_islands(j1, j2, joint_tree, lim_idx, lim_v, tree_lo):
             isl_c[k] = n
             n += 1
             continue
-        r = _find(parent, t)
+        r = _uf_find(parent, t)
         if label[r] < 0:
             label[r] = n
             n += 1
         isl_c[k] = label[r]
     for i in range(nl):
-        r = _find(parent, tree_lo[lim_v[lim_idx[i]]])
+        r = _uf_find(parent, tree_lo[lim_v[lim_idx[i]]])
         if label[r] < 0:
             label[r] = n
             n += 1

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .constraint import _find
+from .solver_kernels import _uf_find
 from .jit import njit
 from .solver import BREAKING, STICKING
 
@@ -798,8 +798,8 @@ def _island_min_norm(A, W, JM):
     for i in range(m):
         for j in range(m):
             if i != j and A[i, j] != 0.0:
-                a = _find(whole, i)
-                b = _find(whole, j)
+                a = _uf_find(whole, i)
+                b = _uf_find(whole, j)
                 if a != b:
                     if a < b:
                         whole[b] = a
@@ -810,8 +810,8 @@ def _island_min_norm(A, W, JM):
                 if triv[j]:
                     linked[i] = True
                     continue
-                a = _find(parent, i)
-                b = _find(parent, j)
+                a = _uf_find(parent, i)
+                b = _uf_find(parent, j)
                 if a != b:
                     if a < b:
                         parent[b] = a
@@ -820,8 +820,8 @@ def _island_min_norm(A, W, JM):
     root = np.empty(m, dtype=np.int64)
     wroot = np.empty(m, dtype=np.int64)
     for i in range(m):
-        root[i] = -1 if triv[i] else _find(parent, i)
-        wroot[i] = _find(whole, i)
+        root[i] = -1 if triv[i] else _uf_find(parent, i)
+        wroot[i] = _uf_find(whole, i)
     YT = np.zeros((m, nv))
     idx = np.empty(m, dtype=np.int64)
     cols = np.empty(nv, dtype=np.int64)
