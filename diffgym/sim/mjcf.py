@@ -6,7 +6,8 @@ subset of MJCF that rigid-body scenes use:
 
 * ``<include file>`` (relative to the including file; :mod:`diffgym.sim.xmlsource`), several
   ``<worldbody>``/``<actuator>``/... sections
-* ``<compiler angle eulerseq inertiafromgeom autolimits meshdir assetdir settotalmass>``,
+* ``<compiler angle eulerseq inertiafromgeom autolimits meshdir assetdir settotalmass
+  boundmass boundinertia>``,
   ``<option timestep gravity>``, ``<flag contact constraint limit gravity passive spring damper>``
 * nested ``<default>`` classes and ``childclass``
 * every top-level body (several free bodies in one scene), ``hinge``/``slide``/``ball``/``free``
@@ -14,7 +15,9 @@ subset of MJCF that rigid-body scenes use:
   ``stiffness``; several joints in one body become a chain of joints
 * ``pos``/``quat``/``euler``/``axisangle``/``xyaxes``/``zaxis`` frames, ``fromto`` geoms
 * ``<inertial>`` or inertia computed from geoms (density 1000 by default), like MuJoCo
-* geoms: plane, sphere, box, capsule, cylinder, ellipsoid and convex meshes (convex hull)
+* geoms: plane, sphere, box, capsule, cylinder, ellipsoid and convex meshes (convex hull for
+  contact; mass and inertia by MuJoCo's ``<mesh inertia>`` rule: legacy by default, convex,
+  exact or shell, diffgym.sim.mesh_inertia)
 * geom ``friction`` (first component), ``contype``/``conaffinity``, ``condim`` 1 (frictionless)
   and 3, ``priority`` (MuJoCo's mixing), ``<contact><exclude>`` and ``<contact><pair>``, and
   MuJoCo's no-parent-child filter
@@ -46,6 +49,8 @@ import coal
 import numpy as np
 import pinocchio as pin
 
+from .mesh_inertia import MODES as MESH_INERTIA_MODES, MeshInertiaError, bvh_triangles, \
+    mesh_mass_properties
 from .model import Actuator, GeomInfo, JointLimit, ModelError, SimModel
 from .pair_tables import candidate_pairs
 from .unsupported import Refusals, rules_for
@@ -159,6 +164,8 @@ class _Compiler:
     inertiafromgeom: str = "auto"
     autolimits: bool = True
     meshdir: str = ""
+    boundmass: float = 0.0
+    boundinertia: float = 0.0
 
     def angle(self, value: float) -> float:
         return math.radians(value) if self.degree else value
@@ -208,6 +215,8 @@ class _MJCFBuilder:
         self.damping: dict[int, float] = {}
         self.stiffness: dict[int, tuple[float, float]] = {}
         self.meshes: dict[str, tuple[str, np.ndarray]] = {}
+        self.mesh_inertia: dict[str, tuple[str, ET.Element]] = {}   # name: (rule, element)
+        self._mesh_mass: dict[str, tuple[float, np.ndarray, np.ndarray]] = {}
         self.dt = 0.002
         self.gravity = np.array([0.0, 0.0, -9.81])
         self._unnamed = 0
@@ -237,6 +246,13 @@ class _MJCFBuilder:
             if "autolimits" in a:
                 self.compiler.autolimits = a["autolimits"] == "true"
             self.compiler.meshdir = a.get("meshdir", a.get("assetdir", self.compiler.meshdir))
+            for key in ("boundmass", "boundinertia"):
+                if key in a:
+                    val = float(_floats(a[key], 1, f"<compiler {key}>")[0])
+                    if not (np.isfinite(val) and val >= 0):
+                        raise self.err(f"<compiler {key}={a[key]!r}>: must be finite and >= 0",
+                                       comp)
+                    setattr(self.compiler, key, val)
             if "settotalmass" in a:
                 self.settotalmass = float(_floats(a["settotalmass"], 1, "<compiler settotalmass>")[0])
             if a.get("coordinate", "local") != "local":
@@ -378,8 +394,14 @@ class _MJCFBuilder:
             raise self.err("<mesh> without a file (inline vertices are not supported)")
         name = el.get("name") or os.path.splitext(os.path.basename(file))[0]
         path = os.path.join(self.base_dir, self.compiler.meshdir, file)
-        scale = _floats(el.get("scale", "1 1 1"), 3, f"<mesh name={name!r}> scale")
+        a = self.attrs(el, None)
+        scale = _floats(a.get("scale", "1 1 1"), 3, f"<mesh name={name!r}> scale")
+        mode = a.get("inertia", "legacy")     # (MuJoCo's default, kept for old files)
+        if mode not in MESH_INERTIA_MODES:
+            raise self.err(f"<mesh name={name!r}>: inertia={mode!r} (expected one of "
+                           f"{', '.join(MESH_INERTIA_MODES)})", el)
         self.meshes[name] = (path, scale)
+        self.mesh_inertia[name] = (mode, el)
 
     # -- frames -----------------------------------------------------------------------
     def rotation(self, a: dict[str, str], what: str) -> np.ndarray:
@@ -489,11 +511,38 @@ class _MJCFBuilder:
                 shape = bvh.convex
             except Exception as exc:  # coal raises plain RuntimeErrors
                 raise self.err(f"{what}: could not load mesh {path!r}: {exc}") from exc
-            vol = float(shape.computeVolume())
-            com = np.asarray(shape.computeCOM()).copy()
-            I = np.asarray(shape.computeMomentofInertiaRelatedToCOM()) / max(vol, 1e-12)
+            vol, com, I = self._mesh_mass_properties(mname, bvh, shape, scale, what)
             size = np.asarray(scale)
         return kind, size, pose, shape, vol, com, I
+
+    def _mesh_mass_properties(self, mname: str, bvh, hull, scale, what: str):
+        """(volume, com, inertia about com per unit volume) of a mesh by MuJoCo's rule for it
+        (``<mesh inertia>``: legacy by default, convex, exact, shell; diffgym.sim.mesh_inertia),
+        computed once per mesh."""
+        if mname in self._mesh_mass:
+            return self._mesh_mass[mname]
+        mode, el = self.mesh_inertia[mname]
+        if mode == "convex":
+            vol = float(hull.computeVolume())
+            com = np.asarray(hull.computeCOM()).copy()
+            I = np.asarray(hull.computeMomentofInertiaRelatedToCOM()) / max(vol, 1e-12)
+        else:
+            V, F = bvh_triangles(bvh)
+            if np.prod(scale) < 0:             # a mirroring scale turns the faces inside out
+                F = F[:, [0, 2, 1]]
+            try:
+                vol, com, I = mesh_mass_properties(V, F, mode)
+            except MeshInertiaError as exc:
+                raise self.err(f"<mesh name={mname!r}> inertia={mode!r}: {exc} (used by "
+                               f"{what})", el) from exc
+            I = I / vol
+        # (MuJoCo's own check of a mesh's principal moments, with its tolerances)
+        ev = np.linalg.eigvalsh(I * vol) if np.all(np.isfinite(I)) else np.full(3, np.nan)
+        if not (ev[0] > 0 and ev[0] + ev[1] >= ev[2] * (1 - 1e-6) - 1e-9):
+            raise self.err(f"<mesh name={mname!r}> inertia={mode!r}: the mesh's principal "
+                           f"moments {ev.tolist()} are not physical (used by {what})", el)
+        self._mesh_mass[mname] = (vol, com, I)
+        return vol, com, I
 
     # -- bodies -----------------------------------------------------------------------
     def build(self) -> SimModel:
@@ -659,15 +708,24 @@ class _MJCFBuilder:
                 geom_mass.append(m_c_I)
         if use_geoms:
             mass = sum(m for m, _, _ in geom_mass)
-            if jid == 0:
-                self.static_mass += mass     # a body welded to the world: not simulated
-            elif mass > 0:
+            com, I = np.zeros(3), np.zeros((3, 3))
+            if mass > 0:
                 com = sum(m * c for m, c, _ in geom_mass) / mass
-                I = np.zeros((3, 3))
                 for m, c, Ig in geom_mass:
                     d = c - com
                     I += Ig + m * (np.dot(d, d) * np.eye(3) - np.outer(d, d))
                 I = 0.5 * (I + I.T)           # (rotated geom inertias: rounding asymmetry)
+            elif self.compiler.boundmass > 0:
+                # MuJoCo puts the bounded mass of a body without mass at the body's own pos
+                # (read in its frame, a quirk followed so the same file gives the same model),
+                # and its principal axes along the body's own quat
+                com = local.translation.copy()
+            mass, I = self._bounded(mass, I)
+            if mass > 0 and self.compiler.boundmass > 0 and not geom_mass:
+                I = local.rotation @ I @ local.rotation.T
+            if jid == 0:
+                self.static_mass += mass     # a body welded to the world: not simulated
+            elif mass > 0:
                 self.model.appendBodyToJoint(jid, pin.Inertia(mass, com, I), T)
         elif inertial is not None:
             a = dict(inertial.attrib)
@@ -689,12 +747,26 @@ class _MJCFBuilder:
             if problem:
                 raise self.err(f"{what} <inertial>: {key}={a[key]!r} {problem}", inertial)
             pos = _floats(a.get("pos", "0 0 0"), 3, f"{what} <inertial> pos")
+            mass, I = self._bounded(mass, I)
             if jid == 0:
                 self.static_mass += mass
             else:
                 self.model.appendBodyToJoint(jid, pin.Inertia(mass, pos, R @ I @ R.T), T)
         for child in el.findall("body"):
             self.add_body(child, body, childclass)
+
+    def _bounded(self, mass: float, I: np.ndarray) -> tuple[float, np.ndarray]:
+        """MuJoCo's ``<compiler boundmass boundinertia>``: every body but the world gets at least
+        that mass, and principal moments of at least that inertia (a body without geoms too)."""
+        c = self.compiler
+        if c.boundmass > 0:
+            mass = max(mass, c.boundmass)
+        if c.boundinertia > 0 and mass > 0:
+            ev, R = np.linalg.eigh(0.5 * (I + I.T))
+            if np.any(ev < c.boundinertia):
+                I = (R * np.maximum(ev, c.boundinertia)) @ R.T
+                I = 0.5 * (I + I.T)
+        return mass, I
 
     def _add_limit(self, a: dict[str, str], jtype: str, jname: str, jmodel) -> None:
         limited = a.get("limited", "auto")

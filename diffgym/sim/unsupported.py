@@ -115,10 +115,6 @@ RULES: tuple[Rule, ...] = (
          when=lambda a, c: a.get("shellinertia", "false") == "true"),
     Rule("body.gravcomp", "gravity compensation", path="body", attr="gravcomp",
          when=lambda a, c: _num(a, "gravcomp") != 0.0),
-    Rule("compiler.boundmass", "masses bounded below by the compiler", path="compiler",
-         attr="boundmass", when=lambda a, c: _num(a, "boundmass") > 0),
-    Rule("compiler.boundinertia", "inertias bounded below by the compiler", path="compiler",
-         attr="boundinertia", when=lambda a, c: _num(a, "boundinertia") > 0),
     Rule("compiler.balanceinertia", "inertias rebalanced by the compiler", path="compiler",
          attr="balanceinertia", when=lambda a, c: a.get("balanceinertia") == "true"),
     Rule("compiler.inertiagrouprange", "inertia from a subset of geom groups", path="compiler",
@@ -163,7 +159,8 @@ RULES: tuple[Rule, ...] = (
 # them in ignore_unsupported keeps working (they ignore nothing). Add a key here when you delete
 # its row.
 SUPPORTED_NOW: tuple[str, ...] = ("equality.connect", "equality.weld", "equality.joint",
-                                  "tendon.fixed", "joint.ball_range", "joint.mimic")
+                                  "tendon.fixed", "joint.ball_range", "joint.mimic",
+                                  "compiler.boundmass", "compiler.boundinertia")
 
 # Simulated elements a user may still leave out by name with ``ignore_unsupported`` (the loader
 # drops them and warns, :class:`UnsupportedIgnoredWarning`, as for an ignored refusal): joint dry

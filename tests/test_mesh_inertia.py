@@ -1,0 +1,176 @@
+"""Mesh mass and inertia follow MuJoCo's rules for the same file (``<mesh inertia>``: legacy by
+default, convex, exact, shell) and the compiler's ``boundmass``/``boundinertia``; checked against
+closed forms (an L-shaped prism, concave) and against MuJoCo's body_mass/body_inertia."""
+import os
+import warnings
+
+import numpy as np
+import pytest
+
+import diffgym
+from diffgym.sim.mesh_inertia import mesh_mass_properties
+
+mujoco = pytest.importorskip("mujoco")
+
+H = 0.5           # the prism's height; its profile is a U: a 3 x 1 bar and two unit posts
+U_PROFILE = [(0, 0), (3, 0), (3, 2), (2, 2), (2, 1), (1, 1), (1, 2), (0, 2)]
+U_CAP = [(0, 1, 4), (0, 4, 5), (1, 2, 3), (1, 3, 4), (0, 5, 6), (0, 6, 7)]   # counter-clockwise
+
+
+def u_prism():
+    """Vertices and outward triangles of the U-shaped prism: concave, and not star-shaped from
+    its centre of mass (the posts' inner faces are seen from behind)."""
+    n = len(U_PROFILE)
+    V = [(x, y, 0.0) for x, y in U_PROFILE] + [(x, y, H) for x, y in U_PROFILE]
+    F = []
+    for a, b, c in U_CAP:
+        F.append((a, c, b))                               # bottom, normal -z
+        F.append((n + a, n + b, n + c))                   # top, normal +z
+    for i in range(n):
+        j = (i + 1) % n
+        F += [(i, j, n + j), (i, n + j, n + i)]
+    return np.array(V, float), np.array(F)
+
+
+def write_obj(path, V, F):
+    with open(path, "w") as f:
+        f.writelines(f"v {float(x)!r} {float(y)!r} {float(z)!r}\n" for x, y, z in V)
+        f.writelines(f"f {a + 1} {b + 1} {c + 1}\n" for a, b, c in F)
+
+
+def body_inertia_mujoco(m, b):
+    """(mass, com, full inertia about com) of body b in its frame."""
+    R = np.zeros(9)
+    mujoco.mju_quat2Mat(R, m.body_iquat[b])
+    R = R.reshape(3, 3)
+    return m.body_mass[b], m.body_ipos[b], R @ np.diag(m.body_inertia[b]) @ R.T
+
+
+def body_inertia_diffgym(sim):
+    """(mass, com, inertia about com) of the model's one moving body (a free body at the
+    origin: its inertia sits on the last joint, whose frame is the body's)."""
+    Y = sim.model.inertias[sim.model.njoints - 1]
+    return Y.mass, np.asarray(Y.lever), np.asarray(Y.inertia)
+
+
+def load_both(path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sim = diffgym.Simulator.from_file(str(path))
+    return sim, mujoco.MjModel.from_xml_path(str(path))
+
+
+def test_u_prism_closed_form():
+    V, F = u_prism()
+    vol, com, I = mesh_mass_properties(V, F, "exact")
+    assert vol == pytest.approx(5 * H, rel=1e-14)
+    np.testing.assert_allclose(com, [1.5, 0.9, H / 2], atol=1e-14)
+    # three box prisms about the common centre of mass (parallel axes)
+    Iref = np.zeros((3, 3))
+    for (cx, cy), (a, b) in (((1.5, 0.5), (3, 1)), ((0.5, 1.5), (1, 1)), ((2.5, 1.5), (1, 1))):
+        m = a * b * H
+        Ic = m / 12 * np.diag([b * b + H * H, a * a + H * H, a * a + b * b])
+        d = np.array([cx, cy, H / 2]) - com
+        Iref += Ic + m * (d @ d * np.eye(3) - np.outer(d, d))
+    np.testing.assert_allclose(I, Iref, atol=1e-13)
+    # legacy counts the faces seen from behind positively: more than the mesh (5H here)
+    assert mesh_mass_properties(V, F, "legacy")[0] > 5 * H * (1 + 1e-3)
+
+
+DOG = os.path.join(os.path.dirname(__import__("dm_control").__file__), "suite", "dog_assets") \
+    if __import__("importlib").util.find_spec("dm_control") else None
+
+
+@pytest.mark.parametrize("mode", ["default", "legacy", "exact", "convex", "shell"])
+@pytest.mark.parametrize("mesh", ["u_prism", "dog_vertebra"])
+def test_mesh_body_follows_mujoco(tmp_path, mesh, mode):
+    if mesh == "u_prism":
+        write_obj(tmp_path / "u.obj", *u_prism())
+        file, meshdir, scale = "u.obj", str(tmp_path), "0.2 0.3 0.25"
+    else:
+        if DOG is None:
+            pytest.skip("dm_control is not installed")
+        file, meshdir, scale = "BONEC_1.stl", DOG, "1 1 1"     # a non-convex bone
+    inertia = "" if mode == "default" else f' inertia="{mode}"'
+    (tmp_path / "m.xml").write_text(f"""<mujoco>
+  <compiler meshdir="{meshdir}"/>
+  <asset><mesh name="m" file="{file}" scale="{scale}"{inertia}/></asset>
+  <worldbody><body name="b"><freejoint/>
+    <geom type="mesh" mesh="m" density="1100" pos="0.1 -0.2 0.05" euler="20 -35 50"/>
+    <geom type="sphere" size="0.01" pos="0.3 0 0"/>
+  </body></worldbody>
+</mujoco>""")
+    sim, m = load_both(tmp_path / "m.xml")
+    mass, com, I = body_inertia_diffgym(sim)
+    mass_mj, com_mj, I_mj = body_inertia_mujoco(m, 1)
+    assert mass == pytest.approx(mass_mj, rel=1e-9)
+    np.testing.assert_allclose(com, com_mj, atol=1e-9 * np.linalg.norm(com_mj) + 1e-12)
+    np.testing.assert_allclose(I, I_mj, atol=1e-8 * np.abs(I_mj).max())
+
+
+def test_legacy_differs_from_the_hull_on_a_concave_mesh(tmp_path):
+    """The rule matters: MuJoCo's default (legacy) mass of the concave prism is neither the
+    mesh's nor its hull's, and diffgym now gives MuJoCo's."""
+    write_obj(tmp_path / "u.obj", *u_prism())
+    masses = {}
+    for mode in ("legacy", "exact", "convex"):
+        (tmp_path / "m.xml").write_text(f"""<mujoco><asset><mesh name="m" file="u.obj"
+          inertia="{mode}"/></asset><worldbody><body><freejoint/><geom type="mesh" mesh="m"
+          density="1"/></body></worldbody></mujoco>""")
+        sim, m = load_both(tmp_path / "m.xml")
+        masses[mode] = body_inertia_diffgym(sim)[0]
+        assert masses[mode] == pytest.approx(m.body_mass[1], rel=1e-12)
+    assert masses["exact"] == pytest.approx(5 * H, rel=1e-12)
+    assert masses["convex"] == pytest.approx(6 * H, rel=1e-12)       # hull: the 3 x 2 block
+    assert abs(masses["legacy"] - masses["exact"]) > 1e-3 and \
+        abs(masses["legacy"] - masses["convex"]) > 1e-3
+
+
+def test_bad_mesh_inertia_named_with_line(tmp_path):
+    write_obj(tmp_path / "u.obj", *u_prism())
+    (tmp_path / "m.xml").write_text("""<mujoco>
+  <asset>
+    <mesh name="m" file="u.obj" inertia="solid"/>
+  </asset><worldbody/></mujoco>""")
+    with pytest.raises(diffgym.ModelError, match=r"m\.xml:3: <mesh name='m'>: inertia='solid'"):
+        diffgym.Simulator.from_file(str(tmp_path / "m.xml"))
+    # a mesh whose faces are inside out: MuJoCo refuses 'exact'; so does diffgym, by name
+    V, F = u_prism()
+    write_obj(tmp_path / "u.obj", V, F[:, [0, 2, 1]])
+    (tmp_path / "m.xml").write_text("""<mujoco>
+  <asset>
+    <mesh name="m" file="u.obj" inertia="exact"/>
+  </asset><worldbody><body><freejoint/><geom type="mesh" mesh="m"/></body></worldbody></mujoco>""")
+    with pytest.raises(ValueError):
+        mujoco.MjModel.from_xml_path(str(tmp_path / "m.xml"))
+    with pytest.raises(diffgym.ModelError, match=r"m\.xml:3: <mesh name='m'> inertia='exact': "
+                       r"mesh volume is negative"):
+        diffgym.Simulator.from_file(str(tmp_path / "m.xml"))
+
+
+def test_boundmass_boundinertia_follow_mujoco():
+    """A massless link, a light thin rod and an explicit <inertial> under the compiler's bounds,
+    with settotalmass after them, as MuJoCo compiles them."""
+    xml = """<mujoco>
+  <compiler boundmass="0.05" boundinertia="0.002" settotalmass="3"/>
+  <worldbody><body name="a"><joint type="hinge" axis="0 1 0"/>
+      <geom type="capsule" fromto="0 0 0 0 0 -0.5" size="0.01"/>
+      <body name="b" pos="0.1 0 -0.5" euler="10 0 0"><joint type="hinge" axis="1 0 0"/>
+        <body name="c" pos="0 0.1 0" euler="0 0 30"><joint type="slide" axis="0 0 1"/>
+          <inertial pos="0.01 0 0" mass="2" diaginertia="0.001 0.2 0.2"/>
+        </body></body></body></worldbody>
+</mujoco>"""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        sim = diffgym.Simulator.from_string(xml)
+    m = mujoco.MjModel.from_xml_string(xml)
+    for j, b in ((1, 1), (2, 2), (3, 3)):          # one joint per body here
+        Y = sim.model.inertias[j]
+        mass, com, I = body_inertia_mujoco(m, b)
+        assert Y.mass == pytest.approx(mass, rel=1e-12)
+        np.testing.assert_allclose(Y.lever, com, atol=1e-12)
+        np.testing.assert_allclose(Y.inertia, I, atol=1e-12)
+    assert m.body_mass[2] > 0 and np.any(m.body_ipos[2] != 0) and m.body_mass.sum() == \
+        pytest.approx(3)
+    # (the massless link got the bound, scaled by settotalmass; MuJoCo places it at the body's
+    # own pos, read in its frame: followed, so the same file gives the same model)
