@@ -167,6 +167,30 @@ def _mujoco_model(mujoco, path: str, sim):
     return mujoco.MjModel.from_xml_path(path), ""
 
 
+def _compare_mass(row: Row, sim) -> None:
+    """The mass column (and, in the note, the centre of mass at qpos0) of a model loaded but not
+    simulated: its moving mass against MuJoCo's on the same file."""
+    import mujoco
+    import pinocchio as pin
+    m, _ = _mujoco_model(mujoco, row.path, sim)
+    moving = np.array([b for b in range(1, m.nbody) if m.body_weldid[b] != 0], dtype=int)
+    mass_mj = float(m.body_mass[moving].sum())
+    masses = np.array([sim.model.inertias[j].mass for j in range(1, sim.model.njoints)])
+    row.mass_rel = abs(float(masses.sum()) - mass_mj) / max(mass_mj, 1e-12)
+    if row.path.endswith(".urdf") or m.nq != sim.nq or masses.sum() == 0:
+        return
+    d = mujoco.MjData(m)
+    mujoco.mj_kinematics(m, d)
+    data = sim.model.createData()
+    pin.forwardKinematics(sim.model, data, _mj_to_pin_q(m, m.qpos0))
+    c = sum(masses[j - 1] * data.oMi[j].act(sim.model.inertias[j].lever)
+            for j in range(1, sim.model.njoints)) / masses.sum()
+    c_mj = (m.body_mass[moving, None] * d.xipos[moving]).sum(0) / mass_mj
+    row.com0 = float(np.linalg.norm(np.asarray(c) - c_mj))
+    row.note += (f"; moving mass {masses.sum():.4g} kg (MuJoCo {mass_mj:.4g} kg), centre of mass "
+                 f"at qpos0 {row.com0:.1e} m from MuJoCo's")
+
+
 def compare(row: Row, sim, seconds: float, budget: float = math.inf) -> None:
     """Simulate both engines passively and fill the comparison columns of ``row``."""
     import mujoco
@@ -276,6 +300,7 @@ def run_one(group: str, name: str, path: str, seconds: float, budget: float = ma
         row.nv = sim.nv
         if name in NOT_SIMULATED and not simulate_all:
             row.note = f"not simulated (--all does): {NOT_SIMULATED[name]}"
+            _compare_mass(row, sim)
             return row
         try:
             compare(row, sim, seconds, budget)

@@ -29,7 +29,8 @@ attribute, friction, mass, inertia, size and range is checked at load.
 * diffgym's coefficients of restitution, in ``<custom><numeric name="diffgym:restitution"`` (every
   geom) or ``name="diffgym:restitution:GEOM"`` (one geom) ``data="e"/>``: MuJoCo loads and
   ignores them (``parse_restitution``)
-* ``<equality>`` connect/weld/joint, joint ``frictionloss``, ball-joint ``range`` and
+* ``<equality>`` connect/weld (by bodies and anchor, or by ``site1``/``site2``: the sites'
+  positions or frames coincide)/joint, joint ``frictionloss``, ball-joint ``range`` and
   ``<tendon><fixed>`` (rows of the constraint problem: ``diffgym.sim.equality``)
 
 Configuration vectors use pinocchio's convention: a free joint is ``[x y z qx qy qz qw]``
@@ -216,6 +217,7 @@ class _MJCFBuilder:
         self.stiffness: dict[int, tuple[float, float]] = {}
         self.meshes: dict[str, tuple[str, np.ndarray]] = {}
         self.mesh_inertia: dict[str, tuple[str, ET.Element]] = {}   # name: (rule, element)
+        self.sites: dict[str, tuple[_Body, pin.SE3, ET.Element]] = {}  # in the joint's frame
         self._mesh_mass: dict[str, tuple[float, np.ndarray, np.ndarray]] = {}
         self.dt = 0.002
         self.gravity = np.array([0.0, 0.0, -9.81])
@@ -560,6 +562,8 @@ class _MJCFBuilder:
                 self.add_body(el, self.bodies["world"], None)
             elif el.tag == "frame":
                 raise self.err("<frame> is not supported; fold it into the bodies' pos/quat", el)
+            elif el.tag == "site":
+                self._add_site(el, self.bodies["world"], None)
         if self.settotalmass > 0:
             # MuJoCo's compiler scales every body's mass and inertia so the total is this value
             total = self.static_mass + sum(self.model.inertias[j].mass
@@ -697,6 +701,8 @@ class _MJCFBuilder:
         parent.children.append(name)
         self.bodies[name] = body
         body.frame_id = self.model.addBodyFrame(name, jid, T, parent.frame_id)
+        for site in el.findall("site"):
+            self._add_site(site, body, childclass)
         # inertia
         inertial = el.find("inertial")
         use_geoms = self.compiler.inertiafromgeom == "true" or (
@@ -754,6 +760,22 @@ class _MJCFBuilder:
                 self.model.appendBodyToJoint(jid, pin.Inertia(mass, pos, R @ I @ R.T), T)
         for child in el.findall("body"):
             self.add_body(child, body, childclass)
+
+    def _add_site(self, el: ET.Element, body: _Body, childclass: str | None) -> None:
+        """A named site's frame in its body's joint frame (equality constraints name sites)."""
+        a = self.attrs(el, childclass)
+        name = a.get("name")
+        if name is None:
+            return
+        what = f"<site name={name!r}>"
+        if "fromto" in a:        # (a capsule-like site: its frame sits at the midpoint)
+            ft = _floats(a["fromto"], 6, f"{what} fromto")
+            a = {k: v for k, v in a.items() if k != "fromto"}
+            a["pos"] = " ".join(repr(float(x)) for x in 0.5 * (ft[:3] + ft[3:]))
+            a["zaxis"] = " ".join(repr(float(x)) for x in ft[3:] - ft[:3])
+            for k in ("quat", "euler", "axisangle", "xyaxes"):
+                a.pop(k, None)
+        self.sites[name] = (body, body.placement * self.pose(a, what), el)
 
     def _bounded(self, mass: float, I: np.ndarray) -> tuple[float, np.ndarray]:
         """MuJoCo's ``<compiler boundmass boundinertia>``: every body but the world gets at least
@@ -1010,11 +1032,11 @@ class _MJCFBuilder:
             raise self.err(f"{what}: joint {jname!r} must be a hinge or slide")
         return jm
 
-    def _body_of(self, name: str | None, what: str):
+    def _body_of(self, name: str | None, what: str, el: ET.Element | None = None):
         if name is None:
-            raise self.err(f"{what}: missing body")
+            raise self.err(f"{what}: missing body", el)
         if name not in self.bodies:
-            raise self.err(f"{what}: unknown body {name!r}")
+            raise self.err(f"{what}: unknown body {name!r}", el)
         return self.bodies[name]
 
     def parse_constraint_spec(self, q0: np.ndarray):
@@ -1044,19 +1066,46 @@ class _MJCFBuilder:
                 if a.get("active", "true") == "false":
                     continue
                 if el.tag in ("connect", "weld"):
-                    if "site1" in a or "site2" in a:
-                        raise self.err(f"{what}: site1/site2 are not supported (use body1/body2)")
-                    b1 = self._body_of(a.get("body1"), what)
-                    b2 = self._body_of(a.get("body2", "world"), what)
+                    by_site = "site1" in a or "site2" in a
+                    if by_site:
+                        # MuJoCo's site form: the two sites' positions (connect) or frames
+                        # (weld) coincide; body1/body2/anchor/relpose are not read
+                        for k in ("site1", "site2"):
+                            if a.get(k) is None:
+                                raise self.err(f"{what}: site1 and site2 go together (missing "
+                                               f"{k})", el)
+                            if a[k] not in self.sites:
+                                raise self.err(f"{what}: unknown site {k}={a[k]!r}", el)
+                        mixed = [k for k in ("body1", "body2", "anchor") if k in el.attrib]
+                        if mixed:
+                            raise self.err(f"{what}: site1/site2 with {', '.join(mixed)} (give "
+                                           "either sites or bodies)", el)
+                        b1, S1, _ = self.sites[a["site1"]]
+                        b2, S2, _ = self.sites[a["site2"]]
+                    else:
+                        b1 = self._body_of(a.get("body1"), what, el)
+                        b2 = self._body_of(a.get("body2", "world"), what, el)
                     if b1.jid == b2.jid:
                         raise self.err(f"{what}: body1 {b1.name!r} and body2 {b2.name!r} move "
-                                       "rigidly together: the constraint does nothing")
+                                       "rigidly together: the constraint does nothing", el)
+                    if by_site and el.tag == "connect":
+                        spec.connects.append(Connect(name, b1.name, b2.name, b1.jid, b2.jid,
+                                                     S1.translation.copy(),
+                                                     S2.translation.copy()))
+                        continue
+                    if by_site:
+                        if float(a.get("torquescale", 1)) != 1:
+                            raise self.err(f"{what}: torquescale={a['torquescale']!r} is not "
+                                           "supported (the weld is hard: torquescale 1)", el)
+                        spec.welds.append(Weld(name, b1.name, b2.name, b1.jid, b2.jid,
+                                               S1, S2, pin.SE3.Identity(), np.zeros(3)))
+                        continue
                     P1, P2 = pose(b1), pose(b2)
                     if el.tag == "connect":
                         anchor = _floats(a.get("anchor"), 3, f"{what} anchor") \
                             if "anchor" in a else None
                         if anchor is None:
-                            raise self.err(f"{what}: missing anchor")
+                            raise self.err(f"{what}: missing anchor", el)
                         pw = P1.act(anchor)
                         spec.connects.append(Connect(name, b1.name, b2.name, b1.jid, b2.jid,
                                                      b1.placement.act(anchor),
@@ -1065,7 +1114,7 @@ class _MJCFBuilder:
                     else:
                         if float(a.get("torquescale", 1)) != 1:
                             raise self.err(f"{what}: torquescale={a['torquescale']!r} is not "
-                                           "supported (the weld is hard: torquescale 1)")
+                                           "supported (the weld is hard: torquescale 1)", el)
                         anchor = _floats(a.get("anchor", "0 0 0"), 3, f"{what} anchor")
                         rp = _floats(a.get("relpose", "0 1 0 0 0 0 0"), 7, f"{what} relpose")
                         if np.all(rp[3:] == 0) or "relpose" not in a:
