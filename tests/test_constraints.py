@@ -590,3 +590,54 @@ def test_frictionloss_on_a_limited_joint_outside_its_range():
         q, v = sim.step(q, v, sim.actuation(rng.uniform(-1, 1, len(sim.actuators))))
         assert sim.last.converged, k
         assert step_conditions(sim) < 1e-9, k
+
+
+LIMIT_UNDER_TENDON = """<mujoco><option timestep="0.002"/><worldbody>
+ <body name="a" pos="0 0 1"><joint name="ja" type="hinge" axis="0 1 0" range="-20 20"/>
+  <inertial pos="0.2 0 0" mass="1" diaginertia="0.01 0.01 0.01"/></body>
+</worldbody>
+<tendon><fixed name="t" range="{lo} 0.9"><joint joint="ja" coef="{coef}"/></fixed></tendon></mujoco>"""
+
+
+@pytest.mark.parametrize("lo, coef, q0", [(-0.4, 1, -0.5), (-0.9, 2, -0.5), (-0.9, -2, 0.5)])
+def test_joint_limit_under_a_tendon_limit_on_its_dof(lo, coef, q0):
+    """A hinge outside both its own range (-20 deg) and a fixed tendon's range on the same dof,
+    its own limit violated more: the tendon's limit row, active as an equality, took the dof;
+    the joint limit's Schur diagonal vanished and it was left out with zero impulse. The step
+    was reported converged at the tendon's drift velocity (10 rad/s) while the joint limit's is
+    15.1 (the oracle's violation 0.34 of the largest |g|). Now the tendon limit is released and
+    the joint limit decides: the same step as without the tendon."""
+    sim = diffgym.Simulator.from_string(LIMIT_UNDER_TENDON.format(lo=lo, coef=coef))
+    ref = diffgym.Simulator.from_string(LIMIT_UNDER_TENDON.format(lo=-9, coef=coef))
+    q, v = np.array([q0]), np.zeros(1)
+    qr, vr = q.copy(), v.copy()
+    for k in range(4):
+        q, v = sim.step(q, v, np.zeros(1))
+        assert sim.last.converged, k
+        c = step_conditions(sim)
+        assert c is None or c < 1e-9, (k, c)
+        qr, vr = ref.step(qr, vr, np.zeros(1))
+        np.testing.assert_allclose(v, vr, rtol=1e-12)
+    assert abs(v[0]) > 14.0          # (the joint limit's drift velocity, less gravity)
+
+
+def test_contact_under_a_ball_limit_on_its_direction():
+    """A rod on a ball joint tilted past its cone limit, its tip sphere pressed into a wall whose
+    normal's rotation axis is the limit's: the contact needs more than the limit gives. Every
+    step solved by the independent oracle (this case was right before the rule above; kept as
+    a guard)."""
+    th, lim, thw, l = 0.42, 0.35, 0.2, 0.5
+    yw = l * np.sin(thw) + 0.05
+    sim = diffgym.Simulator.from_string(f"""<mujoco><compiler angle="radian"/><worldbody>
+ <geom name="wall" type="box" size="0.5 0.1 0.5" pos="0 {yw + 0.1} -0.4"/>
+ <body name="rod"><joint name="ball" type="ball" range="0 {lim}"/>
+  <geom type="capsule" fromto="0 0 0 0 0 -{l}" size="0.01" contype="0" conaffinity="0"/>
+  <geom type="sphere" size="0.05" pos="0 0 -{l}"/></body></worldbody></mujoco>""")
+    Q = pin.Quaternion(pin.utils.rpyToMatrix(th, 0, 0))
+    q, v = np.array([Q.x, Q.y, Q.z, Q.w]), np.zeros(3)
+    for k in range(3):
+        q, v = sim.step(q, v, np.zeros(3))
+        assert sim.last.converged, k
+        c = step_conditions(sim)
+        assert c is None or c < 1e-9, (k, c)
+    assert v[0] < -20.0          # pushed out of the wall faster than the limit alone would

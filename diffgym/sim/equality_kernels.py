@@ -21,7 +21,7 @@ import numpy as np
 from .jit import njit
 from .solver_kernels import solve_stage1
 
-KIND_FRICTION, KIND_LIMIT = 1, 2       # (diffgym.sim.equality's KIND_*)
+KIND_EQ, KIND_FRICTION, KIND_LIMIT = 0, 1, 2       # (diffgym.sim.equality's KIND_*)
 _EMPTY_F = np.zeros(0)
 _EMPTY_I = np.zeros(0, dtype=np.int64)
 
@@ -319,6 +319,11 @@ def mixed_solve(G, g, nc, nl, mu, kind, bound, xmode_in, lam0, modes0, has_modes
         # drift-correction velocity on the dof of a friction row); each stuck friction row along
         # it slides against the motion the row's impulse will cause. (Switched back to
         # sticking, the rows would only repeat: 0 -> bound -> 0 on the same dof.)
+        # The same for an active unilateral extra row (a tendon or ball-joint limit held as an
+        # equality) that took the direction of a joint limit or contact needing more velocity
+        # than it allows (a joint limit violated by more than the tendon's on the same dof):
+        # that limit is released, and the reduced NCP decides the row it took (released
+        # wrongly, its own check re-activates it next round).
         # (A row that only a true equality takes, e.g. the contacts of a body welded to the
         # world, is left breaking with zero impulse by design: not counted.)
         stuck_viol = 0.0
@@ -326,13 +331,17 @@ def mixed_solve(G, g, nc, nl, mu, kind, bound, xmode_in, lam0, modes0, has_modes
             if (i >= 3 * nc or i % 3 == 2) and sigma[i] < -tol and lam[i] == 0.0:
                 for t in range(mx):
                     r = s0 + t
-                    if (kind[t] == KIND_FRICTION and xmode[t] == 0
-                            and abs(G[r, i]) > 1e-9 * np.sqrt(G[r, r] * G[i, i])):
+                    if xmode[t] != 0 or kind[t] == KIND_EQ or \
+                            abs(G[r, i]) <= 1e-9 * np.sqrt(G[r, r] * G[i, i]):
+                        continue
+                    if kind[t] == KIND_FRICTION:
                         new[t] = 1 if G[r, i] > 0 else -1
-                        if -sigma[i] > viol[t]:
-                            viol[t] = -sigma[i]
-                        if -sigma[i] > stuck_viol:
-                            stuck_viol = -sigma[i]
+                    else:
+                        new[t] = 2
+                    if -sigma[i] > viol[t]:
+                        viol[t] = -sigma[i]
+                    if -sigma[i] > stuck_viol:
+                        stuck_viol = -sigma[i]
         same = True
         for i in range(mx):
             if new[i] != xmode[i]:
