@@ -174,3 +174,15 @@ def test_boundmass_boundinertia_follow_mujoco():
         pytest.approx(3)
     # (the massless link got the bound, scaled by settotalmass; MuJoCo places it at the body's
     # own pos, read in its frame: followed, so the same file gives the same model)
+
+
+def test_boundmass_without_boundinertia_on_a_massless_body_refused():
+    xml = """<mujoco><compiler boundmass="0.05"/><worldbody>
+<body name="a"><joint type="hinge" axis="0 1 0"/><geom type="sphere" size=".1"/>
+  <body name="b" pos="0 0 -0.5"><joint type="hinge" axis="1 0 0"/></body></body>
+</worldbody></mujoco>"""
+    with pytest.raises(ValueError):
+        mujoco.MjModel.from_xml_string(xml)
+    with pytest.raises(diffgym.ModelError, match=r"<string>:3: <body name='b'>: no mass of its "
+                       r"own: <compiler boundmass> gives it a mass but no inertia"):
+        diffgym.Simulator.from_string(xml)

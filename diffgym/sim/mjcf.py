@@ -726,6 +726,10 @@ class _MJCFBuilder:
                 # (read in its frame, a quirk followed so the same file gives the same model),
                 # and its principal axes along the body's own quat
                 com = local.translation.copy()
+                if self.compiler.boundinertia <= 0 and jid != 0:
+                    raise self.err(f"{what}: no mass of its own: <compiler boundmass> gives it "
+                                   "a mass but no inertia (MuJoCo refuses it too; set "
+                                   "boundinertia, or give it geoms or an <inertial>)", el)
             mass, I = self._bounded(mass, I)
             if mass > 0 and self.compiler.boundmass > 0 and not geom_mass:
                 I = local.rotation @ I @ local.rotation.T
