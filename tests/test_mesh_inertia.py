@@ -148,9 +148,10 @@ def test_bad_mesh_inertia_named_with_line(tmp_path):
         diffgym.Simulator.from_file(str(tmp_path / "m.xml"))
 
 
-def test_boundmass_boundinertia_follow_mujoco():
+def test_boundmass_boundinertia_follow_mujoco(tmp_path, monkeypatch):
     """A massless link, a light thin rod and an explicit <inertial> under the compiler's bounds,
     with settotalmass after them, as MuJoCo compiles them."""
+    monkeypatch.chdir(tmp_path)        # (MuJoCo logs settotalmass's deprecation to the cwd)
     xml = """<mujoco>
   <compiler boundmass="0.05" boundinertia="0.002" settotalmass="3"/>
   <worldbody><body name="a"><joint type="hinge" axis="0 1 0"/>
