@@ -86,7 +86,7 @@ DOG = os.path.join(os.path.dirname(__import__("dm_control").__file__), "suite", 
 def test_mesh_body_follows_mujoco(tmp_path, mesh, mode):
     if mesh == "u_prism":
         write_obj(tmp_path / "u.obj", *u_prism())
-        file, meshdir, scale = "u.obj", str(tmp_path), "0.2 0.3 0.25"
+        file, meshdir, scale = "u.obj", str(tmp_path), "-0.2 0.3 0.25"   # (mirrored)
     else:
         if DOG is None:
             pytest.skip("dm_control is not installed")
