@@ -495,3 +495,46 @@ def test_packed_detect_returns_the_arrays_of_the_closed_forms(model):
             assert (x is None) == (y is None)
             if x is not None:
                 np.testing.assert_array_equal(x, y, err_msg=f)
+
+
+def test_setting_max_points_reaches_the_compiled_detection():
+    """``detect`` builds the compiled pass's load-fixed arguments once; setting ``max_points``
+    afterwards must change the points found as a driver built with that value finds them."""
+    sim = diffgym.Simulator.from_string(SHAPES)
+    drv = CollisionDriver(sim.sm, max_points=4)
+    ref = {k: CollisionDriver(sim.sm, max_points=k) for k in (1, 4)}
+    rng = np.random.default_rng(2)
+    fewer = 0
+    for _ in range(40):
+        q, v = _random_state(sim, rng, (-0.05, 0.15))
+        pin.forwardKinematics(sim.model, sim.data, q, v)
+        pin.updateGeometryPlacements(sim.model, sim.data, sim.geom_model, sim.geom_data)
+        found = {}
+        for k in (4, 1, 4):
+            drv.max_points = k
+            a, b = drv.detect(sim.data, sim.geom_data, sim.dt), ref[k].detect(sim.data, sim.geom_data, sim.dt)
+            for f in ("pair", "geom1", "geom2", "point", "mu"):
+                np.testing.assert_array_equal(getattr(a, f), getattr(b, f), err_msg=f)
+            for f in ("pos", "normal", "dist"):      # (coal warm-starts GJK from earlier calls)
+                np.testing.assert_allclose(getattr(a, f), getattr(b, f), rtol=0, atol=1e-12)
+            found[k] = len(a)
+        fewer += found[1] < found[4]
+    assert fewer
+
+
+@pytest.mark.parametrize("model,additive", [("hopper.xml", True), ("cartpole.xml", True),
+                                            ("go1.urdf", False)])
+def test_vector_space_models_integrate_by_sum(model, additive):
+    """Where every joint is a vector space the step's ``q1`` is ``q + dt v1`` by numpy instead
+    of pinocchio's ``integrate``: the same bits, on the states a random-torque rollout visits."""
+    sim = diffgym.Simulator.from_file(asset_path(model), ignore_unsupported=("joint.frictionloss",
+                                                                            "option.integrator"))
+    assert sim._additive_q is additive
+    rng = np.random.default_rng(5)
+    q, v = sim.q0, np.zeros(sim.nv)
+    for t in range(150):
+        q, v = sim.step(q, v, rng.normal(0.0, 20.0, sim.nv) if t % 3 else np.zeros(sim.nv))
+        c = sim.cache           # (c["q"]: the step's q, its quaternions normalized)
+        if c.get("impact_times") is None:
+            ref = pin.integrate(sim.model, c["q"], sim.dt * c["v1"])
+            assert ref.tobytes() == q.tobytes(), t

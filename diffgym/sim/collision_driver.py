@@ -885,7 +885,29 @@ class CollisionDriver:
         nph.new_placements()                         # (once per detection pass)
         return nph.requests, nph.results, nph.patch_results
 
+    @property
+    def max_points(self) -> int:
+        """Most points kept of a contact patch."""
+        return self.__dict__["_max_points"]
+
+    @max_points.setter
+    def max_points(self, value: int) -> None:
+        self.__dict__["_max_points"] = int(value)
+        self.__dict__.pop("_fixed_args", None)
+
     # -- the detection pass ----------------------------------------------------------------
+    def _detect_fixed_args(self) -> tuple:
+        """``detect_closed_form``'s arguments that the model fixes at load, in the kernel's
+        order around the per-step ones (built once: ~30 attribute reads fewer per step):
+        (mj, support, the broad phase's, those after ``dt``). Setting ``max_points`` drops
+        them (they hold its value)."""
+        return (self._mj_arr, self._support,
+                (self._gslot, self._W0, self._reach, self.pairs, self._perm, self._pcat,
+                 self._rad, self._sap_g),
+                (self._hp, self._hp_pl, self._hp_ot, self._hp_ext_vec, self._hp_ext_const,
+                 self._hp_use_rot, *self._mesh, self._g_boxhalf, self._g_isbox, self._friction,
+                 self.max_points, *self._bp, self._g_ssr, self._g_half, self._g_sphere_r))
+
     def detect(self, data: pin.Data, gdata: pin.GeometryData, dt: float,
                v: np.ndarray | None = None) -> Contacts:
         """Contacts at the placements of ``data`` (forwardKinematics) and ``gdata``
@@ -907,14 +929,13 @@ class CollisionDriver:
             lin, ang, Jw, v, from_jacobian = (self._no_speed, self._no_speed, self._no_J,
                                               self._no_speed, False)
         # (the margins' part that is not the bodies' motion within the step: _plane_pair)
-        self._margin0 = self.base_margin + dt * dt * self._gravity
-        nc, n, F, I = detect_closed_form(
-            oM, self._mj_arr, Jw, v, self._support, lin, ang, from_jacobian, self._gslot, self._W0, self._reach,
-            self.pairs, self._perm, self._pcat, self._rad, self._sap_g,
-            self._margin0, dt, self._hp, self._hp_pl, self._hp_ot,
-            self._hp_ext_vec, self._hp_ext_const, self._hp_use_rot, *self._mesh,
-            self._g_boxhalf, self._g_isbox, self._friction, self.max_points, *self._bp,
-            self._g_ssr, self._g_half, self._g_sphere_r)
+        self._margin0 = m0 = self.base_margin + dt * dt * self._gravity
+        fixed = self.__dict__.get("_fixed_args")
+        if fixed is None:
+            fixed = self._fixed_args = self._detect_fixed_args()
+        mj, support, broad, rest = fixed
+        nc, n, F, I = detect_closed_form(oM, mj, Jw, v, support, lin, ang, from_jacobian, *broad,
+                                         m0, dt, *rest)
         self.last_candidates = nc
         if not nc:
             return Contacts(*_unpack_detect(F, I, nc, n)[2]) if n else self._empty

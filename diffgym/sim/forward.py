@@ -636,6 +636,10 @@ def _step_checks(v, v1, q1, gate, mu):
 
 
 _NO_MU = np.zeros(0)
+# joints whose configuration space is a vector space (``integrate(q, v) = q + v``)
+_ADDITIVE_JOINTS = frozenset(
+    "JointModel" + k for k in ("RX", "RY", "RZ", "PX", "PY", "PZ", "RevoluteUnaligned",
+                                "PrismaticUnaligned", "Translation"))
 _STAGE1 = ("newton", "prox+newton", "none")     # methods of a solve that stage 1 (or 1b) did
 _LAZY_FIELDS = frozenset(("contact_points", "contact_normals", "contact_distances",
                           "contact_impulses", "contact_impulses_world", "contact_modes",
@@ -666,7 +670,8 @@ class StepInfo:
     islands: int = 0           # independent constraint problems (islands) the step solved
 
     @classmethod
-    def _lazy(cls, cons: Constraints, res: SolverResult, sm: SimModel) -> "StepInfo":
+    def _lazy(cls, cons: Constraints, res: SolverResult, sm: SimModel,
+              islands: int | None = None) -> "StepInfo":
         """A StepInfo whose per-contact fields are computed on first access."""
         info = object.__new__(cls)
         d = info.__dict__
@@ -675,6 +680,8 @@ class StepInfo:
         d["residual"] = res.residual
         d["converged"] = res.converged
         d["method"] = res.method
+        if islands is not None:
+            d["islands"] = islands
         return info
 
     def __getattr__(self, name: str):
@@ -830,6 +837,10 @@ class Simulator:
                 s0 = jm.idx_q + (3 if name == "JointModelFreeFlyer" else 0)
                 rows.extend(range(s0, s0 + 4))
         self._quat_rows = np.array(rows, dtype=np.int64)
+        # every joint a vector space (revolute, prismatic, translation: pinocchio's integrate
+        # is q + v, bit for bit): the step's q1 is one numpy sum, no pinocchio call
+        self._additive_q = all(self.model.joints[j].shortname() in _ADDITIVE_JOINTS
+                               for j in range(1, self.model.njoints))
         _warn_unstable_dt(self)
 
     def _idx_q_of_v(self, iv: int) -> int:
@@ -1150,8 +1161,7 @@ class Simulator:
             pin.updateGeometryPlacements(model, data, self.geom_model, self.geom_data)
             # world-frame joint Jacobians at these placements (a copy: later calls reuse data.J)
             pin.computeJointJacobians(model, data)
-        Jw = data.J.reshape(6, nv)          # (eigenpy gives a (6,) vector when nv = 1)
-        Jw = Jw.copy()
+        Jw = data.J.reshape(6, nv).copy()   # (eigenpy gives a (6,) vector when nv = 1)
         contacts = self._last_contacts = self.collision.detect(data, self.geom_data, dt, v)
 
         ex = self.__dict__.get("_extra")
@@ -1284,7 +1294,8 @@ class Simulator:
             if toi is not None and toi.interior.any() and len(pre or ()) < MAX_PASSES:
                 return impact_substep(self, q, v, tau, jacobian, toi, cons)
             toi = None if pre else toi
-        q1 = pin.integrate(model, q, displacement(toi, dt, v, v1, spent))
+        q1 = (q + displacement(toi, dt, v, v1, spent) if self.__dict__.get("_additive_q")
+              else pin.integrate(model, q, displacement(toi, dt, v, v1, spent)))
         finite, jump, frictionless = _step_checks(v, v1, q1, self._gate,
                                                   cons.mu if cons is not None else _NO_MU)
         if not finite:
@@ -1455,8 +1466,7 @@ class Simulator:
         self._warm = (c.pair, c.point, res.lam,
                       modes if modes.dtype == np.int64 else modes.astype(np.int64),
                       cons.limits, res.limit_active)
-        self.last = StepInfo._lazy(cons, res, self.sm)
-        self.last.__dict__["islands"] = islands
+        self.last = StepInfo._lazy(cons, res, self.sm, islands)
         if not res.converged and not self._warned:
             self._warned = True
             warnings.warn(f"contact solver did not converge: residual {res.residual:.3e} m/s after "
