@@ -57,6 +57,64 @@ def _matvec(A, x, b, out):
 
 
 @njit
+def _csr_matvec_build(A, x, b, out):
+    """``out = A @ x + b`` (``_matvec``) and the nonzeros of A by rows (ptr, col, val), for
+    ``_csr_matvec``: a large island's Delassus block is mostly zeros (rows of bodies that share
+    no tree), and the body-space Newton steps multiply by it several times. (Row by row: a scan
+    that counts, then one that stores, from the cache; the storage grows between rows only.)"""
+    n = A.shape[0]
+    c = A.shape[1]
+    ptr = np.empty(n + 1, np.int64)
+    col = np.empty(16 * n + 16, np.int64)
+    val = np.empty(16 * n + 16)
+    k = 0
+    ptr[0] = 0
+    for i in range(n):
+        s = 0.0
+        cnt = 0
+        for j in range(c):
+            a = A[i, j]
+            s += a * x[j]
+            cnt += a != 0.0
+        out[i] = s + b[i]
+        if k + cnt > col.shape[0]:
+            cap = 2 * (k + cnt)
+            col2 = np.empty(cap, np.int64)
+            val2 = np.empty(cap)
+            col2[:k] = col[:k]
+            val2[:k] = val[:k]
+            col = col2
+            val = val2
+        _csr_row(A, i, col, val, k)
+        k += cnt
+        ptr[i + 1] = k
+    return ptr, col, val
+
+
+@njit
+def _csr_row(A, i, col, val, k):
+    """Stores row i's nonzeros of A at ``col[k:]``, ``val[k:]``."""
+    for j in range(A.shape[1]):
+        a = A[i, j]
+        if a != 0.0:
+            col[k] = j
+            val[k] = a
+            k += 1
+
+
+@njit
+def _csr_matvec(ptr, col, val, x, b, out):
+    """``out = A @ x + b`` over A's nonzeros (``_csr_matvec_build``), in the order of
+    ``_matvec``: the terms it skips are exact zeros (``0 * x`` adds nothing to a finite sum), so
+    the result is the same to the bit for finite x."""
+    for i in range(ptr.shape[0] - 1):
+        s = 0.0
+        for t in range(ptr[i], ptr[i + 1]):
+            s += val[t] * x[col[t]]
+        out[i] = s + b[i]
+
+
+@njit
 def _dot(a):
     s = 0.0
     for i in range(a.shape[0]):
@@ -567,8 +625,16 @@ def _newton(G, g, nc, mu, modes, lim_act, lam, dc, vscale, max_its, anchored, mi
     its = 0
     ok = False
     F = np.empty(na)
+    # a large problem's Delassus block by its nonzeros (the body-space steps below): its
+    # products are then the work of its nonzeros, not of na^2 entries (_csr_matvec)
+    sparse = linear and Jb is not None and Jb.shape[0] > 0 and na >= BODY_MIN_ROWS
+    if sparse:
+        sp_ptr, sp_col, sp_val = _csr_matvec_build(Gaa, x, ga, F)
+    else:
+        sp_ptr, sp_col, sp_val = np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(0)
     if linear:
-        _matvec(Gaa, x, ga, F)
+        if not sparse:
+            _matvec(Gaa, x, ga, F)
         fn = _maxabs(F)
         body = False
         if Jb is not None:      # (None: compiled without the body-space path, see _newton's doc)
@@ -592,7 +658,9 @@ def _newton(G, g, nc, mu, modes, lim_act, lam, dc, vscale, max_its, anchored, mi
                               noff, Nv, bptr, bcol, aoff, Av, nz_ptr, nz, nzv, r)
                 # checked: the normal equations Ja^T (Gaa y - r) = 0 must hold (else the dense
                 # path: a dependent dof decided by rounding, an ill-conditioned K)
-                if _normal_ok(Gaa, Jb, nz_ptr, nz, nzv, y, r):
+                e = np.empty(na)
+                _csr_matvec(sp_ptr, sp_col, sp_val, y, r, e)       # Gaa y + r
+                if _normal_ok_e(e, Jb, nz_ptr, nz, nzv, r):
                     if anchored:
                         d = y
                     else:
@@ -607,7 +675,10 @@ def _newton(G, g, nc, mu, modes, lim_act, lam, dc, vscale, max_its, anchored, mi
                 d = _lin_solve(Gaa, F, x, deficient == 1, anchored)
             for a in range(na):
                 x[a] -= d[a]
-            _matvec(Gaa, x, ga, F)
+            if sparse:
+                _csr_matvec(sp_ptr, sp_col, sp_val, x, ga, F)
+            else:
+                _matvec(Gaa, x, ga, F)
             fn_new = _maxabs(F)
             if fn_new > 0.5 * fn and its > min_steps:
                 ok = fn_new <= stall
@@ -714,12 +785,21 @@ def _newton(G, g, nc, mu, modes, lim_act, lam, dc, vscale, max_its, anchored, mi
     # scatter: the full (lam, sigma)
     sigma = np.empty(m)
     if full:
-        _matvec(G, x, g, sigma)
+        if sparse:                  # (Gaa is G)
+            _csr_matvec(sp_ptr, sp_col, sp_val, x, g, sigma)
+        else:
+            _matvec(G, x, g, sigma)
         return x, sigma, ok, its
     out = np.zeros(m)
     for a in range(na):
         out[act[a]] = x[a]
-    _matvec(G, out, g, sigma)
+    # sigma = G out + g over the active columns only (act ascending: the terms of _matvec's
+    # sums in their order, less the exact zeros of the inactive rows' impulses)
+    for i in range(m):
+        t = 0.0
+        for a in range(na):
+            t += G[i, act[a]] * x[a]
+        sigma[i] = t + g[i]
     return out, sigma, ok, its
 
 
@@ -1566,14 +1646,13 @@ def body_factor_rows(Jb, act, M, tlo, thi):
 
 
 @njit
-def _normal_ok(Gaa, Ja, nz_ptr, nz, nzv, y, r):
+def _normal_ok_e(e, Ja, nz_ptr, nz, nzv, r):
     """Whether ``Ja^T (Gaa y - r)`` vanishes against ``Ja^T r`` (to 1e-9, relative): the
-    least-squares optimality of ``body_pinv``'s solution (Ja: its CSR ``nz_ptr``, ``nz``,
-    ``nzv``; only its number of columns is read from ``Ja``)."""
-    na = Gaa.shape[0]
+    least-squares optimality of ``body_pinv``'s solution y, given ``e = Gaa y + r`` (computed
+    over Gaa's nonzeros, ``_csr_matvec``; Ja: its CSR ``nz_ptr``, ``nz``, ``nzv``; only its
+    number of columns is read from ``Ja``)."""
+    na = e.shape[0]
     n = Ja.shape[1]
-    e = np.empty(na)
-    _matvec(Gaa, y, r, e)           # Gaa y + r
     t1 = np.zeros(n)
     t2 = np.zeros(n)
     for a in range(na):
