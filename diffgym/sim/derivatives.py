@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pinocchio as pin
 
+from . import derivative_blocks as _db
 from . import derivative_kernels as K
 from . import collision_derivatives as _cd
 from .collision_derivatives import (POLYTOPE_KINDS, capsule_pair, convex_pair,  # noqa: F401
@@ -123,7 +124,10 @@ class JacobianDiagnostics:
         group = JacobianDiagnostics._GROUP.get(name)
         d = self.__dict__
         if group is not None and "_src" in d:
-            getattr(self, group)(*d["_src"])
+            src = d["_src"]
+            if callable(src[3]):           # (G made when first needed)
+                src = d["_src"] = src[:3] + (src[3](),)
+            getattr(self, group)(*src)
             return d[name]
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
@@ -253,12 +257,18 @@ class StepJacobian:
 
     @property
     def state(self) -> np.ndarray:
-        """d(q1, v1)/d(q, v): (2nv, 2nv)."""
+        """d(q1, v1)/d(q, v): (2nv, 2nv) (a scipy.sparse CSR matrix when the blocks are)."""
+        if not isinstance(self.dq_dq, np.ndarray):
+            import scipy.sparse as sp
+            return sp.bmat([[self.dq_dq, self.dq_dv], [self.dv_dq, self.dv_dv]], format="csr")
         return np.block([[self.dq_dq, self.dq_dv], [self.dv_dq, self.dv_dv]])
 
     @property
     def control(self) -> np.ndarray:
-        """d(q1, v1)/d tau: (2nv, nv)."""
+        """d(q1, v1)/d tau: (2nv, nv) (a scipy.sparse CSR matrix when the blocks are)."""
+        if not isinstance(self.dq_dtau, np.ndarray):
+            import scipy.sparse as sp
+            return sp.vstack([self.dq_dtau, self.dv_dtau], format="csr")
         return np.vstack([self.dq_dtau, self.dv_dtau])
 
 
@@ -974,7 +984,11 @@ def step_jacobian(sim, compiled: bool | None = None) -> StepJacobian:
     out = None
     if sim.__dict__.get("_extra") is not None:
         compiled = False           # the rows of diffgym.sim.equality: the numpy route only
-    if COMPILED if compiled is None else compiled:
+    sparse = _db.wants_sparse(sim)
+    if (COMPILED if compiled is None else compiled) and sparse and _db.applies(sim, C, system):
+        # block by block, memory linear in the bodies (diffgym.sim.derivative_blocks)
+        out = _db.step_jacobian_blocks(sim, C, sparse)
+    if out is None and (COMPILED if compiled is None else compiled):
         out = _step_jacobian_compiled(sim, C, system)
     if out is None:
         out = _step_jacobian_reference(sim, C, system)
@@ -997,7 +1011,14 @@ def step_jacobian(sim, compiled: bool | None = None) -> StepJacobian:
         out.dq_dq = out.dq_dq + dq_v @ bias[3][0]
         out.dq_dv = out.dq_dv + dq_v @ bias[3][1]
         out.dq_dtau = out.dq_dtau + dq_v @ bias[3][2]
-    out.diagnostics = JacobianDiagnostics(sim, C["cons"], C["res"], C["G"])
+    if sparse and isinstance(out.dq_dq, np.ndarray):     # (a route without blocks)
+        import scipy.sparse as sp
+        for name in ("dq_dq", "dq_dv", "dq_dtau", "dv_dq", "dv_dv", "dv_dtau"):
+            setattr(out, name, sp.csr_matrix(getattr(out, name)))
+    # (G made dense only if the diagnostics' margins or conditioning are read: a step kept in
+    # per-island storage, island_step.BlockCache, holds it per island)
+    G = C["G"] if "G" in dict.keys(C) else (lambda: C["G"])
+    out.diagnostics = JacobianDiagnostics(sim, C["cons"], C["res"], G)
     return out
 
 
