@@ -34,7 +34,9 @@ The output, ``StepJacobian`` with its six (nv, nv) blocks, is then either dense 
 always) or ``scipy.sparse.csr_matrix`` holding only the blocks' entries
 (``Simulator(..., jacobian_format=...)``: ``"dense"``, ``"sparse"`` or ``"auto"``, which
 returns sparse matrices only when the six dense ones would take more than
-``SPARSE_AUTO_BYTES``).
+``SPARSE_AUTO_BYTES``, i.e. from nv = 2,366: about 400 free bodies). This route runs for
+sparse output, and for dense output from ``BLOCK_MIN_NV`` dofs; below, dense output keeps the
+whole-model route.
 
 Where this route does not apply it returns None and the whole-model route runs: a model of one
 group (a single robot; its Jacobian is dense anyway), the rows of ``diffgym.sim.equality``,
@@ -53,6 +55,9 @@ from .solver import BREAKING
 
 # dofs per kernel call at most (consecutive blocks merged up to it; a larger block is one call)
 CHUNK_NV = 48
+# the block route also for dense output from this many dofs (below it, and for dense output,
+# the whole-model route as before: its intermediates are small there)
+BLOCK_MIN_NV = 256
 # "auto": sparse output when the six dense (nv, nv) blocks would take more bytes than this
 SPARSE_AUTO_BYTES = 256 * 2 ** 20
 

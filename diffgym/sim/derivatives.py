@@ -985,7 +985,8 @@ def step_jacobian(sim, compiled: bool | None = None) -> StepJacobian:
     if sim.__dict__.get("_extra") is not None:
         compiled = False           # the rows of diffgym.sim.equality: the numpy route only
     sparse = _db.wants_sparse(sim)
-    if (COMPILED if compiled is None else compiled) and sparse and _db.applies(sim, C, system):
+    if (COMPILED if compiled is None else compiled) and (sparse or sim.nv >= _db.BLOCK_MIN_NV) \
+            and _db.applies(sim, C, system):
         # block by block, memory linear in the bodies (diffgym.sim.derivative_blocks)
         out = _db.step_jacobian_blocks(sim, C, sparse)
     if out is None and (COMPILED if compiled is None else compiled):
