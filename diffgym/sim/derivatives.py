@@ -1352,11 +1352,19 @@ class _CompiledState:
         # stand-ins where there are no constraints
         self.no_J = np.zeros((0, nv))
         self.no_G = np.zeros((0, 0))
-        self.no_corr = np.zeros((nv, nv))
+        self._no_corr = None            # (nv, nv) zeros, made when first needed (no_corr)
         self.no_f = np.zeros(0)
         self.no_modes = np.zeros(0, dtype=np.int64)
         self.no_act = np.zeros(0, dtype=np.bool_)
         self.no_geo = (np.zeros((0, 3, nv)), np.zeros((0, 3, nv)), np.zeros((0, nv)))
+
+    @property
+    def no_corr(self) -> np.ndarray:
+        """(nv, nv) zeros: corr of a step without constraints on the whole-model route (made on
+        first use: the block route of a large scene never needs it)."""
+        if self._no_corr is None:
+            self._no_corr = np.zeros((self.model.nv, self.model.nv))
+        return self._no_corr
 
     # a copied or unpickled simulator builds its own (the views alias this one's pinocchio Data)
     def __copy__(self):
