@@ -281,9 +281,12 @@ def step_jacobian_blocks(sim, C, sparse: bool):
                 gj = st.gjoint
                 sub = _SubCons(cons, ks)
                 bkin = _Kin(model, None, q, v1, np.concatenate([gj[g1], gj[g2]]), trees)
-                dp, dn, dd = geometry_derivatives(sim, bkin, sub)
-                geo = (np.ascontiguousarray(dp[:, :, Db]), np.ascontiguousarray(dn[:, :, Db]),
-                       np.ascontiguousarray(dd[:, Db]))
+                # (the joints' Jacobians on the chunk's dofs only: geometry nb wide, not nv)
+                for d in (bkin.J, bkin.dV):
+                    for j in d:
+                        d[j] = np.ascontiguousarray(d[j][:, Db])
+                bkin.nv, bkin.cols = nb, Db
+                geo = geometry_derivatives(sim, bkin, sub)
                 corr, Dq, done = K.contact_terms(*cargs, True, *geo, *lims)
             Jc = rows.J_rows(R, loc, Db) if rows is not None else np.zeros((0, nb))
             G = rows.G_block(R) if rows is not None else np.zeros((0, 0))

@@ -594,7 +594,7 @@ def _sphere_capsule(sim, kin: _Kin, c, k: int, gc: int, gs: int, jc: int, js: in
 def geometry_derivatives(sim, kin: _Kin, cons) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """dp/dq (nc, 3, nv), dn/dq (nc, 3, nv), d dist/dq (nc, nv) of every contact point."""
     nc = cons.nc
-    nv = sim.nv
+    nv = kin.nv            # (sim.nv, or a block's dofs: derivative_blocks, kin.cols)
     c = cons.contacts
     geoms = sim.sm.geoms
     gjoint = sim.constraints.geom_joint
@@ -688,7 +688,7 @@ def geometry_derivatives(sim, kin: _Kin, cons) -> tuple[np.ndarray, np.ndarray, 
         _plane_contacts(sim, kin, cons, np.array(plane), dp, dn, dd)
     if fallback:
         _note_fallback(sim, c, fallback)
-        _collision_fd(sim, cons, fallback, dp, dn, dd)
+        _collision_fd(sim, cons, fallback, dp, dn, dd, getattr(kin, "cols", None))
     return dp, dn, dd
 
 
@@ -711,8 +711,9 @@ def _note_fallback(sim, c, rows) -> None:
         fallback_counts[key] += 1
 
 
-def _collision_fd(sim, cons, idx, dp, dn, dd) -> None:
-    """Central difference of the collision output alone for pairs without a closed form."""
+def _collision_fd(sim, cons, idx, dp, dn, dd, cols=None) -> None:
+    """Central difference of the collision output alone for pairs without a closed form
+    (``cols``: the dofs of dp's columns, None: all)."""
     model, q = sim.model, sim.cache["q"]
     trees = sim.__dict__.get("_trees")
     if trees is not None:
@@ -733,7 +734,7 @@ def _collision_fd(sim, cons, idx, dp, dn, dd) -> None:
         nph = sim.__dict__["_fd_narrow"] = NarrowPhase(sim.geom_model, sim.sm.pairs,
                                                        GJK_TOLERANCE)
     c = cons.contacts
-    for i in range(sim.nv):
+    for a, i in enumerate(range(sim.nv) if cols is None else cols.tolist()):
         outs = []
         for sgn in (1.0, -1.0):
             e = np.zeros(sim.nv)
@@ -774,9 +775,9 @@ def _collision_fd(sim, cons, idx, dp, dn, dd) -> None:
             outs.append(out)
         for k in idx:
             (pa, na, da), (pb, nb, db) = outs[0][k], outs[1][k]
-            dp[k][:, i] = (pa - pb) / (2 * collision_fd_eps)
-            dn[k][:, i] = (na - nb) / (2 * collision_fd_eps)
-            dd[k][i] = (da - db) / (2 * collision_fd_eps)
+            dp[k][:, a] = (pa - pb) / (2 * collision_fd_eps)
+            dn[k][:, a] = (na - nb) / (2 * collision_fd_eps)
+            dd[k][a] = (da - db) / (2 * collision_fd_eps)
 
 
 def _mode_system(res, G, nc, mu):
