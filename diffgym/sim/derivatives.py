@@ -243,7 +243,9 @@ class JacobianDiagnostics:
 
 @dataclass
 class StepJacobian:
-    """Derivatives of one step. Columns/rows for q are tangent (nv wide). ``diagnostics``: a
+    """Derivatives of one step. Columns/rows for q are tangent (nv wide). The six blocks are
+    numpy arrays, or ``scipy.sparse.csr_matrix`` with the simulator's ``jacobian_format``
+    "sparse" (or "auto" on a large scene; ``diffgym.sim.derivative_blocks``). ``diagnostics``: a
     :class:`JacobianDiagnostics` of the step (mode per contact and limit, conditioning of the
     mode system, distance to the nearest mode switch), computed when first read."""
 
