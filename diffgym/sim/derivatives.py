@@ -690,7 +690,11 @@ def geometry_derivatives(sim, kin: _Kin, cons) -> tuple[np.ndarray, np.ndarray, 
         _plane_contacts(sim, kin, cons, np.array(plane), dp, dn, dd)
     if fallback:
         _note_fallback(sim, c, fallback)
-        _collision_fd(sim, cons, fallback, dp, dn, dd, getattr(kin, "cols", None))
+        cols = getattr(kin, "cols", None)
+        if cols is None:
+            _collision_fd(sim, cons, fallback, dp, dn, dd)
+        else:                      # (a block's dofs only: derivative_blocks)
+            _collision_fd(sim, cons, fallback, dp, dn, dd, cols)
     return dp, dn, dd
 
 
