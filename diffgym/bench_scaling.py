@@ -254,7 +254,8 @@ out = {"base_kb": base, "loaded_kb": loaded, "peak_kb": peak, "nv": sim.nv, "t_l
        "t_step": t_step, "t_fwd": float(np.median(ts)) if ts else float("nan"),
        "contacts": sim.last.num_contacts}
 print(json.dumps(out), flush=True)
-if sys.argv[4] == "1":      # then one step with its Jacobian
+if sys.argv[4] == "1":      # then one step with its Jacobian (sys.argv[5]: its format)
+    sim.jacobian_format = sys.argv[5]
     t0 = time.perf_counter()
     sim.step(q, v, np.zeros(sim.nv), jacobian=True)
     out["t_jac"] = time.perf_counter() - t0
@@ -264,12 +265,14 @@ if sys.argv[4] == "1":      # then one step with its Jacobian
 
 
 def load_memory(scene: str, n: int, limit_mb: float = 6000.0, timeout: float = 600.0,
-                fwd_steps: int = 0, jacobian: bool = False) -> dict:
+                fwd_steps: int = 0, jacobian: bool = False, jacobian_format: str = "auto") -> dict:
     """Peak RSS (MB) a scene of n bodies adds at load and first step, in a fresh process whose
     address space is capped at ``limit_mb`` above what it needs (a run over it is reported, not
     allowed to take the machine); then the median of ``fwd_steps`` forward steps (``t_fwd``)
     and, with ``jacobian``, one step with its Jacobian (``t_jac``; ``jac_mb``: the peak after
-    it, or the note why it did not complete, the forward figures kept)."""
+    it, or the note why it did not complete, the forward figures kept), in
+    ``jacobian_format`` (Simulator.jacobian_format: "auto" is sparse, block by block, at
+    these sizes; "dense" the whole-model route)."""
     import resource
 
     def cap():
@@ -278,7 +281,7 @@ def load_memory(scene: str, n: int, limit_mb: float = 6000.0, timeout: float = 6
     env = dict(os.environ, OPENBLAS_NUM_THREADS="1", OMP_NUM_THREADS="1")
     try:
         p = subprocess.run([sys.executable, "-c", _LOAD_CHILD, scene, str(n), str(int(fwd_steps)),
-                            "1" if jacobian else "0"], capture_output=True,
+                            "1" if jacobian else "0", jacobian_format], capture_output=True,
                            text=True, timeout=timeout, preexec_fn=cap, env=env)
     except subprocess.TimeoutExpired as e:
         p = subprocess.CompletedProcess(e.cmd, -1, e.stdout or "", f"timed out after {timeout:.0f} s")
@@ -400,7 +403,9 @@ def main(args) -> int:
         print("memory at load (a fresh process per scene and N: load, then one step from rest; "
               "peak RSS above the imports after the load, after that step and after one more "
               "step with its Jacobian; the first step's time, the median of 3 forward steps "
-              "after it, the Jacobian step's time)")
+              "after it, the Jacobian step's time; the Jacobian in jacobian_format 'auto': "
+              "block by block with sparse output from about 400 bodies, "
+              "diffgym.sim.derivative_blocks)")
         jac_mem = bool(getattr(args, "load_jacobian", True))
         print(f"  {'scene':<6} {'N':>5} {'nv':>6} {'contacts':>8} {'load MB':>8} {'peak MB':>9} "
               f"{'jac MB':>8} {'load s':>7} {'step1 s':>7} {'fwd ms':>8} {'jac s':>7}")
@@ -413,6 +418,10 @@ def main(args) -> int:
                 if n >= 1000 and math.isfinite(r["mb"]):
                     verdict = f"  (target < {LOAD_TARGET_MB:.0f} MB: " + (
                         "met)" if r["mb"] < LOAD_TARGET_MB else "NOT met)")
+                    if jac_mem:
+                        verdict += ("  (Jacobian step at 1,000 bodies: "
+                                    + (f"{r['jac_mb']:.0f} MB)" if math.isfinite(r["jac_mb"])
+                                       else "failed)"))
                 print(f"  {s:<6} {n:>5} {r.get('nv', 0):>6} {r.get('contacts', 0):>8} "
                       f"{_f(r.get('load_mb'), '.0f'):>8} {_f(r['mb'], '.0f'):>9} "
                       f"{_f(r.get('jac_mb'), '.0f'):>8} {_f(r.get('t_load'), '.2f'):>7} "

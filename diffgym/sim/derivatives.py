@@ -59,6 +59,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pinocchio as pin
 
+from . import derivative_blocks as _db
 from . import derivative_kernels as K
 from . import collision_derivatives as _cd
 from .collision_derivatives import (POLYTOPE_KINDS, capsule_pair, convex_pair,  # noqa: F401
@@ -123,7 +124,10 @@ class JacobianDiagnostics:
         group = JacobianDiagnostics._GROUP.get(name)
         d = self.__dict__
         if group is not None and "_src" in d:
-            getattr(self, group)(*d["_src"])
+            src = d["_src"]
+            if callable(src[3]):           # (G made when first needed)
+                src = d["_src"] = src[:3] + (src[3](),)
+            getattr(self, group)(*src)
             return d[name]
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
@@ -239,7 +243,9 @@ class JacobianDiagnostics:
 
 @dataclass
 class StepJacobian:
-    """Derivatives of one step. Columns/rows for q are tangent (nv wide). ``diagnostics``: a
+    """Derivatives of one step. Columns/rows for q are tangent (nv wide). The six blocks are
+    numpy arrays, or ``scipy.sparse.csr_matrix`` with the simulator's ``jacobian_format``
+    "sparse" (or "auto" on a large scene; ``diffgym.sim.derivative_blocks``). ``diagnostics``: a
     :class:`JacobianDiagnostics` of the step (mode per contact and limit, conditioning of the
     mode system, distance to the nearest mode switch), computed when first read."""
 
@@ -253,12 +259,18 @@ class StepJacobian:
 
     @property
     def state(self) -> np.ndarray:
-        """d(q1, v1)/d(q, v): (2nv, 2nv)."""
+        """d(q1, v1)/d(q, v): (2nv, 2nv) (a scipy.sparse CSR matrix when the blocks are)."""
+        if not isinstance(self.dq_dq, np.ndarray):
+            import scipy.sparse as sp
+            return sp.bmat([[self.dq_dq, self.dq_dv], [self.dv_dq, self.dv_dv]], format="csr")
         return np.block([[self.dq_dq, self.dq_dv], [self.dv_dq, self.dv_dv]])
 
     @property
     def control(self) -> np.ndarray:
-        """d(q1, v1)/d tau: (2nv, nv)."""
+        """d(q1, v1)/d tau: (2nv, nv) (a scipy.sparse CSR matrix when the blocks are)."""
+        if not isinstance(self.dq_dtau, np.ndarray):
+            import scipy.sparse as sp
+            return sp.vstack([self.dq_dtau, self.dv_dtau], format="csr")
         return np.vstack([self.dq_dtau, self.dv_dtau])
 
 
@@ -584,7 +596,7 @@ def _sphere_capsule(sim, kin: _Kin, c, k: int, gc: int, gs: int, jc: int, js: in
 def geometry_derivatives(sim, kin: _Kin, cons) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """dp/dq (nc, 3, nv), dn/dq (nc, 3, nv), d dist/dq (nc, nv) of every contact point."""
     nc = cons.nc
-    nv = sim.nv
+    nv = kin.nv            # (sim.nv, or a block's dofs: derivative_blocks, kin.cols)
     c = cons.contacts
     geoms = sim.sm.geoms
     gjoint = sim.constraints.geom_joint
@@ -678,7 +690,11 @@ def geometry_derivatives(sim, kin: _Kin, cons) -> tuple[np.ndarray, np.ndarray, 
         _plane_contacts(sim, kin, cons, np.array(plane), dp, dn, dd)
     if fallback:
         _note_fallback(sim, c, fallback)
-        _collision_fd(sim, cons, fallback, dp, dn, dd)
+        cols = getattr(kin, "cols", None)
+        if cols is None:
+            _collision_fd(sim, cons, fallback, dp, dn, dd)
+        else:                      # (a block's dofs only: derivative_blocks)
+            _collision_fd(sim, cons, fallback, dp, dn, dd, cols)
     return dp, dn, dd
 
 
@@ -701,8 +717,9 @@ def _note_fallback(sim, c, rows) -> None:
         fallback_counts[key] += 1
 
 
-def _collision_fd(sim, cons, idx, dp, dn, dd) -> None:
-    """Central difference of the collision output alone for pairs without a closed form."""
+def _collision_fd(sim, cons, idx, dp, dn, dd, cols=None) -> None:
+    """Central difference of the collision output alone for pairs without a closed form
+    (``cols``: the dofs of dp's columns, None: all)."""
     model, q = sim.model, sim.cache["q"]
     trees = sim.__dict__.get("_trees")
     if trees is not None:
@@ -723,7 +740,7 @@ def _collision_fd(sim, cons, idx, dp, dn, dd) -> None:
         nph = sim.__dict__["_fd_narrow"] = NarrowPhase(sim.geom_model, sim.sm.pairs,
                                                        GJK_TOLERANCE)
     c = cons.contacts
-    for i in range(sim.nv):
+    for a, i in enumerate(range(sim.nv) if cols is None else cols.tolist()):
         outs = []
         for sgn in (1.0, -1.0):
             e = np.zeros(sim.nv)
@@ -764,9 +781,9 @@ def _collision_fd(sim, cons, idx, dp, dn, dd) -> None:
             outs.append(out)
         for k in idx:
             (pa, na, da), (pb, nb, db) = outs[0][k], outs[1][k]
-            dp[k][:, i] = (pa - pb) / (2 * collision_fd_eps)
-            dn[k][:, i] = (na - nb) / (2 * collision_fd_eps)
-            dd[k][i] = (da - db) / (2 * collision_fd_eps)
+            dp[k][:, a] = (pa - pb) / (2 * collision_fd_eps)
+            dn[k][:, a] = (na - nb) / (2 * collision_fd_eps)
+            dd[k][a] = (da - db) / (2 * collision_fd_eps)
 
 
 def _mode_system(res, G, nc, mu):
@@ -974,7 +991,12 @@ def step_jacobian(sim, compiled: bool | None = None) -> StepJacobian:
     out = None
     if sim.__dict__.get("_extra") is not None:
         compiled = False           # the rows of diffgym.sim.equality: the numpy route only
-    if COMPILED if compiled is None else compiled:
+    sparse = _db.wants_sparse(sim)
+    if (COMPILED if compiled is None else compiled) and (sparse or sim.nv >= _db.BLOCK_MIN_NV) \
+            and _db.applies(sim, C, system):
+        # block by block, memory linear in the bodies (diffgym.sim.derivative_blocks)
+        out = _db.step_jacobian_blocks(sim, C, sparse)
+    if out is None and (COMPILED if compiled is None else compiled):
         out = _step_jacobian_compiled(sim, C, system)
     if out is None:
         out = _step_jacobian_reference(sim, C, system)
@@ -997,7 +1019,14 @@ def step_jacobian(sim, compiled: bool | None = None) -> StepJacobian:
         out.dq_dq = out.dq_dq + dq_v @ bias[3][0]
         out.dq_dv = out.dq_dv + dq_v @ bias[3][1]
         out.dq_dtau = out.dq_dtau + dq_v @ bias[3][2]
-    out.diagnostics = JacobianDiagnostics(sim, C["cons"], C["res"], C["G"])
+    if sparse and isinstance(out.dq_dq, np.ndarray):     # (a route without blocks)
+        import scipy.sparse as sp
+        for name in ("dq_dq", "dq_dv", "dq_dtau", "dv_dq", "dv_dv", "dv_dtau"):
+            setattr(out, name, sp.csr_matrix(getattr(out, name)))
+    # (G made dense only if the diagnostics' margins or conditioning are read: a step kept in
+    # per-island storage, island_step.BlockCache, holds it per island)
+    G = C["G"] if "G" in dict.keys(C) else (lambda: C["G"])
+    out.diagnostics = JacobianDiagnostics(sim, C["cons"], C["res"], G)
     return out
 
 
@@ -1330,11 +1359,19 @@ class _CompiledState:
         # stand-ins where there are no constraints
         self.no_J = np.zeros((0, nv))
         self.no_G = np.zeros((0, 0))
-        self.no_corr = np.zeros((nv, nv))
+        self._no_corr = None            # (nv, nv) zeros, made when first needed (no_corr)
         self.no_f = np.zeros(0)
         self.no_modes = np.zeros(0, dtype=np.int64)
         self.no_act = np.zeros(0, dtype=np.bool_)
         self.no_geo = (np.zeros((0, 3, nv)), np.zeros((0, 3, nv)), np.zeros((0, nv)))
+
+    @property
+    def no_corr(self) -> np.ndarray:
+        """(nv, nv) zeros: corr of a step without constraints on the whole-model route (made on
+        first use: the block route of a large scene never needs it)."""
+        if self._no_corr is None:
+            self._no_corr = np.zeros((self.model.nv, self.model.nv))
+        return self._no_corr
 
     # a copied or unpickled simulator builds its own (the views alias this one's pinocchio Data)
     def __copy__(self):

@@ -771,13 +771,21 @@ class Simulator:
     def __init__(self, sm: SimModel, *, dt: float | None = None, erp: float = 0.2,
                  margin: float = 1e-3, tol: float = 1e-9, max_iter: int = 2000,
                  max_contact_points: int = 4, gradient="exact",
-                 restitution_threshold: float | None = None):
+                 restitution_threshold: float | None = None, jacobian_format: str = "auto"):
         # how to rebuild this simulator (pickling); from_file / from_string replace it
         self._source: tuple | None = None
         self._settings = dict(dt=dt, erp=erp, margin=margin, tol=tol, max_iter=max_iter,
                               max_contact_points=max_contact_points)
         # which derivative step(..., jacobian=True) returns (diffgym.sim.gradient_modes)
         self.gradient = gradient_mode(gradient)
+        # the type of step(..., jacobian=True)'s six blocks (diffgym.sim.derivative_blocks):
+        # "dense" numpy arrays, "sparse" scipy.sparse CSR matrices (built block by block, memory
+        # linear in the bodies), "auto": sparse only where the dense ones would be large
+        from .derivative_blocks import JACOBIAN_FORMATS
+        if jacobian_format not in JACOBIAN_FORMATS:
+            raise ValueError(f"jacobian_format must be one of {JACOBIAN_FORMATS}, got "
+                             f"{jacobian_format!r}")
+        self.jacobian_format = jacobian_format
         if dt is not None:
             sm.dt = dt
         if not (isinstance(sm.dt, (int, float, np.floating)) and np.isfinite(sm.dt) and sm.dt > 0):
@@ -913,7 +921,8 @@ class Simulator:
                 "solver_settings": copy.copy(self.solver.settings),
                 "warm_start": self.warm_start_state(), "warned": self._warned,
                 "last": self.last,
-                "restitution": [float(g.restitution) for g in self.sm.geoms]}
+                "restitution": [float(g.restitution) for g in self.sm.geoms],
+                "jacobian_format": self.jacobian_format}
 
     def __setstate__(self, state) -> None:
         src = state["source"]
@@ -934,6 +943,7 @@ class Simulator:
         self.last = state["last"]
         for g, e in zip(self.sm.geoms, state.get("restitution", ())):
             g.restitution = e
+        self.jacobian_format = state.get("jacobian_format", self.jacobian_format)
         self.sm.update_restitution()
         self.constraints.refresh_restitution()
 
