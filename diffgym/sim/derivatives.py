@@ -904,7 +904,7 @@ def _closing_spent(sim, C, system):
 
 def realizable_islands(sim, cons):
     """The islands whose drift correction the step replaced by its realizable projection
-    (``SolverSettings.realizable_bias``, ``constraint.realizable_bias_island``): a list of
+    (``SolverSettings.realizable_bias``, ``solver_kernels.solve_stage1``'s retry): a list of
     (rows S (global indices), their raw offsets ``b_S``). Read off the step's own ``cons.b``:
     the projected rows (``constraint._bias_row_ok``: touching contacts within the skin, limits
     at their bound) have the Baumgarte offsets ``erp d / dt`` (normal rows, limits) and 0
