@@ -10,7 +10,10 @@ Follows ``shared/notes/gradients.md``. For theta in {q, v, tau} (q in pinocchio'
    geometry (``geometry_derivatives``);
 2. fixed-impulse sensitivity of the constraint velocities,
    ``D_theta = d sigma/d theta |lam = J V_theta + d(J(q) w)/dq |_{w=v1} + d b/dq`` (the last two
-   for theta = q only: the motion of the contact frames and the Baumgarte offset);
+   for theta = q only: the motion of the contact frames and the Baumgarte offset; where the
+   step took the realizable offsets ``b' = P b`` of redundant rows, ``SolverSettings.
+   realizable_bias``, ``d b'/dq = P db/dq + (I - P) dJ v_c + (J^#)^T dJ^T r`` on those rows,
+   ``_realizable_terms``);
 3. the linearized mode equations of the solution found by the solver (breaking: ``d lam_i = 0``;
    sticking: ``d sigma_i = 0``; sliding: ``d sigma_N = 0`` and the slip-direction rotation, or
    ``d lam_T = 0`` for a frictionless contact, which the step always labels sliding;
