@@ -66,15 +66,17 @@ velocity is:
   itself can switch (friction up or down) with the sign of a 1e-8 m/s drift correction.
   The drift correction of such redundant rows can itself be unrealizable (the rod's end
   pushed out of the face by a yaw whose tangential slip the sticking rod forbids). With
-  ``SolverSettings.realizable_bias`` (on by default), where stage 1
+  ``env.unwrapped.sim.solver.settings.realizable_bias = True`` (off by default), where stage 1
   fails on the raw offsets the step solves again with the touching rows' offsets projected
   onto the range of their rows of J (``constraint.realizable_bias``, at most 5e-6 m/s from the
   raw ones here) and keeps that where stage 1 succeeds: along the ramped 200-step push every
-  step then converges in stage 1 (163 ``newton``, 37 ``prox+newton``, 18 with the realizable
-  offsets; ``tests/test_envs_manip.py``; with the setting off, 58 of those 200 steps need the
-  later stages and 3 end unconverged at 2e-7 to 5e-7 m/s). The Jacobian at the retried steps
-  includes the projection's own derivative (``derivatives._realizable_terms``); most of those
-  steps are the box sliding while it turns, where the velocity is not unique (above).
+  step then converges in stage 1 (196 ``newton``, 4 ``prox+newton`` by the last sub-step of
+  each step; 6 sub-steps with the realizable
+  offsets; ``tests/test_envs_manip.py``). By default (off) 28 of those 200 steps end in the
+  later stages, 11 unconverged (``sim.last.converged`` False with a ``SolverWarning``). The
+  Jacobian at the retried steps includes the projection's own derivative
+  (``derivatives._realizable_terms``); most of those steps are the box sliding while it turns,
+  where the velocity is not unique (above).
 
 The old scene (box on three feet, frictionless rod) avoided these cases; this one is the
 paper's. ``sim.last`` reports the solver's statistics per step (``converged``, ``method``,

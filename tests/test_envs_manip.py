@@ -163,7 +163,7 @@ def test_push_steady_push_converges_without_slow_stages():
     yaw = np.arctan2(u[1], u[0])
     start = -0.12 * u
     e.set_state(_push_state(e, rod_xy=start, rod_yaw=yaw, target=tuple(target)))
-    e.sim.solver.settings.realizable_bias = True     # (the default: see SolverSettings)
+    e.sim.solver.settings.realizable_bias = True     # (off by default: see SolverSettings)
     goal = target - 0.07 * u
     bad, methods = [], []
     with warnings.catch_warnings():
