@@ -70,12 +70,12 @@ velocity is:
   fails on the raw offsets the step solves again with the touching rows' offsets projected
   onto the range of their rows of J (``constraint.realizable_bias``, at most 5e-6 m/s from the
   raw ones here) and keeps that where stage 1 succeeds: along the ramped 200-step push every
-  step then converges in stage 1 (163 ``newton``, 37 ``prox+newton``, 18 with the realizable
-  offsets; ``tests/test_envs_manip.py``). **Not done:** by default 58 of those 200 steps still
-  need the later stages (3 end unconverged at 2e-7 to 5e-7 m/s, ``sim.last.converged`` False
-  with a ``SolverWarning``). The Jacobian at the retried steps takes the offsets' change with
-  the state as the raw ones' (the projection's own derivative is not included), which is why
-  the setting is off by default; most of those steps are the box sliding while it turns,
+  step then converges in stage 1 (196 ``newton``, 4 ``prox+newton`` by the last sub-step of
+  each step; 6 sub-steps with the realizable
+  offsets; ``tests/test_envs_manip.py``). By default (off) 28 of those 200 steps end in the
+  later stages, 11 unconverged (``sim.last.converged`` False with a ``SolverWarning``). The
+  Jacobian at the retried steps includes the projection's own derivative
+  (``derivatives._realizable_terms``); most of those steps are the box sliding while it turns,
   where the velocity is not unique (above).
 
 The old scene (box on three feet, frictionless rod) avoided these cases; this one is the

@@ -154,7 +154,7 @@ def test_push_steady_push_converges_without_slow_stages():
     stages 1b-4 and 3 end unconverged at 2e-7 to 5e-7 m/s (here steps 44 and 49-52);
     measured now over these
     130 steps: 98 newton, 32 prox+newton (200 steps: 163 / 37), 18 of them solved with the
-    realizable offsets after stage 1 failed on the raw ones (``forward._realizable_retry``)."""
+    realizable offsets after stage 1 failed on the raw ones (``solver_kernels.solve_stage1``)."""
     target = np.array([0.25, 0.1])
     env = gym.make("DiffPush-v0", target=tuple(target))
     env.reset(seed=0)

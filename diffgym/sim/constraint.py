@@ -22,8 +22,9 @@ Redundant contacts (``realizable_bias``, with ``SolverSettings(realizable_bias=T
 default): where an island's stage 1 fails on these offsets, the step solves it once more with
 the offsets of its touching rows projected onto the range of those rows of J (the closest
 drift correction one generalized velocity realizes) and keeps that solution where stage 1
-then succeeds; every other step uses the offsets above. The step Jacobian does not include the
-projection's derivative (why it is off by default: README, "The steady push").
+then succeeds; every other step uses the offsets above. The step Jacobian includes the
+projection's derivative (``derivatives._realizable_terms``; why it is still off by default:
+README, "The steady push").
 
 Restitution (Newton's impact law, ``restitution_bias``): a contact of a pair with coefficient
 ``e > 0`` whose normal velocity at the start of the step, ``u = J_N v`` (the pre-step ``v``, at
@@ -56,7 +57,7 @@ import numpy as np
 from .collision_driver import Contacts
 from .jit import njit
 from .model import SimModel
-from .solver_kernels import BODY_MIN_ROWS, _lstsq, _rank_deficient, _uf_find
+from .solver_kernels import BODY_MIN_ROWS, _uf_find, project_block
 
 
 @dataclass
@@ -512,46 +513,7 @@ def _bias_row_ok(r, nc, touch, dist, skin, rest, lim_dist):
     return lim_dist[r - 3 * nc] <= 0.0
 
 
-@njit
-def _project_block(Gs, bs, keep):
-    """The offsets ``bs`` of one island's rows (its Delassus block ``Gs``) with the part of
-    those flagged in ``keep`` projected onto the range of their Delassus block (= the range of
-    their rows of J): ``b_S <- G_SS G_SS^+ b_S``, the least-squares realizable correction, by the
-    solver's own minimum-norm least squares (``solver_kernels._lstsq``, singular values below
-    1e-11 of the largest are null) where the block is rank deficient (``_rank_deficient``, the
-    solver's test); elsewhere (independent rows: every offset is realizable) nothing changes.
-    Islands with ``BODY_MIN_ROWS`` flagged rows or more (the body-space solves' size; a dense
-    rank test and SVD there would cost more than the step) are left as they are.
-    Returns (changed, the new offsets of the flagged rows, in order)."""
-    ms = bs.shape[0]
-    n = 0
-    for a in range(ms):
-        if keep[a]:
-            n += 1
-    if n < 2 or n >= BODY_MIN_ROWS:
-        return False, np.zeros(0)
-    idx = np.empty(n, np.int64)
-    n = 0
-    for a in range(ms):
-        if keep[a]:
-            idx[n] = a
-            n += 1
-    A = np.empty((n, n))
-    y = np.empty(n)
-    for a in range(n):
-        y[a] = bs[idx[a]]
-        for c in range(n):
-            A[a, c] = Gs[idx[a], idx[c]]
-    if not _rank_deficient(A):
-        return False, np.zeros(0)
-    x = _lstsq(A, y)
-    out = np.empty(n)
-    for a in range(n):
-        t = 0.0
-        for c in range(n):
-            t += A[a, c] * x[c]
-        out[a] = t
-    return True, out
+_project_block = project_block    # (solver_kernels: solve_stage1's retry projects with it)
 
 
 @njit
@@ -561,9 +523,8 @@ def realizable_bias(G, b, g, nc, pair, dist, skin, rest, lim_dist, isl_c, isl_l,
     ``isl_c``/``isl_l``/``nis`` the islands of ``row_islands``; ``rest`` as ``_bias_row_ok``).
     Returns how many islands changed. With ``SolverSettings.realizable_bias`` (off by default)
     the step applies it to an island only where stage 1 failed on the raw offsets
-    (``forward._realizable_retry``, ``Simulator._step``'s
-    stage-by-stage path through ``ConstraintBuilder.realizable``) and keeps the result only
-    where stage 1 then succeeds; every other step solves the raw problem.
+    (``solver_kernels.solve_stage1``'s retry, with ``project_block``, for every caller) and keeps
+    the result only where stage 1 then succeeds; every other step solves the raw problem.
 
     Redundant contacts (a box on its face, a rod flat against it) make J's rows dependent: the
     offsets ``b`` of the touching rows can then ask for velocities that no motion produces (a
@@ -730,25 +691,27 @@ class ConstraintBuilder:
             rest, rtime = rb
         cons = Constraints(J, b, nc, contacts.mu, frames, contacts, lim_idx, lim_dist, contacts.dist,
                            rest, rtime)
-        cons._realizable = (j1, j2, rb)      # (realizable: what realizable_bias needs)
         return cons, G, g, MJt, Ms
 
-    def realizable(self, cons: Constraints, G: np.ndarray, g: np.ndarray):
-        """``(b, g)`` of ``cons``'s problem with the touching rows' drift correction made
-        realizable in every island (``realizable_bias``; copies), or None where nothing changed
-        (every island's offsets already realizable). The step takes them where stage 1 failed
-        on the raw ones (as the compiled step does island by island)."""
-        j1, j2, rb = cons._realizable
-        if G.shape[0] < 2:
-            return None
-        isl_c, isl_l, nis = row_islands(j1, j2, self.joint_tree, cons.limits, self.lim_v,
-                                        self.tree_lo)
-        b, g = cons.b.copy(), np.array(g, dtype=float)
-        n = realizable_bias(np.ascontiguousarray(G, dtype=float), b, g, cons.nc,
-                            np.ascontiguousarray(cons.contacts.pair, dtype=np.int64),
-                            np.ascontiguousarray(cons.dist, dtype=float), self.skin, rb,
-                            np.ascontiguousarray(cons.limit_dist, dtype=float), isl_c, isl_l, nis)
-        return (b, g) if n else None
+    def realizable_rows(self, cons: Constraints) -> np.ndarray:
+        """(m,) bool: the rows of ``cons`` whose drift offset ``solve_stage1``'s retry may make
+        realizable (``_bias_row_ok``). The stage-by-stage step passes them to
+        ``NCPSolver.solve`` for the whole problem at once (its Delassus matrix is block
+        diagonal over the islands, so the projection is the islands' own, except that a
+        problem of ``BODY_MIN_ROWS`` such rows or more is left as it is)."""
+        nc = cons.nc
+        m = cons.m
+        c = cons.contacts
+        dist = np.ascontiguousarray(cons.dist, dtype=float)
+        touch = _pairs_in_contact(np.ascontiguousarray(c.pair, dtype=np.int64), dist) if nc \
+            else np.zeros(0, np.bool_)
+        rest = _NO_REST
+        if getattr(cons, "restitution", None) is not None:
+            rest = np.ascontiguousarray(np.vstack([cons.restitution, cons.restitution_time]),
+                                        dtype=float)
+        lim_dist = np.ascontiguousarray(cons.limit_dist, dtype=float)
+        return np.array([_bias_row_ok(r, nc, touch, dist, self.skin, rest, lim_dist)
+                         for r in range(m)], dtype=np.bool_)
 
 
 # -- per-island storage (no (m, nv) or (m, m) matrix) ------------------------------------------

@@ -1001,3 +1001,118 @@ def mode_margins(lam, sigma, modes, limit_active, G, nc, mu):
         if out[i] < out[best]:
             best = i
     return out, kind, best
+
+
+@njit
+def projection_terms(JT, supp, dof_joint, parents, j1, j2, pos, frames, dp, dR, moving, w, r):
+    """The two contractions of the derivative of contact rows ``J_k = R_k^T (J_p2 - J_p1)(p_k)``
+    that the derivative of the realizable drift correction needs (``derivatives.
+    _realizable_terms``): ``T1[k] = d(J_k w)/dq`` at fixed ``w`` (nv,), (nk, 3, nv), and
+    ``X = d(J^T r)/dq`` at fixed row values ``r`` (nk, 3), (nv, nv) (``X[i, c] = sum_k r_k .
+    d J_k[:, i] / dq_c``, the whole derivative: body-fixed part, sliding points ``dp`` and
+    turning frames ``dR``/``moving``), for contacts between joints ``j1``/``j2`` (0: the world)
+    at world points ``pos`` with frames ``frames``. ``JT``: the WORLD joint Jacobian columns
+    (nv, 6, ``data.J.T``), each dof's spatial axis ``S_c = (l_c, a_c)``; the point velocity of a
+    dof is ``l_c + a_c x p``, and ``dS_i/dq_c = (S_i [i supports parent(c)] - S_i) x S_c`` on
+    the dofs supporting the body (``contact_terms``' velocity derivative, at ``w = e_i``)."""
+    nv = JT.shape[0]
+    nj = supp.shape[0]
+    nk = pos.shape[0]
+    T1 = np.zeros((nk, 3, nv))
+    X = np.zeros((nv, nv))
+    ov = np.zeros((nj, 6))                 # joints' WORLD spatial velocities at w
+    for x in range(1, nj):
+        for c in range(nv):
+            if supp[x, c]:
+                for i in range(6):
+                    ov[x, i] += JT[c, i] * w[c]
+    dvel = np.zeros((3, nv))
+    vpt = np.zeros(3)
+    f = np.zeros(3)
+    gR = np.zeros((3, nv))
+    for k in range(nk):
+        p0, p1, p2 = pos[k, 0], pos[k, 1], pos[k, 2]
+        for i in range(3):                 # f = R r_k (world), gR[:, c] = dR[:, :, c] r_k
+            f[i] = frames[k, i, 0] * r[k, 0] + frames[k, i, 1] * r[k, 1] + frames[k, i, 2] * r[k, 2]
+        if moving[k]:
+            for c in range(nv):
+                for i in range(3):
+                    gR[i, c] = dR[k, i, 0, c] * r[k, 0] + dR[k, i, 1, c] * r[k, 1] \
+                        + dR[k, i, 2, c] * r[k, 2]
+        for side in range(2):
+            sgn = -1.0 if side == 0 else 1.0
+            j = j1[k] if side == 0 else j2[k]
+            if j == 0:
+                continue
+            vj = ov[j]
+            wx, wy, wz = vj[3], vj[4], vj[5]
+            # --- T1: d(point velocity at w)/dq + w x dp, then R^T (and dR^T v)
+            vpt[0] = vj[0] - (p1 * wz - p2 * wy)
+            vpt[1] = vj[1] - (p2 * wx - p0 * wz)
+            vpt[2] = vj[2] - (p0 * wy - p1 * wx)
+            for c in range(nv):
+                g0, g1, g2 = dp[k, 0, c], dp[k, 1, c], dp[k, 2, c]
+                d0 = wy * g2 - wz * g1
+                d1 = wz * g0 - wx * g2
+                d2 = wx * g1 - wy * g0
+                if supp[j, c]:
+                    l0, l1, l2 = JT[c, 0], JT[c, 1], JT[c, 2]
+                    a0, a1, a2 = JT[c, 3], JT[c, 4], JT[c, 5]
+                    pp = parents[dof_joint[c]]
+                    t0, t1, t2 = ov[pp, 0] - vj[0], ov[pp, 1] - vj[1], ov[pp, 2] - vj[2]
+                    x0, x1, x2 = ov[pp, 3] - vj[3], ov[pp, 4] - vj[4], ov[pp, 5] - vj[5]
+                    e0 = (x1 * l2 - x2 * l1) + (t1 * a2 - t2 * a1)
+                    e1 = (x2 * l0 - x0 * l2) + (t2 * a0 - t0 * a2)
+                    e2 = (x0 * l1 - x1 * l0) + (t0 * a1 - t1 * a0)
+                    b0 = x1 * a2 - x2 * a1
+                    b1 = x2 * a0 - x0 * a2
+                    b2 = x0 * a1 - x1 * a0
+                    d0 += e0 - (p1 * b2 - p2 * b1)
+                    d1 += e1 - (p2 * b0 - p0 * b2)
+                    d2 += e2 - (p0 * b1 - p1 * b0)
+                dvel[0, c] = d0
+                dvel[1, c] = d1
+                dvel[2, c] = d2
+            for a in range(3):
+                for c in range(nv):
+                    acc = frames[k, 0, a] * dvel[0, c] + frames[k, 1, a] * dvel[1, c] \
+                        + frames[k, 2, a] * dvel[2, c]
+                    if moving[k]:
+                        acc += dR[k, 0, a, c] * vpt[0] + dR[k, 1, a, c] * vpt[1] \
+                            + dR[k, 2, a, c] * vpt[2]
+                    T1[k, a, c] += sgn * acc
+            # --- X: r_k . d J_k[:, i] / dq_c for the dofs i moving this body
+            for i in range(nv):
+                if not supp[j, i]:
+                    continue
+                li0, li1, li2 = JT[i, 0], JT[i, 1], JT[i, 2]
+                ai0, ai1, ai2 = JT[i, 3], JT[i, 4], JT[i, 5]
+                # the point velocity of dof i, Jp_i = l_i + a_i x p
+                q0 = li0 + (ai1 * p2 - ai2 * p1)
+                q1 = li1 + (ai2 * p0 - ai0 * p2)
+                q2 = li2 + (ai0 * p1 - ai1 * p0)
+                for c in range(nv):
+                    g0, g1, g2 = dp[k, 0, c], dp[k, 1, c], dp[k, 2, c]
+                    # a_i x dp
+                    d0 = ai1 * g2 - ai2 * g1
+                    d1 = ai2 * g0 - ai0 * g2
+                    d2 = ai0 * g1 - ai1 * g0
+                    if supp[j, c] and not supp[parents[dof_joint[c]], i]:
+                        # dS_i/dq_c = -S_i x S_c: linear -(a_i x l_c + l_i x a_c), angular
+                        # -(a_i x a_c); the point velocity's derivative: lin - p x ang
+                        l0, l1, l2 = JT[c, 0], JT[c, 1], JT[c, 2]
+                        a0, a1, a2 = JT[c, 3], JT[c, 4], JT[c, 5]
+                        e0 = -((ai1 * l2 - ai2 * l1) + (li1 * a2 - li2 * a1))
+                        e1 = -((ai2 * l0 - ai0 * l2) + (li2 * a0 - li0 * a2))
+                        e2 = -((ai0 * l1 - ai1 * l0) + (li0 * a1 - li1 * a0))
+                        b0 = -(ai1 * a2 - ai2 * a1)
+                        b1 = -(ai2 * a0 - ai0 * a2)
+                        b2 = -(ai0 * a1 - ai1 * a0)
+                        d0 += e0 - (p1 * b2 - p2 * b1)
+                        d1 += e1 - (p2 * b0 - p0 * b2)
+                        d2 += e2 - (p0 * b1 - p1 * b0)
+                    acc = f[0] * d0 + f[1] * d1 + f[2] * d2
+                    if moving[k]:
+                        acc += gR[0, c] * q0 + gR[1, c] * q1 + gR[2, c] * q2
+                    X[i, c] += sgn * acc
+    return T1, X

@@ -10,7 +10,10 @@ Follows ``shared/notes/gradients.md``. For theta in {q, v, tau} (q in pinocchio'
    geometry (``geometry_derivatives``);
 2. fixed-impulse sensitivity of the constraint velocities,
    ``D_theta = d sigma/d theta |lam = J V_theta + d(J(q) w)/dq |_{w=v1} + d b/dq`` (the last two
-   for theta = q only: the motion of the contact frames and the Baumgarte offset);
+   for theta = q only: the motion of the contact frames and the Baumgarte offset; where the
+   step took the realizable offsets ``b' = P b`` of redundant rows, ``SolverSettings.
+   realizable_bias``, ``d b'/dq = P db/dq + (I - P) dJ v_c + (J^#)^T dJ^T r`` on those rows,
+   ``_realizable_terms``);
 3. the linearized mode equations of the solution found by the solver (breaking: ``d lam_i = 0``;
    sticking: ``d sigma_i = 0``; sliding: ``d sigma_N = 0`` and the slip-direction rotation, or
    ``d lam_T = 0`` for a frictionless contact, which the step always labels sliding;
@@ -919,6 +922,151 @@ def _closing_spent(sim, C, system):
     return Minv @ (cons.J.T @ dlam), ks, d / rem ** 2
 
 
+def realizable_islands(sim, cons):
+    """The islands whose drift correction the step replaced by its realizable projection
+    (``SolverSettings.realizable_bias``, ``solver_kernels.solve_stage1``'s retry): a list of
+    (rows S (global indices), their raw offsets ``b_S``). Read off the step's own ``cons.b``:
+    the projected rows (``constraint._bias_row_ok``: touching contacts within the skin, limits
+    at their bound) have the Baumgarte offsets ``erp d / dt`` (normal rows, limits) and 0
+    (tangent rows) unless the projection replaced them; recomputed here with the assembly's own
+    arithmetic, an island whose rows differ from them is one the step projected."""
+    cb = sim.constraints
+    if (cons is None or cons.m < 2 or not getattr(sim.solver, "settings", None)
+            or not getattr(sim.solver.settings, "realizable_bias", False)):
+        return []
+    from .constraint import (_bias_row_ok, _pairs_in_contact, island_rows, row_islands,
+                             _NO_REST)
+    from .solver_kernels import BODY_MIN_ROWS
+    nc = cons.nc
+    dt, erp, skin = sim.dt, cb.erp, cb.skin
+    c = cons.contacts
+    j1 = np.ascontiguousarray(cb.geom_joint[c.geom1], dtype=np.int64)
+    j2 = np.ascontiguousarray(cb.geom_joint[c.geom2], dtype=np.int64)
+    lims = np.ascontiguousarray(cons.limits, dtype=np.int64)
+    isl_c, isl_l, nis = row_islands(j1, j2, cb.joint_tree, lims, cb.lim_v, cb.tree_lo)
+    ptr, rows = island_rows(isl_c, isl_l, nis)[:2]
+    dist = np.ascontiguousarray(cons.dist, dtype=float)
+    touch = _pairs_in_contact(np.ascontiguousarray(c.pair, dtype=np.int64), dist)
+    rest = _NO_REST
+    if getattr(cons, "restitution", None) is not None:
+        rest = np.ascontiguousarray(np.vstack([cons.restitution, cons.restitution_time]),
+                                    dtype=float)
+    lim_dist = np.ascontiguousarray(cons.limit_dist, dtype=float)
+    b = cons.b
+    out = []
+    for s in range(int(nis)):
+        rr = rows[ptr[s]:ptr[s + 1]]
+        S = np.array([r for r in rr.tolist()
+                      if _bias_row_ok(r, nc, touch, dist, skin, rest, lim_dist)], dtype=np.int64)
+        if len(S) < 2 or len(S) >= BODY_MIN_ROWS:
+            continue
+        braw = np.zeros(len(S))
+        for a, r in enumerate(S.tolist()):
+            if r >= 3 * nc:
+                braw[a] = erp * float(lim_dist[r - 3 * nc]) / dt
+            elif r % 3 == 2:
+                braw[a] = erp * float(dist[r // 3]) / dt
+        if not np.array_equal(b[S], braw):
+            out.append((S, braw))
+    return out
+
+
+def _realizable_terms(sim, cons, geometry, JT=None):
+    """The change of ``Dq_extra`` (m, nv) where the step solved with the realizable drift
+    correction (``realizable_islands``), or None. On an island's projected rows S the offsets
+    are ``b' = P b`` with ``P = J_S J_S^#`` the orthogonal projector onto the range of J_S
+    (``J_S^# = M^-1 J_S^T G_SS^+``, so ``P = G_SS G_SS^+``: the forward step's own projector)
+    and b the raw offsets, so at a constant rank
+
+        d b' = P db + dP b,   dP b = (I - P) dJ_S v_c + (J_S^#)^T dJ_S^T r,
+
+    ``v_c = J_S^# b`` (the velocity realizing b'), ``r = (I - P) b = b - b'`` (what was taken
+    off). (From ``P J = J``: ``dP J = (I - P) dJ``, so ``dP P = (I - P) dJ J^#``, and ``dP = dP P
+    + P dP`` with ``P dP = (dP P)^T``; any J^# with ``J J^# = P`` gives the same dP.) ``Dq_extra``
+    holds ``db`` (the Baumgarte gain times d dist/dq) on those rows: this adds ``(P - I) db``
+    and the two dP terms, with ``dJ_S`` from ``derivative_kernels.projection_terms`` (contact
+    rows; limit rows are constant). ``geometry``: (dp, dn, dd) of every contact or a function
+    returning them (called only where an island was projected); ``JT``: the WORLD joint
+    Jacobian columns at q (nv, 6), else computed here."""
+    isl = realizable_islands(sim, cons)
+    if not isl:
+        return None
+    dp, dn, dd = geometry() if callable(geometry) else geometry
+    model, nv, nc = sim.model, sim.nv, cons.nc
+    cb = sim.constraints
+    G = sim.cache["G"]
+    Minv = np.asarray(sim.cache["Minv"], dtype=float)
+    Minv = np.triu(Minv) + np.triu(Minv, 1).T       # (only the upper triangle may be filled)
+    q, v1 = sim.cache["q"], sim.cache["v1"]
+    if JT is None:
+        trees = sim.__dict__.get("_trees")
+        if trees is None:
+            data = getattr(sim, "_dproj", None)
+            if data is None:
+                data = sim._dproj = model.createData()
+            pin.computeJointJacobians(model, data, q)
+            JT = np.ascontiguousarray(data.J.T)
+        else:
+            JT = np.ascontiguousarray(trees.kinematics_derivatives(q, v1, np.zeros(nv)).J.T)
+    JT = np.ascontiguousarray(JT, dtype=float).reshape(nv, 6)
+    tabs = getattr(sim, "_dproj_tables", None)
+    if tabs is None or tabs[0].shape[0] != nv:
+        dof_joint = np.zeros(nv, dtype=np.int64)
+        for j in range(1, model.njoints):
+            jm = model.joints[j]
+            dof_joint[jm.idx_v:jm.idx_v + jm.nv] = j
+        tabs = sim._dproj_tables = (dof_joint, np.array([int(p) for p in model.parents],
+                                                        dtype=np.int64))
+    dof_joint, parents = tabs
+    c = cons.contacts
+    gj = cb.geom_joint
+    dt, erp = sim.dt, cb.erp
+    J = cons.J
+    out = np.zeros((cons.m, nv))
+    for S, braw in isl:
+        Gs = np.asarray(G[np.ix_(S, S)], dtype=float)
+        Gs = 0.5 * (Gs + Gs.T)
+        U, sv, Vt = np.linalg.svd(Gs)
+        rank = int(np.sum(sv > 1e-11 * sv[0])) if len(sv) and sv[0] > 0.0 else 0
+        Ur = U[:, :rank]
+        Gp = (Vt[:rank].T / sv[:rank]) @ Ur.T             # G_SS^+
+        P = Ur @ Ur.T
+        JS = np.asarray(J[S], dtype=float)
+        vc = Minv @ (JS.T @ (Gp @ braw))
+        resid = braw - cons.b[S]                           # (I - P) b, as the step took it off
+        ks = np.unique(S[S < 3 * nc] // 3)
+        kpos = {int(k): i for i, k in enumerate(ks.tolist())}
+        rk = np.zeros((len(ks), 3))
+        for a, r in enumerate(S.tolist()):
+            if r < 3 * nc:
+                rk[kpos[r // 3], r % 3] = resid[a]
+        dnk = dn[ks]
+        moving = np.abs(dnk).reshape(len(ks), -1).max(axis=1, initial=0.0) > 0.0
+        dR = _frame_derivatives(c.normal[ks], dnk)
+        T1, X = K.projection_terms(
+            JT, cb.support, dof_joint, parents,
+            np.ascontiguousarray(gj[c.geom1[ks]], dtype=np.int64),
+            np.ascontiguousarray(gj[c.geom2[ks]], dtype=np.int64),
+            np.ascontiguousarray(c.pos[ks], dtype=float),
+            np.ascontiguousarray(cons.frames[ks], dtype=float),
+            np.ascontiguousarray(dp[ks], dtype=float), np.ascontiguousarray(dR),
+            moving, np.ascontiguousarray(vc), rk)
+        ns = len(S)
+        T1s = np.zeros((ns, nv))
+        db = np.zeros((ns, nv))
+        for a, r in enumerate(S.tolist()):
+            if r < 3 * nc:
+                T1s[a] = T1[kpos[r // 3], r % 3]
+                if r % 3 == 2:
+                    db[a] = (erp / dt) * dd[r // 3]
+            else:
+                lim = sim.sm.limits[int(cons.limits[r - 3 * nc])]
+                db[a, lim.idx_v] = (erp / dt) * lim.sign
+        IP = np.eye(ns) - P
+        out[S] += -(IP @ db) + IP @ T1s + Gp @ (JS @ (Minv @ X))
+    return out
+
+
 def _joint_torques(sim, cons, res) -> np.ndarray:
     """The generalized forces at which the ABA derivatives are evaluated: the applied and passive
     forces plus the active joint-limit impulses as joint torques (``J_lim^T lam_lim / dt``).
@@ -1224,6 +1372,10 @@ def _step_jacobian_reference(sim, C=None, system=None) -> StepJacobian:
             lim = sim.sm.limits[li]
             gain = 1.0 / dt if ld > skin else erp / dt        # baumgarte_gain on a float
             Dq_extra[3 * nc + jl, lim.idx_v] += gain * lim.sign
+        if nc:                              # the realizable drift correction's derivative
+            rz = _realizable_terms(sim, cons, (dp, dn, dd))
+            if rz is not None:
+                Dq_extra += rz
         if xterms is not None:              # the rows of diffgym.sim.equality (kinematic terms)
             s0, Dx, cx = xterms
             Dq_extra[s0:] = Dx
@@ -1394,6 +1546,14 @@ class _CompiledState:
             self.fext_vec[j] = pin.Force(self.fext[j])
 
 
+def _reference_data(sim):
+    """The numpy route's own pinocchio Data (created on first use)."""
+    data = getattr(sim, "_ddata", None)
+    if data is None:
+        data = sim._ddata = sim.model.createData()
+    return data
+
+
 def _compiled_state(sim) -> _CompiledState:
     st = sim.__dict__.get("_djit")
     if st is None or st.model is not sim.model:
@@ -1435,11 +1595,23 @@ def _step_jacobian_compiled(sim, C=None, system=None) -> StepJacobian | None:
             rest = np.where(closing, -_closing_time(sim, cons, C) / sim.dt, rest)
         lims = (cons.limits, cons.limit_dist, st.lim_v, st.lim_sign, v, rest)
         corr, Dq, done = K.contact_terms(*args, False, *st.no_geo, *lims)
+        geo = None
         if not done:           # pairs without a closed form in the kernel: geometry in Python
             gj = st.gjoint
             kin = _Kin(model, data, q, v1, np.concatenate([gj[c.geom1], gj[c.geom2]]), trees)
             geo = geometry_derivatives(sim, kin, cons)
             corr, Dq, done = K.contact_terms(*args, True, *geo, *lims)
+        if nc:                # the realizable drift correction's derivative (where it acted)
+            def geometry():
+                if geo is not None:
+                    return geo
+                gj = st.gjoint
+                kin = _Kin(model, _reference_data(sim), q, v1,
+                           np.concatenate([gj[c.geom1], gj[c.geom2]]), trees)
+                return geometry_derivatives(sim, kin, cons)
+            rz = _realizable_terms(sim, cons, geometry, JT if trees is None else None)
+            if rz is not None:
+                Dq = Dq + rz
         st.dirty = True
         if st.scatter:
             st.scatter_forces()

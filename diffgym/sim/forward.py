@@ -18,8 +18,8 @@ import pinocchio as pin
 
 from .collision_driver import CollisionDriver, Contacts
 from .constraint import (ConstraintBuilder, Constraints, _active_limits, assemble_problem,  # noqa: F401
-                         _NO_SPENT, _pairs_in_contact, assemble_sparse, island_rows,
-                         realizable_bias_island, restitution_bias)
+                         _NO_SPENT, _bias_row_ok, _pairs_in_contact, assemble_sparse,
+                         island_rows, restitution_bias)
 from .derivatives import step_jacobian
 from .jit import ENABLED as _JIT, njit
 from .model import ModelError, SimModel
@@ -295,36 +295,19 @@ if _JIT:
 
 
 @njit
-def _realizable_retry(Gs, g, b, rows, r0, ms, nc_s, mu_s, lam0s, modes0s, found, tol, mode_tol,
-                      newton_iter, mode_rounds, budget, Jb, Mb, tlo, thi, pair, dist, skin, rest,
-                      lim_dist):
-    """Stage 1 once more on an island whose stage 1 failed (rows ``rows[r0:r0 + ms]`` of the
-    step's ``b`` and ``g``, Delassus block ``Gs``, its contacts' ``mu_s`` and warm start), with
-    the drift correction of its touching rows made realizable
-    (``constraint.realizable_bias_island``): where the offsets were not realizable (redundant
-    contacts asking for a correction no motion produces) that is the problem stage 1 failed on.
-    Returns ``solve_stage1``'s tuple; where it succeeds ``b`` and ``g`` hold the realizable
-    offsets (in place), where it does not (or nothing was unrealizable) they are as they were,
-    for the later stages."""
-    bs0 = np.empty(ms)
-    gs0 = np.empty(ms)
+def _island_bias(b, rows, r0, ms, nc, touch, dist, skin, rest, lim_dist, realizable):
+    """The offsets of one island's rows (``rows[r0:r0 + ms]``) and which of them
+    ``solve_stage1`` may make realizable where its stage 1 fails (``constraint._bias_row_ok``;
+    none unless ``realizable``, ``SolverSettings.realizable_bias``); ``touch``:
+    ``_pairs_in_contact``. Shared by ``_solve_islands`` and ``island_step``."""
+    bs = np.empty(ms)
+    keep = np.zeros(ms, np.bool_)
     for a in range(ms):
-        bs0[a] = b[rows[r0 + a]]
-        gs0[a] = g[rows[r0 + a]]
-    touch = _pairs_in_contact(pair, dist)
-    if not realizable_bias_island(Gs, b, g, rows, r0, ms, pair.shape[0], touch, dist, skin,
-                                  rest, lim_dist):
-        return False, lam0s, lam0s, modes0s, np.zeros(0, np.bool_), 0, np.inf, 0
-    gs = np.empty(ms)
-    for a in range(ms):
-        gs[a] = g[rows[r0 + a]]
-    out = solve_stage1(Gs, gs, nc_s, mu_s, lam0s, modes0s, found, tol, mode_tol, newton_iter,
-                       mode_rounds, budget, Jb, Mb, tlo, thi)
-    if not out[0]:
-        for a in range(ms):
-            b[rows[r0 + a]] = bs0[a]
-            g[rows[r0 + a]] = gs0[a]
-    return out
+        r = rows[r0 + a]
+        bs[a] = b[r]
+        if realizable:
+            keep[a] = _bias_row_ok(r, nc, touch, dist, skin, rest, lim_dist)
+    return bs, keep
 
 
 # (inlined into _constrained_velocity, its one caller: numba links each callee's machine code
@@ -344,25 +327,23 @@ def _solve_islands(G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mo
     (``island_body``: J, Minv and the trees' dof ranges) for its large linear Newton steps;
     ``Minv`` None: the problem has fewer rows (the step knows it from its contacts and limits),
     and this variant is compiled without the body-space path (``_body_data``).
-    With ``realizable`` (``SolverSettings.realizable_bias``), an island whose stage 1 fails is
-    tried once more with its drift correction made realizable
-    (``_realizable_retry``: ``b`` and ``g`` updated in place where that succeeds, left as they
-    were where not; ``pair``, ``dist``, ``skin``, ``rest``, ``lim_dist`` for it)."""
+    With ``realizable`` (``SolverSettings.realizable_bias``), ``solve_stage1`` tries an island
+    whose stage 1 fails once more with its drift correction made realizable (``b`` and ``g``
+    updated in place where that succeeds, left as they were where not; ``pair``, ``dist``,
+    ``skin``, ``rest``, ``lim_dist``: which rows, ``_island_bias``)."""
     m = G.shape[0]
     nl = m - 3 * nc
+    touch = _pairs_in_contact(pair, dist) if realizable else np.zeros(0, np.bool_)
     if nis == 1:            # (one island: its rows are all rows, in order; no copies)
         Jb, Mb, tlo, thi = _body_data(Minv, J, tree_lo, tree_hi, _NO_I, m)
+        keep = np.zeros(m, np.bool_)
+        if realizable:
+            for r in range(m):
+                keep[r] = _bias_row_ok(r, nc, touch, dist, skin, rest, lim_dist)
+        # (b and g in place where the retry with realizable offsets succeeded)
         ok, lam, sigma, modes, lim_act, its, res, prox = solve_stage1(
             G, g, nc, mu, lam0, modes0, found, tol, mode_tol, newton_iter, mode_rounds, budget,
-            Jb, Mb, tlo, thi)
-        if not ok and realizable:
-            ok2, lam2, sigma2, modes2, lim2, its2, res2, prox2 = _realizable_retry(
-                G, g, b, np.arange(m), 0, m, nc, mu, lam0, modes0, found, tol, mode_tol,
-                newton_iter, mode_rounds, budget, Jb, Mb, tlo, thi, pair, dist, skin, rest,
-                lim_dist)
-            its += its2
-            if ok2:
-                ok, lam, sigma, modes, lim_act, res, prox = ok2, lam2, sigma2, modes2, lim2, res2, prox2
+            Jb, Mb, tlo, thi, b, keep)
         island_ok = np.ones(1, dtype=np.bool_)
         if not ok:
             island_ok[0] = False
@@ -391,18 +372,15 @@ def _solve_islands(G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mo
         gs, mus, lam0s, modes0s = _island_gather(g, mu, lam0, modes0, found, nc, rows, r0, ms,
                                                  cs, cptr[s], ncs, ls, lptr[s], nls)
         Jb, Mb, tlo, thi = _body_data(Minv, J, tree_lo, tree_hi, rows[r0:r1], ms)
+        bs, keep = _island_bias(b, rows, r0, ms, nc, touch, dist, skin, rest, lim_dist,
+                                realizable)
         ok, lam_s, sigma_s, modes_s, lact_s, its_s, res_s, prox = solve_stage1(
             Gs, gs, ncs, mus, lam0s, modes0s, found, tol, mode_tol, newton_iter, mode_rounds,
-            budget, Jb, Mb, tlo, thi)
-        if not ok and realizable:
-            ok2, lam2, sigma2, modes2, lim2, its2, res2, prox2 = _realizable_retry(
-                Gs, g, b, rows, r0, ms, ncs, mus, lam0s, modes0s, found, tol, mode_tol,
-                newton_iter, mode_rounds, budget, Jb, Mb, tlo, thi, pair, dist, skin, rest,
-                lim_dist)
-            its_s += its2
-            if ok2:
-                ok, lam_s, sigma_s, modes_s, lact_s, res_s, prox = (ok2, lam2, sigma2, modes2,
-                                                                     lim2, res2, prox2)
+            budget, Jb, Mb, tlo, thi, bs, keep)
+        if realizable:          # (the realizable offsets where solve_stage1's retry took them)
+            for a in range(ms):
+                b[rows[r0 + a]] = bs[a]
+                g[rows[r0 + a]] = gs[a]
         its += its_s
         nprox += prox
         if not ok:
@@ -640,7 +618,6 @@ _NO_MU = np.zeros(0)
 _ADDITIVE_JOINTS = frozenset(
     "JointModel" + k for k in ("RX", "RY", "RZ", "PX", "PY", "PZ", "RevoluteUnaligned",
                                 "PrismaticUnaligned", "Translation"))
-_STAGE1 = ("newton", "prox+newton", "none")     # methods of a solve that stage 1 (or 1b) did
 _LAZY_FIELDS = frozenset(("contact_points", "contact_normals", "contact_distances",
                           "contact_impulses", "contact_impulses_world", "contact_modes",
                           "contact_geoms", "limit_joints", "limit_impulses", "limit_active"))
@@ -1272,16 +1249,15 @@ class Simulator:
                 cons, G, g, MJt, Minv = cb.assemble(Jw, contacts, limits, dt, Minv, v_free, v,
                                                     spent)
                 lam0, modes0 = self._warm_start(cons)
-                res = self._solve(solver, G, g, cons, lam0, modes0, v)
-                if (res.method not in _STAGE1 and isinstance(solver, NCPSolver)
+                bias = None
+                if (isinstance(solver, NCPSolver) and type(solver).solve is NCPSolver.solve
                         and solver.settings.realizable_bias):
-                    # stage 1 failed: once more with the drift correction made realizable
-                    # (the compiled step's rule, constraint.realizable_bias)
-                    alt = cb.realizable(cons, G, g)
-                    if alt is not None:
-                        res2 = self._solve(solver, G, alt[1], cons, lam0, modes0, v)
-                        if res2.method in _STAGE1:
-                            cons.b, g, res = alt[0], alt[1], res2
+                    # (solve_stage1's retry with realizable offsets: cons.b and g in place; a
+                    # subclass overriding solve() keeps its own call, without the retry)
+                    g = np.array(g, dtype=np.float64)
+                    cons.b = np.array(cons.b, dtype=np.float64)
+                    bias = (cons.b, cb.realizable_rows(cons))
+                res = self._solve(solver, G, g, cons, lam0, modes0, v, bias=bias)
                 v1 = v_free + MJt @ res.lam
         else:
             cons = None
@@ -1412,12 +1388,15 @@ class Simulator:
         return force
 
     @staticmethod
-    def _solve(solver, G, g, cons: Constraints, lam0, modes0, v, later_stages: bool = False):
-        """The NCP solve (``later_stages``: stage 1 already failed compiled, from stage 2 on),
-        LAPACK failures reported as a SimulationError."""
+    def _solve(solver, G, g, cons: Constraints, lam0, modes0, v, later_stages: bool = False,
+               bias=None):
+        """The NCP solve (``later_stages``: stage 1 already failed compiled, from stage 2 on;
+        ``bias``: ``NCPSolver.solve``'s), LAPACK failures reported as a SimulationError."""
         try:
             if later_stages:
                 return solver._solve(G, g, cons.nc, cons.mu, lam0, modes0, stage1=False)
+            if bias is not None:
+                return solver.solve(G, g, cons.nc, cons.mu, lam0, modes0, bias=bias)
             return solver.solve(G, g, cons.nc, cons.mu, lam0, modes0)
         except np.linalg.LinAlgError as exc:     # LAPACK gave up on a degenerate problem
             # (step() adds the model, step and contacts to the SimulationError it becomes)

@@ -26,7 +26,8 @@ import numpy as np
 
 from .constraint import (_NO_REST, Constraints, _active_limits, assemble_blocks,
                          blocks_dense)
-from .forward import _island_gather, _island_scatter, _match_warm_start, _realizable_retry
+from .constraint import _pairs_in_contact
+from .forward import _island_bias, _island_gather, _island_scatter, _match_warm_start
 from .jit import njit
 from .solver import NCPSolver, SolverResult
 from .solver_kernels import (_NO_I, _NO_J, BODY_MIN_ROWS, island_mass, natres,
@@ -151,6 +152,7 @@ def constrained_step_blocks(pos, frames, geom1, geom2, geom_joint, dist, mu, pai
     lim_act = np.zeros(nl, dtype=np.bool_)
     all_ok = True
     island_ok = np.ones(nis, dtype=np.bool_)
+    touch = _pairs_in_contact(pair, dist) if realizable else np.zeros(0, np.bool_)
     its = 0
     res = 0.0
     nprox = 0
@@ -168,18 +170,15 @@ def constrained_step_blocks(pos, frames, geom1, geom2, geom_joint, dist, mu, pai
                                                    tree_hi, nv)
         else:
             Jb, Mbd, tlo, thi = _NO_J, _NO_J, _NO_I, _NO_I
+        bs, keep = _island_bias(b, rows, r0, ms, nc, touch, dist, skin, _NO_REST, lim_dist,
+                                realizable)
         ok, lam_s, sigma_s, modes_s, lact_s, its_s, res_s, prox = solve_stage1(
             Gs, gs, ncs, mus, lam0s, modes0s, found, tol, mode_tol, newton_iter, mode_rounds,
-            budget, Jb, Mbd, tlo, thi)
-        if not ok and realizable:   # once more with a realizable drift correction (forward's rule)
-            ok2, lam2, sigma2, modes2, lim2, its2, res2, prox2 = _realizable_retry(
-                Gs, g, b, rows, r0, ms, ncs, mus, lam0s, modes0s, found, tol, mode_tol,
-                newton_iter, mode_rounds, budget, Jb, Mbd, tlo, thi, pair, dist, skin, _NO_REST,
-                lim_dist)
-            its_s += its2
-            if ok2:
-                ok, lam_s, sigma_s, modes_s, lact_s, res_s, prox = (ok2, lam2, sigma2, modes2,
-                                                                     lim2, res2, prox2)
+            budget, Jb, Mbd, tlo, thi, bs, keep)
+        if realizable:   # (the realizable offsets where solve_stage1's retry took them)
+            for a in range(ms):
+                b[rows[r0 + a]] = bs[a]
+                g[rows[r0 + a]] = gs[a]
         its += its_s
         nprox += prox
         if not ok:

@@ -109,10 +109,10 @@ class SolverSettings:
     #                              the drift correction of its touching rows made realizable
     #                              (constraint.realizable_bias) and keep that where stage 1 then
     #                              succeeds: redundant contacts (the steady push of DiffPush-v0)
-    #                              converge in stage 1 instead of the slow later stages; off by
-    #                              default because the step Jacobian does not include the
-    #                              projection's derivative (a box resting on a box's face:
-    #                              8e-4 relative error in dv/dq where it acts)
+    #                              converge in stage 1 instead of the slow later stages. The
+    #                              step Jacobian includes the projection's derivative
+    #                              (derivatives._realizable_terms). Off by default until the
+    #                              whole suite has run with it on (README, "The steady push")
     compiled: bool = True        # a step's constrained part (limits, assembly, warm start and
     #                              stage 1) in one compiled call (forward._constrained_step);
     #                              False: stage by stage (ConstraintBuilder.assemble, then
@@ -492,10 +492,15 @@ class NCPSolver:
 
     # -- entry point -----------------------------------------------------------------------
     def solve(self, G: np.ndarray, g: np.ndarray, nc: int, mu: np.ndarray,
-              lam0: np.ndarray | None = None, modes0: np.ndarray | None = None) -> SolverResult:
+              lam0: np.ndarray | None = None, modes0: np.ndarray | None = None,
+              bias: tuple | None = None) -> SolverResult:
         """Solve the NCP ``sigma = G lam + g`` for ``nc`` contacts (3 rows each, ordered (t1, t2,
         n), friction ``mu``) followed by 1-row joint limits. ``lam0``/``modes0`` warm start it
-        (modes0: nc contact modes, then optionally one 0/1 per limit).
+        (modes0: nc contact modes, then optionally one 0/1 per limit). ``bias``: ``(b, keep)``,
+        the rows' drift offsets (``g = J v_free + b``; float64 (m,)) and the rows whose offset
+        stage 1 may make realizable where it fails (bool (m,); ``solve_stage1``'s retry,
+        ``SolverSettings.realizable_bias``): where the retry succeeds ``b`` and ``g`` hold the
+        realizable offsets (in place; ``g`` then must be the caller's float64 array).
 
         Stages 1 and 1b, preamble included, are one compiled call
         (``solver_kernels.solve_stage1``, whatever ``settings.compiled`` says); stages 2-4 (rare)
@@ -524,7 +529,7 @@ class NCPSolver:
                 G, g, nc, mu, _EMPTY_F if lam0 is None else lam0,
                 _EMPTY_I if modes0 is None else modes0, modes0 is not None, s.tol,
                 s.mode_tol, s.newton_iter, s.mode_rounds, s.newton_budget,
-                None, None, None, None)
+                None, None, None, None, *((None, None) if bias is None else bias))
             if out[0]:
                 return SolverResult(out[1], out[2], out[3], out[4], out[5], out[6], True,
                                     "prox+newton" if out[7] else "newton")

@@ -1052,7 +1052,91 @@ def active_set(G, g, nc, mu, modes_in, lim_in, lam_in, dG, dc, zero, haszero, vs
 
 @njit
 def solve_stage1(G, g, nc, mu, lam0, modes0, has_modes, tol, mode_tol, newton_iter,
-                 mode_rounds, budget, Jb, Mb, tlo, thi):
+                 mode_rounds, budget, Jb, Mb, tlo, thi, b=None, keep=None):
+    """Stage 1 of the NCP solve (``_stage1``: the active set from the warm and cold starts,
+    stage 1b) for every caller (the compiled step's islands, the per-island storage of
+    ``island_step``, ``NCPSolver.solve``). With the rows' drift offsets ``b`` (``g = J v_free +
+    b``) and ``keep`` (the rows whose offset is a drift correction that may be projected:
+    ``constraint._bias_row_ok``; ``SolverSettings.realizable_bias``): where stage 1 fails, once
+    more with those offsets projected onto the range of their rows of J (``project_block``:
+    the closest correction one generalized velocity realizes; redundant contacts can ask for
+    corrections no motion produces, and the mode equations then have no solution). Where that
+    succeeds ``b`` and ``g`` hold the projected offsets (in place) and its solution is returned;
+    else they are unchanged and the first attempt's (failed) tuple is returned, the iterations
+    of both counted. Returns ``_stage1``'s tuple."""
+    out = _stage1(G, g, nc, mu, lam0, modes0, has_modes, tol, mode_tol, newton_iter,
+                  mode_rounds, budget, Jb, Mb, tlo, thi)
+    if b is None or keep is None or out[0]:
+        return out
+    changed, nb = project_block(G, b, keep)
+    if not changed:
+        return out
+    m = G.shape[0]
+    g2 = g.copy()
+    t = 0
+    for a in range(m):
+        if keep[a]:
+            g2[a] += nb[t] - b[a]
+            t += 1
+    out2 = _stage1(G, g2, nc, mu, lam0, modes0, has_modes, tol, mode_tol, newton_iter,
+                   mode_rounds, budget, Jb, Mb, tlo, thi)
+    its = out[5] + out2[5]
+    if not out2[0]:
+        return False, out[1], out[2], out[3], out[4], its, out[6], out[7]
+    t = 0
+    for a in range(m):
+        g[a] = g2[a]
+        if keep[a]:
+            b[a] = nb[t]
+            t += 1
+    return True, out2[1], out2[2], out2[3], out2[4], its, out2[6], out2[7]
+
+
+@njit
+def project_block(Gs, bs, keep):
+    """The offsets ``bs`` of one problem's rows (its Delassus block ``Gs``) with the part of
+    those flagged in ``keep`` projected onto the range of their Delassus block (= the range of
+    their rows of J): ``b_S <- G_SS G_SS^+ b_S``, the least-squares realizable correction, by the
+    solver's own minimum-norm least squares (``_lstsq``, singular values below 1e-11 of the
+    largest are null) where the block is rank deficient (``_rank_deficient``); elsewhere
+    (independent rows: every offset is realizable) nothing changes. Blocks with
+    ``BODY_MIN_ROWS`` flagged rows or more (the body-space solves' size; a dense rank test and
+    SVD there would cost more than the step) are left as they are.
+    Returns (changed, the new offsets of the flagged rows, in order)."""
+    ms = bs.shape[0]
+    n = 0
+    for a in range(ms):
+        if keep[a]:
+            n += 1
+    if n < 2 or n >= BODY_MIN_ROWS:
+        return False, np.zeros(0)
+    idx = np.empty(n, np.int64)
+    n = 0
+    for a in range(ms):
+        if keep[a]:
+            idx[n] = a
+            n += 1
+    A = np.empty((n, n))
+    y = np.empty(n)
+    for a in range(n):
+        y[a] = bs[idx[a]]
+        for c in range(n):
+            A[a, c] = Gs[idx[a], idx[c]]
+    if not _rank_deficient(A):
+        return False, np.zeros(0)
+    x = _lstsq(A, y)
+    out = np.empty(n)
+    for a in range(n):
+        t = 0.0
+        for c in range(n):
+            t += A[a, c] * x[c]
+        out[a] = t
+    return True, out
+
+
+@njit
+def _stage1(G, g, nc, mu, lam0, modes0, has_modes, tol, mode_tol, newton_iter,
+            mode_rounds, budget, Jb, Mb, tlo, thi):
     """The preamble of ``NCPSolver.solve`` (dG, dc, vscale, zero-diagonal rows, the warm start)
     and stage 1: the active set from the warm start, then (a warm start given) from the cold
     start, then stage 1b (``proximal``) from three starts (the warm start, a cold
