@@ -1155,12 +1155,25 @@ class Simulator:
     def _mech_energy(self, q, v) -> float:
         """Kinetic + gravity potential energy of (q, v) (its kinetic part left in
         ``_ebudget_kin``)."""
-        model = self.model
-        d = self.__dict__.get("_edata")
-        if d is None:
-            d = self._edata = model.createData()
-        k = float(pin.computeKineticEnergy(model, d, q, v))
-        p = float(pin.computePotentialEnergy(model, d, q))
+        trees = self.__dict__.get("_trees")
+        if trees is not None:
+            # per tree group, each with a Data of its own (a whole-model Data is cubic in nv;
+            # the groups' own Data hold the step's kinematics, which the Jacobian reads)
+            ds = self.__dict__.get("_etree_data")
+            if ds is None:
+                ds = self._etree_data = [g.model.createData() for g in trees.groups]
+            k = p = 0.0
+            for g, d in zip(trees.groups, ds):
+                qg = q[g.q0:g.q1]
+                k += float(pin.computeKineticEnergy(g.model, d, qg, v[g.v0:g.v1]))
+                p += float(pin.computePotentialEnergy(g.model, d, qg))
+        else:
+            model = self.model
+            d = self.__dict__.get("_edata")
+            if d is None:
+                d = self._edata = model.createData()
+            k = float(pin.computeKineticEnergy(model, d, q, v))
+            p = float(pin.computePotentialEnergy(model, d, q))
         self._ebudget_kin = k
         return k + p
 
