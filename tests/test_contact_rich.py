@@ -295,7 +295,9 @@ def test_exploding_free_spin_is_flagged():
         for _ in range(40):
             try:
                 q, v = sim.step(q, v, np.zeros(sim.nv))
-            except SimulationError:
+            except SimulationError as exc:
+                # (the trajectory's energy check, every 8 steps, may see it first)
+                flagged = "mechanical energy grew" in str(exc)
                 break
             if not sim.last.converged:
                 assert sim.last.method.endswith("+energy")
