@@ -19,3 +19,16 @@ def test_tumbling_box_keeps_the_corners_that_swing_down(index):
     bring to the plane within the step (collision_kernels.plane_points' ``reach``)."""
     r, info = _run(index)
     assert not r.fails and r.max_pen < 1e-2, info
+
+
+@pytest.mark.parametrize("index", [71, 137])
+def test_inconsistent_normal_rows_break_a_contact(index):
+    """#71 (box + cylinder, 20 Hz) and #137 (sphere + box, 30 Hz): a box resting on four corners
+    whose drift offsets straddle the skin's kink (two corners within the skin, two beyond it,
+    and a nanometre of second tilt) asks for normal velocities no rigid motion gives (3.6e-8
+    m/s apart). The active set's Newton stalled at the least-squares point, every contact
+    sticking, spent its budget switching friction modes, and the slow stages ended the step
+    unconverged (ADMM, 5,508 iterations). A loaded contact left separating at that point now
+    breaks first (solver_kernels._separating_row): the other three carry its load."""
+    r, info = _run(index)
+    assert r.nonconv_steps == 0 and not r.fails, info

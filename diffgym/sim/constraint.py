@@ -18,6 +18,17 @@ velocity-level damping term (``Kd = 0``): the velocity rows are exact. ``b`` is 
 smooth around ``d = 0``, where resting contacts settle, so step derivatives there are those of
 one smooth piece; its only kink is at ``d = s``, away from resting states.
 
+Depenetration speed cap (``MAX_DEPENETRATION_SPEED``, default 1 m/s, like PhysX's / Unity's
+``maxDepenetrationVelocity``): a contact's push-out ``-erp * d / dt`` is capped at this speed,
+``b = max(erp * d / dt, -MAX_DEPENETRATION_SPEED)``. A model starting deep in the floor or in
+another body (a robot's reference pose with its feet 1 m below the ground: 0.2 * 1 m / 2 ms =
+100 m/s per contact) then comes out at that speed instead of being launched (Talos: 606 m/s on
+its first step). Where the cap acts, the offset no longer depends on ``d`` (its gain in the step
+Jacobian is 0). The limit applies to contact rows only (joint limits are in rad). It is a
+process-wide constant read when the kernels compile (setting
+``diffgym.sim.constraint.MAX_DEPENETRATION_SPEED`` before the first step recompiles them with the
+new value; the cache stamps the value).
+
 Redundant contacts (``realizable_bias``, with ``SolverSettings(realizable_bias=True)``, off by
 default): where an island's stage 1 fails on these offsets, the step solves it once more with
 the offsets of its touching rows projected onto the range of those rows of J (the closest
@@ -108,10 +119,41 @@ def _active_limits(q, v, lim_q, lim_v, lim_bound, lim_sign, limit_margin, dt):
     return idx, dd
 
 
+# m/s: the fastest push-out of a penetrating contact (module docstring)
+MAX_DEPENETRATION_SPEED = 1.0
+
+
 @njit
 def _offset(d, dt, erp, skin):
-    """The Baumgarte / speculative offset b of a signed distance d (module docstring)."""
+    """The Baumgarte / speculative offset b of a signed distance d (module docstring), without
+    the depenetration cap (joint limits)."""
     return (d - skin) / dt + erp * skin / dt if d > skin else erp * d / dt
+
+
+@njit
+def _push(d, dt, erp):
+    """The Baumgarte push-out offset ``erp d / dt`` of a contact, at least
+    ``-MAX_DEPENETRATION_SPEED``."""
+    return max(erp * d / dt, -MAX_DEPENETRATION_SPEED)
+
+
+@njit
+def _push_gain(d, dt, erp):
+    """d _push / d d: ``erp / dt``, 0 where the cap acts."""
+    return erp / dt if erp * d / dt > -MAX_DEPENETRATION_SPEED else 0.0
+
+
+@njit
+def _contact_offset(d, dt, erp, skin):
+    """The Baumgarte / speculative offset b of a contact's signed distance d, with the
+    depenetration cap."""
+    return (d - skin) / dt + erp * skin / dt if d > skin else _push(d, dt, erp)
+
+
+@njit
+def contact_gain(d, dt, erp, skin):
+    """d _contact_offset / d d."""
+    return 1.0 / dt if d > skin else _push_gain(d, dt, erp)
 
 
 @njit
@@ -212,7 +254,7 @@ def restitution_bias(J, b, g, v, dist, pair, pair_rest, nc, dt, erp, skin, thr, 
             continue
         r = 3 * k + 2
         nb = e * un[k] + an[k] * ((1.0 + e) * out[1, k] + 0.5 * (e - 1.0) * dt) \
-            + (erp * dist[k] / dt if dist[k] < 0.0 else 0.0)
+            + (_push(dist[k], dt, erp) if dist[k] < 0.0 else 0.0)
         g[r] += nb - b[r]
         b[r] = nb
     return out
@@ -352,7 +394,7 @@ def constraint_rows(pos, frames, j1, j2, dist, Jw, support, sup_ptr, sup_idx, tr
                                          + frames[k, 2, a] * r2)
                     nz[row, nnz[row]] = d
                     nnz[row] += 1
-        b[3 * k + 2] = _offset(dist[k], dt, erp, skin)
+        b[3 * k + 2] = _contact_offset(dist[k], dt, erp, skin)
     for i in range(nl):
         row = 3 * nc + i
         d = lim_v[lim_idx[i]]
@@ -588,8 +630,9 @@ _NO_REST = np.zeros((2, 0))   # realizable_bias's ``rest`` where no contact has 
 
 
 def baumgarte_gain(dist: np.ndarray, dt: float, erp: float, skin: float) -> np.ndarray:
-    """d b / d dist."""
-    return np.where(dist > skin, 1.0 / dt, erp / dt)
+    """d b / d dist of contact rows (0 where the depenetration cap acts)."""
+    return np.where(dist > skin, 1.0 / dt,
+                    np.where(erp * dist / dt > -MAX_DEPENETRATION_SPEED, erp / dt, 0.0))
 
 
 class ConstraintBuilder:

@@ -28,6 +28,7 @@ from __future__ import annotations
 import numpy as np
 
 from .solver_kernels import _uf_find
+from .constraint import _push_gain, contact_gain
 from .jit import njit
 from .solver import BREAKING, STICKING
 
@@ -321,9 +322,9 @@ def contact_terms(JT, oM, ov, fext, supp, dof_joint, parents, gjoint, static_pla
 
     # Dq_extra: R^T d vrel (+ dR^T vrel), Baumgarte on the normal rows
     for k in range(nc):
-        gain = 1.0 / dt if cdist[k] > skin else erp / dt
+        gain = contact_gain(cdist[k], dt, erp, skin)
         if rest[k] > 0.0:                    # impact law: b = e u + erp min(d, 0) / dt
-            gain = erp / dt if cdist[k] < 0.0 else 0.0
+            gain = _push_gain(cdist[k], dt, erp) if cdist[k] < 0.0 else 0.0
         elif rest[k] < 0.0:                  # closing, short of contact: b = d / rem (d > 0),
             gain = -1.0 / (rest[k] * dt)     # rest = -rem / dt (-1: rem = dt, gain 1 / dt)
         for i in range(3):

@@ -1350,7 +1350,8 @@ def _step_jacobian_reference(sim, C=None, system=None) -> StepJacobian:
             if rest is not None:
                 # Newton's impact law rows: b = e u(q, v) + erp min(d, 0) / dt, u = n . vrel at
                 # the pre-step v (constraint.restitution_bias): the gain of d, and e du/dq
-                gain = np.where(rest > 0.0, np.where(cons.dist < 0.0, erp / dt, 0.0), gain)
+                gain = np.where(rest > 0.0, np.where(cons.dist < 0.0, baumgarte_gain(
+                    cons.dist, dt, erp, 0.0), 0.0), gain)
                 trees = sim.__dict__.get("_trees")
                 if trees is not None:      # per-tree groups: no whole-model Data (cubic in nv)
                     kin0 = _Kin(model, None, q, v, np.concatenate([j1s, j2s]), trees)

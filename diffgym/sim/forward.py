@@ -464,6 +464,25 @@ def _add_impulses(v1, MJt, rt, lam, tree_hi):
                     v1[i] += MJt[i, r] * lr
 
 
+_NO_LB = (np.zeros(0), np.zeros(0))
+
+
+@njit
+def _budget_work(v1, tau_total, lam, b, dt):
+    """The energy a step may put in (Simulator._energy_budget): the positive part of ``dt v1 .
+    tau_total`` plus ``sum max(0, -lam_i b_i)`` (``tau_total`` empty: none)."""
+    w = 0.0
+    if tau_total.shape[0]:
+        for i in range(v1.shape[0]):
+            w += v1[i] * tau_total[i]
+        w = dt * w if w > 0.0 else 0.0
+    for i in range(lam.shape[0]):
+        x = -lam[i] * b[i]
+        if x > 0.0:
+            w += x
+    return w
+
+
 @njit
 def _speed_jump(v, v1, gate):
     """Whether |v1|^2 > 1.5 |v|^2 + gate (a cheap test before the energy check of a step;
@@ -1075,10 +1094,86 @@ class Simulator:
         diverges or its linear algebra fails on a degenerate problem."""
         self._nstep += 1
         try:
-            return self._step(q, v, tau, jacobian)
+            out = self._step(q, v, tau, jacobian)
         except (np.linalg.LinAlgError, ZeroDivisionError, FloatingPointError) as exc:
             raise SimulationError(f"{self._context()}: the step failed on a degenerate problem "
                                   f"({type(exc).__name__}: {exc})") from exc
+        self._energy_budget(q, v, out[0], out[1])
+        return out
+
+    # steps between two evaluations of the trajectory's mechanical energy (_energy_budget)
+    ENERGY_CHECK_EVERY = 8
+
+    def _energy_budget(self, q, v, q1, v1) -> None:
+        """The energy check of a trajectory (issue 16): slow growth that no single step shows.
+
+        A trajectory is a run of steps each starting where the previous one ended (the state
+        this step starts from equals, bit for bit, the one the last step returned; anything else
+        starts a new one). Along it, the mechanical energy ``E = kinetic + gravity`` may grow
+        only by the work put in: the positive part of ``dt v1 . tau_total`` of each step (applied
+        and passive forces) and the energy the contact and limit stabilization may inject
+        (``sum max(0, -lam_i b_i)``). Every ``ENERGY_CHECK_EVERY`` steps, a growth beyond that
+        budget by more than half the largest kinetic energy seen on the trajectory (plus 1e-6 J
+        and rounding) raises SimulationError: the integration is unstable for this motion (the
+        explicit gyroscopic term of a fast spin grows |v| about 1% a step, every step reporting
+        converged=True). The one-step check (``_energy_excess``, a 1.5x jump) stays."""
+        cache = self.__dict__.get("cache")
+        eb = self.__dict__.get("_ebudget")
+        # (bytes: a cheap exact comparison that also sees a returned array changed in place)
+        q = np.asarray(q, dtype=float)
+        v = np.asarray(v, dtype=float)
+        if eb is None or q.tobytes() != eb["q1"] or v.tobytes() != eb["v1"]:
+            eb = self._ebudget = {"E0": self._mech_energy(q, v), "W": 0.0, "K": 0.0, "n": 0,
+                                  "n0": self._nstep}
+            eb["K"] = self._ebudget_kin
+        eb["q1"], eb["v1"] = q1.tobytes(), v1.tobytes()
+        if cache is not None:
+            tt = cache.get("tau_total")
+            cons, res = cache.get("cons"), cache.get("res")
+            lb = (res.lam, cons.b) if (cons is not None and res is not None
+                                       and len(res.lam) == len(cons.b)) else _NO_LB
+            eb["W"] += _budget_work(v1, tt if tt is not None else v1[:0], lb[0], lb[1], self.dt)
+        eb["n"] += 1
+        if eb["n"] % self.ENERGY_CHECK_EVERY:
+            return
+        e1 = self._mech_energy(q1, v1)
+        k1 = self._ebudget_kin
+        eb["K"] = max(eb["K"], k1)
+        e0 = eb["E0"]
+        excess = e1 - e0 - eb["W"]
+        if excess > 0.5 * eb["K"] + 1e-6 + 1e-9 * (abs(e0) + abs(e1)):
+            raise SimulationError(
+                f"{self._context()}: the mechanical energy grew from {e0:.6g} J to {e1:.6g} J "
+                f"over the {eb['n']} steps since step {eb['n0']} (the start of this trajectory), "
+                f"{excess:.3g} J more than the work of the applied forces and the contact "
+                f"stabilization ({eb['W']:.3g} J); the kinetic energy is {k1:.3g} J, |v| = "
+                f"{np.linalg.norm(v1):.3g}. The integration is unstable for this motion (e.g. "
+                "a fast spin at this time step): a smaller dt is needed")
+
+    def _mech_energy(self, q, v) -> float:
+        """Kinetic + gravity potential energy of (q, v) (its kinetic part left in
+        ``_ebudget_kin``)."""
+        trees = self.__dict__.get("_trees")
+        if trees is not None:
+            # per tree group, each with a Data of its own (a whole-model Data is cubic in nv;
+            # the groups' own Data hold the step's kinematics, which the Jacobian reads)
+            ds = self.__dict__.get("_etree_data")
+            if ds is None:
+                ds = self._etree_data = [g.model.createData() for g in trees.groups]
+            k = p = 0.0
+            for g, d in zip(trees.groups, ds):
+                qg = q[g.q0:g.q1]
+                k += float(pin.computeKineticEnergy(g.model, d, qg, v[g.v0:g.v1]))
+                p += float(pin.computePotentialEnergy(g.model, d, qg))
+        else:
+            model = self.model
+            d = self.__dict__.get("_edata")
+            if d is None:
+                d = self._edata = model.createData()
+            k = float(pin.computeKineticEnergy(model, d, q, v))
+            p = float(pin.computePotentialEnergy(model, d, q))
+        self._ebudget_kin = k
+        return k + p
 
     def _energy_excess(self, q, v, v1, tau_total, cons, res) -> float:
         """How much the kinetic energy of the step, at the configuration q, grew beyond the work
@@ -1392,6 +1487,13 @@ class Simulator:
                bias=None):
         """The NCP solve (``later_stages``: stage 1 already failed compiled, from stage 2 on;
         ``bias``: ``NCPSolver.solve``'s), LAPACK failures reported as a SimulationError."""
+        if not (np.isfinite(G).all() and np.isfinite(g).all()):
+            # (LAPACK would print "DLASCL parameter number 4 had an illegal value" to stderr
+            # before failing: the problem is checked first; step() adds the context)
+            bad = "G" if not np.isfinite(G).all() else "g"
+            raise FloatingPointError(
+                f"the contact problem has non-finite entries in {bad} ({cons.nc} contacts, "
+                f"|v| = {np.linalg.norm(v):.3g}, max |G| = {np.max(np.abs(G), initial=0.0):.3g})")
         try:
             if later_stages:
                 return solver._solve(G, g, cons.nc, cons.mu, lam0, modes0, stage1=False)

@@ -255,7 +255,13 @@ class NCPSolver:
                 on = yl > 0.0
                 J[k:] = np.where(on[:, None], rl[:, None] * G[k:], 0.0)
                 J[k + np.flatnonzero(~on), k + np.flatnonzero(~on)] = 1.0
-            delta = np.linalg.lstsq(wv[:, None] * J, -(wv * F), rcond=1e-12)[0]
+            A = wv[:, None] * J
+            if not (np.isfinite(A).all() and np.isfinite(F).all()):
+                # (LAPACK's dgelsd prints "DLASCL parameter number 4 had an illegal value" on a
+                # non-finite matrix before failing: refused here, as an error of the step)
+                raise np.linalg.LinAlgError(
+                    f"the semismooth Newton iterate became non-finite at iteration {it}")
+            delta = np.linalg.lstsq(A, -(wv * F), rcond=1e-12)[0]
             t = 1.0
             while True:
                 lam_new = lam + t * delta

@@ -945,6 +945,40 @@ def _infeasible_sticking(lam, sigma, nc, mu, modes, new_modes, tol):
 
 
 @njit
+def _separating_row(lam, sigma, nc, modes, tol, vscale):
+    """After a Newton run that did not converge: the loaded contact to break when the normal
+    equations are inconsistent by a small amount, -1 otherwise. That is: every contact not
+    breaking carries a nonnegative normal impulse (no mode is wrong by its sign), the largest
+    residual is in a normal row, above ``tol`` but below ``1e-6 vscale`` (the rounding scale
+    of the drift offsets, not a wrong set of modes), and that contact separates (positive normal
+    velocity) while loaded. Among such contacts, the one with the smallest normal impulse (the
+    cheapest load to move to the others)."""
+    best = -1
+    nres = 0.0
+    slip = 0.0
+    for i in range(nc):
+        if modes[i] == BREAKING:
+            continue
+        j = 3 * i
+        if lam[j + 2] < 0.0:
+            return -1
+        if modes[i] == STICKING:
+            s0 = sigma[j]
+            s1 = sigma[j + 1]
+            sl = math.sqrt(s0 * s0 + s1 * s1)
+            if sl > slip:
+                slip = sl
+        sn = abs(sigma[j + 2])
+        if sn > nres:
+            nres = sn
+        if sigma[j + 2] > tol and lam[j + 2] > 0.0 and (best < 0 or lam[j + 2] < lam[3 * best + 2]):
+            best = i
+    if nres < slip or nres > 1e-6 * vscale:
+        return -1
+    return best
+
+
+@njit
 def _seen_index(seen_m, seen_l, n, modes, lim_act):
     """Row of (modes, lim_act) among the first n recorded sets, or -1."""
     for r in range(n):
@@ -1000,6 +1034,24 @@ def active_set(G, g, nc, mu, modes_in, lim_in, lam_in, dG, dc, zero, haszero, vs
                                         Jb, Mb, tlo, thi)
         first = False
         total += its
+        ib = -1 if ok else _separating_row(lam_n, sigma, nc, modes, tol, vscale)
+        if ib >= 0:
+            # Newton stalled on inconsistent normal equations: a loaded contact keeps a
+            # separating normal velocity at the least-squares point (four corners of a box whose
+            # offsets straddle the skin's kink, b(d) not affine over them: drop #71, 3.6e-8
+            # m/s). In the rigid problem that contact breaks (its load goes to the others): that
+            # mode next (before the other rows' violations, which the stalled point leaves
+            # uncertain and whose rounds would spend the budget on the same inconsistency)
+            nm = modes.copy()
+            nm[ib] = BREAKING
+            if _seen_index(seen_m, seen_l, nseen, nm, lim_act) < 0:
+                modes = nm
+                lam = lam_n.copy()
+                lam[3 * ib] = 0.0
+                lam[3 * ib + 1] = 0.0
+                lam[3 * ib + 2] = 0.0
+                _prepare(lam, nc, mu, modes, lim_act)
+                continue
         tol_v, tol_l = _tols(lam_n, vscale, mode_tol)
         found, new_modes, new_lim, v = _violations(lam_n, sigma, nc, mu, modes, lim_act, dc, dG,
                                                    tol_v, tol_l)
