@@ -304,20 +304,10 @@ def step_jacobian_blocks(sim, C, sparse: bool):
         for i in gs:
             g = groups[i]
             n = g.v1 - g.v0
-            fv = g._fext
-            if fv is None:
-                fv = g._fext = pin.StdVec_Force()
-                for _ in range(g.j1 - g.j0 + 1):
-                    fv.append(pin.Force.Zero())
-            for k in range(1, g.j1 - g.j0 + 1):
-                fv[k] = pin.Force(fext[g.j0 + k - 1])
             s = slice(g.v0, g.v1)
             qg = q[g.q0:g.q1]
-            a, b, m = pin.computeABADerivatives(g.model, g.data, qg, v[s], tau[s], fv)
             t = slice(o, o + n)
-            ddq_dq[t, t] = np.reshape(a, (n, n))
-            ddq_dv[t, t] = np.reshape(b, (n, n))
-            Minv[t, t] = np.reshape(m, (n, n))
+            ddq_dq[t, t], ddq_dv[t, t], Minv[t, t] = g.aba_derivatives(qg, v[s], tau[s], fext)
             dI_dq[t, t] = np.reshape(pin.dIntegrate(g.model, qg, v1dt[s], _ARG0), (n, n))
             dI_dv[t, t] = np.reshape(pin.dIntegrate(g.model, qg, v1dt[s], _ARG1), (n, n))
             o += n

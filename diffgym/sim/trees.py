@@ -49,6 +49,22 @@ class Group:
         self.oM = None          # view of data.oMi (made once, checked), or None: gather copies
         self._fext = None
 
+    def aba_derivatives(self, q: np.ndarray, v: np.ndarray, tau: np.ndarray,
+                        fext: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """computeABADerivatives of this group at its own ``q``, ``v``, ``tau`` with the
+        model's external joint forces ``fext`` (njoints, 6, joint frames; this group's rows
+        read): (ddq_dq, ddq_dv, Minv), each (n, n)."""
+        fv = self._fext
+        if fv is None:
+            fv = self._fext = pin.StdVec_Force()
+            for _ in range(self.j1 - self.j0 + 1):
+                fv.append(pin.Force.Zero())
+        for k in range(1, self.j1 - self.j0 + 1):
+            fv[k] = pin.Force(fext[self.j0 + k - 1])
+        n = self.v1 - self.v0
+        out = pin.computeABADerivatives(self.model, self.data, q, v, tau, fv)
+        return tuple(np.reshape(x, (n, n)) for x in out)
+
 
 def sub_model(model: pin.Model, j0: int, j1: int) -> pin.Model:
     """A pinocchio Model of the joints [j0, j1) of ``model`` (whole trees: each joint's parent
@@ -334,17 +350,9 @@ class TreeGroups:
         nv = self.nv
         ddq_dq, ddq_dv, Minv = (np.zeros((nv, nv), order="F") for _ in range(3))
         for g in self.groups:
-            fv = g._fext
-            if fv is None:
-                fv = g._fext = pin.StdVec_Force()
-                for _ in range(g.j1 - g.j0 + 1):
-                    fv.append(pin.Force.Zero())
-            for k in range(1, g.j1 - g.j0 + 1):
-                fv[k] = pin.Force(fext[g.j0 + k - 1])
             s = slice(g.v0, g.v1)
-            a, b, c = pin.computeABADerivatives(g.model, g.data, q[g.q0:g.q1], v[s], tau[s], fv)
-            n = g.v1 - g.v0
-            ddq_dq[s, s], ddq_dv[s, s], Minv[s, s] = (np.reshape(x, (n, n)) for x in (a, b, c))
+            ddq_dq[s, s], ddq_dv[s, s], Minv[s, s] = g.aba_derivatives(q[g.q0:g.q1], v[s],
+                                                                        tau[s], fext)
         return ddq_dq, ddq_dv, Minv
 
 
