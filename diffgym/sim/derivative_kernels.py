@@ -346,6 +346,22 @@ def contact_terms(JT, oM, ov, fext, supp, dof_joint, parents, gjoint, static_pla
 
 
 @njit
+def _dof_velocity_derivative(JT, c, ov, pp, vj):
+    """The derivative along dof ``c`` (WORLD axis ``JT[c]`` = (l, a)) of a joint's WORLD spatial
+    velocity ``vj`` with respect to that dof's parent joint ``pp`` (velocity ``ov[pp]``):
+    (e, b), with (t, x) = ov[pp] - vj, e = x x l + t x a (linear part at the origin) and
+    b = x x a (angular part). Shared by the restitution and projection terms."""
+    l0, l1, l2 = JT[c, 0], JT[c, 1], JT[c, 2]
+    a0, a1, a2 = JT[c, 3], JT[c, 4], JT[c, 5]
+    t0, t1, t2 = ov[pp, 0] - vj[0], ov[pp, 1] - vj[1], ov[pp, 2] - vj[2]
+    x0, x1, x2 = ov[pp, 3] - vj[3], ov[pp, 4] - vj[4], ov[pp, 5] - vj[5]
+    return ((x1 * l2 - x2 * l1) + (t1 * a2 - t2 * a1),
+            (x2 * l0 - x0 * l2) + (t2 * a0 - t0 * a2),
+            (x0 * l1 - x1 * l0) + (t0 * a1 - t1 * a0),
+            x1 * a2 - x2 * a1, x2 * a0 - x0 * a2, x0 * a1 - x1 * a0)
+
+
+@njit
 def _restitution_dq(JT, slot, supp, dof_joint, parents, gjoint, geom1, geom2, pos, frames,
                     dp, dR, moving, v0, rest, Dq):
     """Adds ``e du/dq`` to the normal rows of the impact-law contacts (``rest > 0``): u = n .
@@ -385,17 +401,8 @@ def _restitution_dq(JT, slot, supp, dof_joint, parents, gjoint, geom1, geom2, po
                 # own motion dp: every dof)
                 d0 = d1 = d2 = b0 = b1 = b2 = 0.0
                 if supp[j, c]:
-                    l0, l1, l2 = JT[c, 0], JT[c, 1], JT[c, 2]
-                    a0, a1, a2 = JT[c, 3], JT[c, 4], JT[c, 5]
-                    pp = parents[dof_joint[c]]
-                    t0, t1, t2 = ov0[pp, 0] - vj[0], ov0[pp, 1] - vj[1], ov0[pp, 2] - vj[2]
-                    x0, x1, x2 = ov0[pp, 3] - vj[3], ov0[pp, 4] - vj[4], ov0[pp, 5] - vj[5]
-                    d0 = (x1 * l2 - x2 * l1) + (t1 * a2 - t2 * a1)
-                    d1 = (x2 * l0 - x0 * l2) + (t2 * a0 - t0 * a2)
-                    d2 = (x0 * l1 - x1 * l0) + (t0 * a1 - t1 * a0)
-                    b0 = x1 * a2 - x2 * a1
-                    b1 = x2 * a0 - x0 * a2
-                    b2 = x0 * a1 - x1 * a0
+                    d0, d1, d2, b0, b1, b2 = _dof_velocity_derivative(
+                        JT, c, ov0, parents[dof_joint[c]], vj)
                 g0, g1, g2 = dp[k, 0, c], dp[k, 1, c], dp[k, 2, c]
                 dvr[0, c] += sgn * ((d0 - (p1 * b2 - p2 * b1)) + (w1 * g2 - w2 * g1))
                 dvr[1, c] += sgn * ((d1 - (p2 * b0 - p0 * b2)) + (w2 * g0 - w0 * g2))
@@ -1057,17 +1064,8 @@ def projection_terms(JT, supp, dof_joint, parents, j1, j2, pos, frames, dp, dR, 
                 d1 = wz * g0 - wx * g2
                 d2 = wx * g1 - wy * g0
                 if supp[j, c]:
-                    l0, l1, l2 = JT[c, 0], JT[c, 1], JT[c, 2]
-                    a0, a1, a2 = JT[c, 3], JT[c, 4], JT[c, 5]
-                    pp = parents[dof_joint[c]]
-                    t0, t1, t2 = ov[pp, 0] - vj[0], ov[pp, 1] - vj[1], ov[pp, 2] - vj[2]
-                    x0, x1, x2 = ov[pp, 3] - vj[3], ov[pp, 4] - vj[4], ov[pp, 5] - vj[5]
-                    e0 = (x1 * l2 - x2 * l1) + (t1 * a2 - t2 * a1)
-                    e1 = (x2 * l0 - x0 * l2) + (t2 * a0 - t0 * a2)
-                    e2 = (x0 * l1 - x1 * l0) + (t0 * a1 - t1 * a0)
-                    b0 = x1 * a2 - x2 * a1
-                    b1 = x2 * a0 - x0 * a2
-                    b2 = x0 * a1 - x1 * a0
+                    e0, e1, e2, b0, b1, b2 = _dof_velocity_derivative(
+                        JT, c, ov, parents[dof_joint[c]], vj)
                     d0 += e0 - (p1 * b2 - p2 * b1)
                     d1 += e1 - (p2 * b0 - p0 * b2)
                     d2 += e2 - (p0 * b1 - p1 * b0)
