@@ -233,7 +233,7 @@ def step_jacobian_blocks(sim, C, sparse: bool):
     ``scipy.sparse.csr_matrix``; None where a block's data are not finite (the caller takes
     the whole-model route)."""
     from .derivatives import (StepJacobian, _Kin, _compiled_state, _joint_torques,
-                              _solve_min_norm, geometry_derivatives)
+                              _finish_rank_in_doubt, geometry_derivatives)
     st = _compiled_state(sim)
     trees = st.trees
     model, dt, nv = st.model, sim.dt, sim.nv
@@ -317,14 +317,8 @@ def step_jacobian_blocks(sim, C, sparse: bool):
         if status == 1:
             return None
         if status == 2:           # rank in doubt: the reference's solve (as the compiled route)
-            A, WD, JM, Vq, Vv, Vt = dq_dq, dq_dv, dq_dtau, dv_dq, dv_dv, dv_dtau
-            MJt_dlam = JM.T @ _solve_min_norm(A, -WD)
-            dv_dq = Vq + MJt_dlam[:, :nb]
-            dv_dv = Vv + MJt_dlam[:, nb:2 * nb]
-            dv_dtau = Vt + MJt_dlam[:, 2 * nb:]
-            dq_dq = dI_dq + dt * dI_dv @ dv_dq
-            dq_dv = dt * dI_dv @ dv_dv
-            dq_dtau = dt * dI_dv @ dv_dtau
+            dq_dq, dq_dv, dq_dtau, dv_dq, dv_dv, dv_dtau = _finish_rank_in_doubt(
+                dq_dq, dq_dv, dq_dtau, dv_dq, dv_dv, dv_dtau, dI_dq, dI_dv, dt)
         out_blocks.append((Db, (dq_dq, dq_dv, dq_dtau, dv_dq, dv_dv, dv_dtau)))
         loc[Db] = -1
     return StepJacobian(*_assemble(out_blocks, nv, sparse))

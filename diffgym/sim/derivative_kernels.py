@@ -346,6 +346,20 @@ def contact_terms(JT, oM, ov, fext, supp, dof_joint, parents, gjoint, static_pla
 
 
 @njit
+def _joint_velocities(JT, supp, w):
+    """Each joint's WORLD spatial velocity at the generalized velocity ``w``: the sum over its
+    supporting dofs ``c`` (``supp[j, c]``) of ``JT[c] w[c]`` (row 0, the universe, zero)."""
+    nj, nv = supp.shape[0], JT.shape[0]
+    ov = np.zeros((nj, 6))
+    for j in range(1, nj):
+        for c in range(nv):
+            if supp[j, c]:
+                for i in range(6):
+                    ov[j, i] += JT[c, i] * w[c]
+    return ov
+
+
+@njit
 def _dof_velocity_derivative(JT, c, ov, pp, vj):
     """The derivative along dof ``c`` (WORLD axis ``JT[c]`` = (l, a)) of a joint's WORLD spatial
     velocity ``vj`` with respect to that dof's parent joint ``pp`` (velocity ``ov[pp]``):
@@ -369,14 +383,8 @@ def _restitution_dq(JT, slot, supp, dof_joint, parents, gjoint, geom1, geom2, po
     relative velocity at v1 is in ``contact_terms``, with the joints' spatial velocities at v0
     (``ov0[j] = sum over its supporting dofs of JT[c] v0[c]``, WORLD) in place of ``data.ov``."""
     nv = JT.shape[0]
-    nj = supp.shape[0]
     nc = pos.shape[0]
-    ov0 = np.zeros((nj, 6))
-    for j in range(1, nj):
-        for c in range(nv):
-            if supp[j, c]:
-                for i in range(6):
-                    ov0[j, i] += JT[c, i] * v0[c]
+    ov0 = _joint_velocities(JT, supp, v0)
     dvr = np.zeros((3, nv))
     vr = np.zeros(3)
     for k in range(nc):
@@ -1024,16 +1032,10 @@ def projection_terms(JT, supp, dof_joint, parents, j1, j2, pos, frames, dp, dR, 
     dof is ``l_c + a_c x p``, and ``dS_i/dq_c = (S_i [i supports parent(c)] - S_i) x S_c`` on
     the dofs supporting the body (``contact_terms``' velocity derivative, at ``w = e_i``)."""
     nv = JT.shape[0]
-    nj = supp.shape[0]
     nk = pos.shape[0]
     T1 = np.zeros((nk, 3, nv))
     X = np.zeros((nv, nv))
-    ov = np.zeros((nj, 6))                 # joints' WORLD spatial velocities at w
-    for x in range(1, nj):
-        for c in range(nv):
-            if supp[x, c]:
-                for i in range(6):
-                    ov[x, i] += JT[c, i] * w[c]
+    ov = _joint_velocities(JT, supp, w)    # joints' WORLD spatial velocities at w
     dvel = np.zeros((3, nv))
     vpt = np.zeros(3)
     f = np.zeros(3)

@@ -841,6 +841,20 @@ except (ImportError, AttributeError):   # pragma: no cover - another numpy
     _ul = None
 
 
+def _finish_rank_in_doubt(A, WD, JM, Vq, Vv, Vt, dI_dq, dI_dv, dt):
+    """The six step blocks where ``dynamics_terms`` left the rank in doubt (status 2; it then
+    returns the mode system ``A``, its right-hand side ``WD``, ``JM`` and the free parts ``Vq``,
+    ``Vv``, ``Vt`` in the six output slots): the impulse derivatives by the reference's
+    minimum-norm solve, then dv and dq (``dI_dq``, ``dI_dv``: dIntegrate)."""
+    n = Vq.shape[1]
+    MJt_dlam = JM.T @ _solve_min_norm(A, -WD)
+    dv_dq = Vq + MJt_dlam[:, :n]
+    dv_dv = Vv + MJt_dlam[:, n:2 * n]
+    dv_dtau = Vt + MJt_dlam[:, 2 * n:]
+    return (dI_dq + dt * dI_dv @ dv_dq, dt * dI_dv @ dv_dv, dt * dI_dv @ dv_dtau,
+            dv_dq, dv_dv, dv_dtau)
+
+
 def _solve_min_norm(A: np.ndarray, B: np.ndarray) -> np.ndarray:
     """A X = B by LU where A is well conditioned, else the minimum-norm least-squares solution
     (redundant contacts make A rank deficient; d v1 is unique even where d lam is not)."""
@@ -1660,14 +1674,7 @@ def _step_jacobian_compiled(sim, C=None, system=None) -> StepJacobian | None:
     if status == 1:                        # non-finite data
         return None
     if status == 2:                        # rank in doubt: the reference's solve, then finish
-        A, WD, JM, Vq, Vv, Vt = dq_dq, dq_dv, dq_dtau, dv_dq, dv_dv, dv_dtau
-        MJt_dlam = JM.T @ _solve_min_norm(A, -WD)
-        nv = sim.nv
-        dv_dq = Vq + MJt_dlam[:, :nv]
-        dv_dv = Vv + MJt_dlam[:, nv:2 * nv]
-        dv_dtau = Vt + MJt_dlam[:, 2 * nv:]
-        dq_dq = dI_dq + dt * dI_dv @ dv_dq
-        dq_dv = dt * dI_dv @ dv_dv
-        dq_dtau = dt * dI_dv @ dv_dtau
+        dq_dq, dq_dv, dq_dtau, dv_dq, dv_dv, dv_dtau = _finish_rank_in_doubt(
+            dq_dq, dq_dv, dq_dtau, dv_dq, dv_dv, dv_dtau, dI_dq, dI_dv, dt)
     return StepJacobian(dq_dq=dq_dq, dq_dv=dq_dv, dq_dtau=dq_dtau, dv_dq=dv_dq, dv_dv=dv_dv,
                         dv_dtau=dv_dtau)

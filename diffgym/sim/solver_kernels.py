@@ -78,17 +78,22 @@ def _csr_matvec_build(A, x, b, out):
             cnt += a != 0.0
         out[i] = s + b[i]
         if k + cnt > col.shape[0]:
-            cap = 2 * (k + cnt)
-            col2 = np.empty(cap, np.int64)
-            val2 = np.empty(cap)
-            col2[:k] = col[:k]
-            val2[:k] = val[:k]
-            col = col2
-            val = val2
+            col, val = _csr_grow(col, val, k, 2 * (k + cnt))
         _csr_row(A, i, col, val, k)
         k += cnt
         ptr[i + 1] = k
     return ptr, col, val
+
+
+@njit
+def _csr_grow(col, val, k, cap):
+    """CSR column and value buffers of capacity ``cap`` holding the first ``k`` entries of
+    ``col``/``val`` (the rest uninitialized)."""
+    col2 = np.empty(cap, np.int64)
+    val2 = np.empty(cap)
+    col2[:k] = col[:k]
+    val2[:k] = val[:k]
+    return col2, val2
 
 
 @njit
@@ -1578,12 +1583,7 @@ def body_factor_rows(Jb, act, M, tlo, thi):
         k0 = kptr[c]
         if k0 + nl > kcap:
             kcap = 2 * (k0 + nl)
-            kc2 = np.empty(kcap, np.int64)
-            kv2 = np.empty(kcap)
-            kc2[:k0] = kcol[:k0]
-            kv2[:k0] = kval[:k0]
-            kcol = kc2
-            kval = kv2
+            kcol, kval = _csr_grow(kcol, kval, k0, kcap)
         k = k0
         for t in range(nl):
             d = srt[t]
