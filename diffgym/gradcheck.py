@@ -52,7 +52,9 @@ derivative to check: a column of a simulator state that does not agree and is no
 of the impulses that moves the velocity (``G z != 0`` beyond rounding; see
 :func:`velocity_indeterminacy`), e.g. a box face sliding and spinning on four coplanar points,
 whose split of normal impulse changes the friction torque; the solver returns the member of the
-family its warm start leads to, and central differences of it do not converge as h shrinks.
+family its warm start leads to, and central differences of it converge as h shrinks only to a
+limit that depends on the warm start (from the step's own solution they match the analytic
+entry; from a cold start they reach another member's derivative).
 Redundant impulses that leave the velocity alone (a face resting or sliding without spin) are
 determinate and are checked as usual. An environment step is classified the same way, by the
 same test at each of its frame-skip sub-steps: a disagreement of its state and reward blocks
@@ -442,7 +444,8 @@ def velocity_indeterminacy(sim) -> str:
     its own slip direction, the split changes the friction torque and so the velocity: the NCP
     has a one-parameter family of solutions, the solver returns one of them (which depends on
     its warm start, hidden state) and there is no step derivative to compare with (central
-    differences of the returned velocity do not converge as h shrinks). A singular mode system
+    differences of the returned velocity converge only to a limit that depends on the warm
+    start: scripts/repro_box_jacobian.py shows three). A singular mode system
     whose null directions leave the velocity alone (four sticking or purely sliding points)
     is determinate and is not reported."""
     from .sim import derivatives as D
