@@ -160,7 +160,7 @@ SCENES = {
     "sliding-box": scene_sliding_box,
     "spinning-box-edge": scene_spinning_box_on_edge,
     "joint-at-limit": scene_joint_at_limit,
-    "two-spheres": scene_two_spheres,            # sphere-sphere: geometry in Python
+    "two-spheres": scene_two_spheres,            # sphere-sphere: the kernel's closed form
     "hopper": scene_hopper,
     "hopper-gymnasium": scene_hopper_gymnasium,
     "go1": scene_go1,

@@ -596,8 +596,11 @@ def _sphere_capsule(sim, kin: _Kin, c, k: int, gc: int, gs: int, jc: int, js: in
     return True
 
 
-def geometry_derivatives(sim, kin: _Kin, cons) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """dp/dq (nc, 3, nv), dn/dq (nc, 3, nv), d dist/dq (nc, nv) of every contact point."""
+def geometry_derivatives(sim, kin: _Kin, cons, skip=None) -> tuple[np.ndarray, np.ndarray,
+                                                                    np.ndarray]:
+    """dp/dq (nc, 3, nv), dn/dq (nc, 3, nv), d dist/dq (nc, nv) of every contact point.
+    ``skip`` (nc,) bool: rows left zero (the compiled route's ``contact_terms`` fills those it
+    closes itself: shapes on a static plane, two spheres)."""
     nc = cons.nc
     nv = kin.nv            # (sim.nv, or a block's dofs: derivative_blocks, kin.cols)
     c = cons.contacts
@@ -615,7 +618,10 @@ def geometry_derivatives(sim, kin: _Kin, cons) -> tuple[np.ndarray, np.ndarray, 
     face_pairs = getattr(c, "face_pairs", {})
     faces: dict = {}
     spheres: list = []
+    skipped = skip.tolist() if skip is not None else None
     for k, (g1, g2) in enumerate(zip(c.geom1.tolist(), c.geom2.tolist())):
+        if skipped is not None and skipped[k]:
+            continue
         k1, k2 = geoms[g1].kind, geoms[g2].kind
         j1, j2 = int(gjoint[g1]), int(gjoint[g2])
         if int(c.pair[k]) in convex_pairs:
@@ -1419,7 +1425,8 @@ def _step_jacobian_reference(sim, C=None, system=None) -> StepJacobian:
 # step_jacobian's default route: pinocchio for the kinematics, ABA derivatives and dIntegrate,
 # numba kernels (derivative_kernels.py) for everything else on the common path. Contacts whose
 # geometry has no closed form in the kernels (anything but a sphere, capsule, box or mesh on a
-# static plane) take geometry_derivatives above, in Python, and the kernels take its output.
+# static plane, or two spheres) take geometry_derivatives above, in Python, and the kernels take
+# its output (and write the rows they close into it).
 COMPILED = True
 
 _ARG0, _ARG1 = pin.ArgumentPosition.ARG0, pin.ArgumentPosition.ARG1
@@ -1513,7 +1520,10 @@ class _CompiledState:
                                      for g in geoms])
         kern = np.array([g.kind in _KERNEL_KINDS for g in geoms], dtype=np.bool_)
         sp = self.static_plane
-        self.python_geometry = ~((sp[:, None] & kern[None, :]) | (kern[:, None] & sp[None, :]))
+        sph = np.array([g.kind == "sphere" for g in geoms], dtype=np.bool_)
+        # (the kernel's closed forms: a shape on a static plane, two spheres)
+        self.python_geometry = ~((sp[:, None] & kern[None, :]) | (kern[:, None] & sp[None, :])
+                                 | (sph[:, None] & sph[None, :]))
         cb = sim.constraints
         self.lim_v = np.ascontiguousarray(cb.lim_v, dtype=np.int64)
         self.lim_sign = np.ascontiguousarray(cb.lim_sign, dtype=float)
@@ -1561,6 +1571,19 @@ class _CompiledState:
             self.fext_vec[j] = pin.Force(self.fext[j])
 
 
+def _geom_placements(sim) -> np.ndarray:
+    """The geoms' world placements (ngeom, 12: rotation column-major, translation) the step
+    left in ``sim.geom_data``: the collision driver's view where it has one, else a copy."""
+    oMg = getattr(sim.collision, "_oMg", None)
+    if oMg is not None:
+        return oMg(sim.geom_data)
+    out = np.empty((len(sim.sm.geoms), 12))
+    for g, M in enumerate(sim.geom_data.oMg):
+        out[g, :9] = M.rotation.ravel(order="F")
+        out[g, 9:] = M.translation
+    return out
+
+
 def _reference_data(sim):
     """The numpy route's own pinocchio Data (created on first use)."""
     data = getattr(sim, "_ddata", None)
@@ -1599,8 +1622,9 @@ def _step_jacobian_compiled(sim, C=None, system=None) -> StepJacobian | None:
             st.gather_kinematics()
         ccons = sim.constraints
         args = (JT, st.oM, st.ov, st.fext, st.supp, st.dof_joint, st.parents, st.gjoint,
-                st.static_plane, st.roll_radius, st.python_geometry, c.geom1, c.geom2, c.pos,
-                c.normal, c.dist, cons.dist, cons.frames, res.lam, v1, dt, ccons.erp, ccons.skin)
+                st.static_plane, st.roll_radius, st.python_geometry,
+                _geom_placements(sim), c.geom1, c.geom2, c.pos, c.normal, c.dist,
+                cons.dist, cons.frames, res.lam, v1, dt, ccons.erp, ccons.skin)
         rest = _restitution(cons)
         rest = np.zeros(nc) if rest is None else np.ascontiguousarray(rest, dtype=float)
         bias_n = rest
@@ -1614,7 +1638,9 @@ def _step_jacobian_compiled(sim, C=None, system=None) -> StepJacobian | None:
         if not done:           # pairs without a closed form in the kernel: geometry in Python
             gj = st.gjoint
             kin = _Kin(model, data, q, v1, np.concatenate([gj[c.geom1], gj[c.geom2]]), trees)
-            geo = geometry_derivatives(sim, kin, cons)
+            # (the rows the kernel closes are left to it: it writes them into geo)
+            geo = geometry_derivatives(sim, kin, cons,
+                                       skip=~st.python_geometry[c.geom1, c.geom2])
             corr, Dq, done = K.contact_terms(*args, True, *geo, *lims)
         if nc:                # the realizable drift correction's derivative (where it acted)
             def geometry():
