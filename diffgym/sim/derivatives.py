@@ -395,6 +395,42 @@ class _Kin:
         return J[:, :3] - _cross(p - o, J[:, 3:])
 
 
+class _FrameKin(_Kin):
+    """A ``_Kin`` for the compiled route: the joints' Jacobians (LOCAL_WORLD_ALIGNED) and
+    origins from the WORLD Jacobian columns ``JT`` (nv, 6) and placements ``oM`` (njoints, 12)
+    the route already holds, as ``contact_terms`` forms them (linear part ``l - o x a`` on the
+    joint's supporting dofs ``supp[j]``: the same bits as pinocchio's ``getJointJacobian``), so
+    that the polytope pairs' geometry needs no pinocchio call; the velocity derivatives,
+    angular velocities and rotations that other pairs read are made on first use
+    (``_Kin``)."""
+
+    def __init__(self, model, data, q, v1, joints, trees, JT, oM, supp):
+        self.nv = model.nv
+        self._stacked = {}
+        self._full = (model, data, q, v1, joints, trees)
+        js = np.unique(joints)
+        js = js[js != 0]
+        o = oM[js, 9:12]
+        l, a = JT[:, :3], JT[:, 3:]
+        o0, o1, o2 = o[:, 0:1], o[:, 1:2], o[:, 2:3]
+        a0, a1, a2 = a[None, :, 0], a[None, :, 1], a[None, :, 2]
+        J = np.zeros((len(js), 6, self.nv))
+        J[:, 0] = l[None, :, 0] - (o1 * a2 - o2 * a1)
+        J[:, 1] = l[None, :, 1] - (o2 * a0 - o0 * a2)
+        J[:, 2] = l[None, :, 2] - (o0 * a1 - o1 * a0)
+        J[:, 3:] = a.T[None]
+        J[np.broadcast_to(~supp[js][:, None, :], J.shape)] = 0.0     # (off the support)
+        self.J = dict(zip(js.tolist(), J))
+        self.o = dict(zip(js.tolist(), o))
+
+    def __getattr__(self, name):
+        if name in ("dV", "omega", "R"):
+            full = _Kin(*self.__dict__["_full"])
+            self.dV, self.omega, self.R = full.dV, full.omega, full.R
+            return self.__dict__[name]
+        raise AttributeError(name)
+
+
 def _plane_contacts(sim, kin: _Kin, cons, idx: np.ndarray, dp, dn, dd) -> None:
     """Closed form for the contacts idx of a shape X against a static plane (vectorized).
 
@@ -1637,7 +1673,8 @@ def _step_jacobian_compiled(sim, C=None, system=None) -> StepJacobian | None:
         geo = None
         if not done:           # pairs without a closed form in the kernel: geometry in Python
             gj = st.gjoint
-            kin = _Kin(model, data, q, v1, np.concatenate([gj[c.geom1], gj[c.geom2]]), trees)
+            kin = _FrameKin(model, data, q, v1, np.concatenate([gj[c.geom1], gj[c.geom2]]),
+                            trees, JT, st.oM, st.supp)
             # (the rows the kernel closes are left to it: it writes them into geo)
             geo = geometry_derivatives(sim, kin, cons,
                                        skip=~st.python_geometry[c.geom1, c.geom2])
