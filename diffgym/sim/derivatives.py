@@ -1669,15 +1669,18 @@ def _step_jacobian_compiled(sim, C=None, system=None) -> StepJacobian | None:
             # kernel's gain 1 / rem from -rem / dt: -1 on a step's first pass)
             rest = np.where(closing, -_closing_time(sim, cons, C) / sim.dt, rest)
         lims = (cons.limits, cons.limit_dist, st.lim_v, st.lim_sign, v, rest)
-        corr, Dq, done = K.contact_terms(*args, False, *st.no_geo, *lims)
+        # (where a pair has no closed form in the kernel, it would return at once, not done)
+        python_rows = st.python_geometry[c.geom1, c.geom2]
+        done = False
+        if not python_rows.any():
+            corr, Dq, done = K.contact_terms(*args, False, *st.no_geo, *lims)
         geo = None
         if not done:           # pairs without a closed form in the kernel: geometry in Python
             gj = st.gjoint
             kin = _FrameKin(model, data, q, v1, np.concatenate([gj[c.geom1], gj[c.geom2]]),
                             trees, JT, st.oM, st.supp)
             # (the rows the kernel closes are left to it: it writes them into geo)
-            geo = geometry_derivatives(sim, kin, cons,
-                                       skip=~st.python_geometry[c.geom1, c.geom2])
+            geo = geometry_derivatives(sim, kin, cons, skip=~python_rows)
             corr, Dq, done = K.contact_terms(*args, True, *geo, *lims)
         if nc:                # the realizable drift correction's derivative (where it acted)
             def geometry():
