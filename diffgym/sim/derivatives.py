@@ -1669,13 +1669,10 @@ def _step_jacobian_compiled(sim, C=None, system=None) -> StepJacobian | None:
             # kernel's gain 1 / rem from -rem / dt: -1 on a step's first pass)
             rest = np.where(closing, -_closing_time(sim, cons, C) / sim.dt, rest)
         lims = (cons.limits, cons.limit_dist, st.lim_v, st.lim_sign, v, rest)
-        # (where a pair has no closed form in the kernel, it would return at once, not done)
-        python_rows = st.python_geometry[c.geom1, c.geom2]
-        done = False
-        if not python_rows.any():
-            corr, Dq, done = K.contact_terms(*args, False, *st.no_geo, *lims)
+        corr, Dq, done = K.contact_terms(*args, False, *st.no_geo, *lims)
         geo = None
         if not done:           # pairs without a closed form in the kernel: geometry in Python
+            python_rows = st.python_geometry[c.geom1, c.geom2]
             gj = st.gjoint
             kin = _FrameKin(model, data, q, v1, np.concatenate([gj[c.geom1], gj[c.geom2]]),
                             trees, JT, st.oM, st.supp)
