@@ -160,7 +160,7 @@ SCENES = {
     "sliding-box": scene_sliding_box,
     "spinning-box-edge": scene_spinning_box_on_edge,
     "joint-at-limit": scene_joint_at_limit,
-    "two-spheres": scene_two_spheres,            # sphere-sphere: geometry in Python
+    "two-spheres": scene_two_spheres,            # sphere-sphere: the kernel's closed form
     "hopper": scene_hopper,
     "hopper-gymnasium": scene_hopper_gymnasium,
     "go1": scene_go1,
@@ -300,3 +300,62 @@ def _status2(ddq_dq, ddq_dv, Minv_u, kstiff, has_stiff, damping, damped, dt, Jc,
     Dm = np.hstack([Jc @ Vq + Dq, JVv, Jc @ Vt])
     A, W = K.mode_system(lam, sigma, modes, limit_active, G, nc, mu)
     return 2, A, W @ Dm, Jc @ M, Vq, Vv, Vt
+
+
+def _rack_and_stack(kind):
+    from diffgym.bench_scaling import SCENES
+    return diffgym.Simulator.from_string(SCENES[kind](4) if kind == "balls"
+                                         else SCENES["boxes"](3))
+
+
+@pytest.mark.parametrize("kind", ["balls", "boxes"])
+def test_kernel_geometry_rows_are_the_python_rows(kind):
+    """The rows ``contact_terms`` closes itself (two spheres, a shape on the plane) equal, bit for
+    bit, what ``geometry_derivatives`` computes for them, at states a pushed 4-ball rack and a
+    3-box stack visit; with ``skip`` the Python geometry leaves them to the kernel and the
+    contact terms are the same; the compiled route's joint Jacobians for the polytope pairs
+    (``_FrameKin``) are ``_Kin``'s."""
+    sim = _rack_and_stack(kind)
+    rng = np.random.default_rng(7)
+    q, v = sim.q0, np.zeros(sim.nv)
+    seen = two_spheres = 0
+    for _ in range(25):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            q, v = sim.step(q, v, rng.normal(scale=0.3, size=sim.nv))
+        C = sim.cache
+        cons, res = C["cons"], C["res"]
+        if cons is None or cons.nc == 0:
+            continue
+        st = D._compiled_state(sim)
+        JT = st.trees.kinematics_derivatives(C["q"], C["v1"], st.zero).J.T
+        c = cons.contacts
+        gj = st.gjoint
+        joints = np.concatenate([gj[c.geom1], gj[c.geom2]])
+        kin = D._Kin(sim.model, None, C["q"], C["v1"], joints, st.trees)
+        fk = D._FrameKin(sim.model, None, C["q"], C["v1"], joints, st.trees, JT, st.oM, st.supp)
+        assert set(fk.J) == set(kin.J)
+        for j in kin.J:
+            assert np.array_equal(fk.J[j], kin.J[j]) and np.array_equal(fk.o[j], kin.o[j])
+        skip = ~st.python_geometry[c.geom1, c.geom2]
+        assert skip.any()
+        two_spheres += int(np.sum(skip & ~st.static_plane[c.geom1] & ~st.static_plane[c.geom2]))
+        full = D.geometry_derivatives(sim, kin, cons)
+        part = D.geometry_derivatives(sim, fk, cons, skip=skip)
+        for a, b in zip(full, part):
+            assert not np.any(b[skip])                        # left to the kernel
+            assert np.array_equal(a[~skip], b[~skip])
+        cc = sim.constraints
+        args = (JT, st.oM, st.ov, st.fext, st.supp, st.dof_joint, st.parents, gj,
+                st.static_plane, st.roll_radius, st.python_geometry, D._geom_placements(sim),
+                c.geom1, c.geom2, c.pos, c.normal, c.dist, cons.dist, cons.frames, res.lam,
+                C["v1"], sim.dt, cc.erp, cc.skin)
+        lims = (cons.limits, cons.limit_dist, st.lim_v, st.lim_sign, C["v"], np.zeros(cons.nc))
+        a = K.contact_terms(*args, True, *(x.copy() for x in full), *lims)
+        b = K.contact_terms(*args, True, *part, *lims)          # (fills part's rows)
+        for x, y in zip(full, part):
+            assert np.array_equal(x, y)
+        assert a[2] and b[2] and np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+        seen += 1
+    assert seen >= 20
+    assert (two_spheres > 20) if kind == "balls" else (two_spheres == 0)

@@ -195,8 +195,8 @@ def _geometry_against_the_driver(sim, q, v, tau, warm, kinds, monkeypatch, eps=1
     got = {}
     geo = derivatives.geometry_derivatives
 
-    def keep(sim_, kin, cons):
-        out = geo(sim_, kin, cons)
+    def keep(sim_, kin, cons, **kw):       # (skip=: rows the compiled kernel closes itself)
+        out = geo(sim_, kin, cons, **kw)
         got["out"], got["c"] = tuple(np.array(a) for a in out), cons.contacts
         return out
     monkeypatch.setattr(derivatives, "geometry_derivatives", keep)

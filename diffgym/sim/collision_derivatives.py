@@ -980,12 +980,14 @@ def polytope_pairs(sim, kin, c, groups, dp, dn, dd) -> list:
     """Closed-form dp, dn, dd for the contact rows of polytope pairs (boxes, convex meshes, a
     capsule with a polytope): groups is a list of (j1, j2, rows), the rows of one pair of geoms
     each, in ``c = cons.contacts``. One compiled call does them all; returns the rows it could
-    not do (for the fallback)."""
+    not do (for the fallback). (The kernel's constant inputs per set of geom pairs, vertices and
+    radii, are kept on the simulator: a step's Python work is a few gathers.)"""
     undone: list = []
     todo = []
+    geom1, geom2 = c.geom1, c.geom2
     for j1, j2, rows in groups:
         k0 = rows[0]
-        g1, g2 = int(c.geom1[k0]), int(c.geom2[k0])
+        g1, g2 = int(geom1[k0]), int(geom2[k0])
         VA, VB = local_vertices(sim, g1), local_vertices(sim, g2)
         if VA is None or VB is None:
             undone += _undone(rows, 'not polytopes')
@@ -995,35 +997,54 @@ def polytope_pairs(sim, kin, c, groups, dp, dn, dd) -> list:
         return undone
     P = len(todo)
     nv = kin.nv
-    vrange = np.empty((P, 4), dtype=np.int64)
-    place = np.empty((P, 2, 12))
-    normal = np.ascontiguousarray(c.normal[[t[2][0] for t in todo]], dtype=float)
+    gidx = np.array([(t[3], t[4]) for t in todo], dtype=np.int64)
+    # per set of geom pairs: the concatenated local vertices, their ranges and the radii
+    cache = sim.__dict__.setdefault("_polytope_sets", {})
+    key = gidx.tobytes()
+    const = cache.get(key)
+    if const is None:
+        vrange = np.empty((P, 4), dtype=np.int64)
+        verts, nvert = [], 0
+        for i, (_, _, _, g1, g2, VA, VB) in enumerate(todo):
+            for s_, V in enumerate((VA, VB)):
+                verts.append(V)
+                vrange[i, 2 * s_], vrange[i, 2 * s_ + 1] = nvert, nvert + len(V)
+                nvert += len(V)
+        radii = np.array([(_radius(sim, t[3]), _radius(sim, t[4])) for t in todo], dtype=float)
+        if len(cache) > 256:
+            cache.clear()
+        const = cache[key] = (np.ascontiguousarray(np.concatenate(verts), dtype=float), vrange,
+                              radii)
+    verts, vrange, radii = const
+    first = [t[2][0] for t in todo]
+    normal = np.ascontiguousarray(c.normal[first], dtype=float)
+    # the geoms' placements (rotation row-major, translation), read through the driver's view
+    # of gdata.oMg (rotation column-major) where there is one
+    view = sim.collision._oMg(sim.geom_data) if hasattr(sim.collision, "_oMg") else None
+    if view is not None:
+        place = view[gidx][:, :, _ROW_MAJOR]
+    else:
+        place = np.empty((P, 2, 12))
+        oMg = sim.geom_data.oMg
+        for i in range(P):
+            for s_ in range(2):
+                M = oMg[int(gidx[i, s_])]
+                place[i, s_, :9] = M.rotation.reshape(9)
+                place[i, s_, 9:] = M.translation
+    per_point_pairs = getattr(sim.collision, "per_point_pairs", ())
     scal = np.empty((P, 5))
+    scal[:, 0] = c.dist[first]
+    scal[:, 1:3] = radii
     joints = np.empty((P, 2), dtype=np.int64)
     row_start = np.zeros(P + 1, dtype=np.int64)
-    verts, nvert, all_rows = [], 0, []
-    per_point_pairs = getattr(sim.collision, "per_point_pairs", ())
-    # the geoms' placements (ngeom, 12: rotation column-major, translation), read through the
-    # driver's view of gdata.oMg where there is one
-    view = sim.collision._oMg(sim.geom_data) if hasattr(sim.collision, "_oMg") else None
-    oMg = sim.geom_data.oMg
-    for i, (j1, j2, rows, g1, g2, VA, VB) in enumerate(todo):
-        for s, (g, V) in enumerate(((g1, VA), (g2, VB))):
-            verts.append(V)
-            vrange[i, 2 * s], vrange[i, 2 * s + 1] = nvert, nvert + len(V)
-            nvert += len(V)
-            if view is not None:
-                place[i, s, :9] = view[g, :9].reshape(3, 3).T.reshape(9)
-                place[i, s, 9:] = view[g, 9:]
-            else:
-                M = oMg[g]
-                place[i, s, :9] = M.rotation.reshape(9)
-                place[i, s, 9:] = M.translation
-        pair = int(c.pair[rows[0]])
-        per_point = len(rows) > 1 and pair in per_point_pairs
-        scal[i] = (float(c.dist[rows[0]]), _radius(sim, g1), _radius(sim, g2), float(per_point),
-                   _patch_tol(sim, pair) if len(rows) > 1 else PATCH_TOL)
-        joints[i] = (j1, j2)
+    all_rows: list = []
+    pairs = c.pair
+    for i, (j1, j2, rows, _, _, _, _) in enumerate(todo):
+        pair = int(pairs[rows[0]])
+        many = len(rows) > 1
+        scal[i, 3] = float(many and pair in per_point_pairs)
+        scal[i, 4] = _patch_tol(sim, pair) if many else PATCH_TOL
+        joints[i, 0], joints[i, 1] = j1, j2
         all_rows += rows
         row_start[i + 1] = len(all_rows)
     used = sorted({int(j) for j in joints.ravel()} - {0})
@@ -1034,12 +1055,18 @@ def polytope_pairs(sim, kin, c, groups, dp, dn, dd) -> list:
         Jall[j] = kin.J[j]
         oall[j] = kin.o[j]
     status = np.zeros(len(all_rows), dtype=np.int64)
-    polytope_pairs_kernel(np.ascontiguousarray(np.concatenate(verts), dtype=float), vrange, place,
-                          normal, scal, joints, Jall, oall, np.asarray(all_rows, dtype=np.int64),
-                          row_start, np.ascontiguousarray(c.pos, dtype=float), dp, dn, dd, status)
-    for code in np.unique(status[status != 0]):
-        undone += _undone([all_rows[q] for q in np.flatnonzero(status == code)], _REASONS[int(code)])
+    polytope_pairs_kernel(verts, vrange, place, normal, scal, joints, Jall, oall,
+                          np.asarray(all_rows, dtype=np.int64), row_start,
+                          np.ascontiguousarray(c.pos, dtype=float), dp, dn, dd, status)
+    if status.any():
+        for code in np.unique(status[status != 0]):
+            undone += _undone([all_rows[q] for q in np.flatnonzero(status == code)],
+                              _REASONS[int(code)])
     return undone
+
+
+# the (ngeom, 12) placement rows' rotation from column-major to row-major order
+_ROW_MAJOR = np.array([0, 3, 6, 1, 4, 7, 2, 5, 8, 9, 10, 11])
 
 
 def polytope_pair(sim, kin, c, rows: list, j1: int, j2: int, dp, dn, dd) -> list:

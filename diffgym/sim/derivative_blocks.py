@@ -232,8 +232,8 @@ def step_jacobian_blocks(sim, C, sparse: bool):
     (module docstring): a StepJacobian of dense arrays or, with ``sparse``, of
     ``scipy.sparse.csr_matrix``; None where a block's data are not finite (the caller takes
     the whole-model route)."""
-    from .derivatives import (StepJacobian, _Kin, _compiled_state, _joint_torques,
-                              _finish_rank_in_doubt, geometry_derivatives)
+    from .derivatives import (StepJacobian, _Kin, _compiled_state, _geom_placements,
+                              _joint_torques, _finish_rank_in_doubt, geometry_derivatives)
     st = _compiled_state(sim)
     trees = st.trees
     model, dt, nv = st.model, sim.dt, sim.nv
@@ -269,7 +269,8 @@ def step_jacobian_blocks(sim, C, sparse: bool):
             supp = np.ascontiguousarray(st.supp[:, Db])
             g1, g2 = c.geom1[ks], c.geom2[ks]
             cargs = (JTb, st.oM, st.ov, fext, supp, st.dof_joint[Db], st.parents, st.gjoint,
-                     st.static_plane, st.roll_radius, st.python_geometry, g1, g2,
+                     st.static_plane, st.roll_radius, st.python_geometry,
+                     _geom_placements(sim), g1, g2,
                      np.ascontiguousarray(c.pos[ks]), np.ascontiguousarray(c.normal[ks]),
                      c.dist[ks], cons.dist[ks], np.ascontiguousarray(cons.frames[ks]),
                      lam[R], v1[Db], dt, ccons.erp, ccons.skin)
@@ -286,7 +287,7 @@ def step_jacobian_blocks(sim, C, sparse: bool):
                     for j in d:
                         d[j] = np.ascontiguousarray(d[j][:, Db])
                 bkin.nv, bkin.cols = nb, Db
-                geo = geometry_derivatives(sim, bkin, sub)
+                geo = geometry_derivatives(sim, bkin, sub, skip=~st.python_geometry[g1, g2])
                 corr, Dq, done = K.contact_terms(*cargs, True, *geo, *lims)
             Jc = rows.J_rows(R, loc, Db) if rows is not None else np.zeros((0, nb))
             G = rows.G_block(R) if rows is not None else np.zeros((0, 0))

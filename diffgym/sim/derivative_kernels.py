@@ -8,8 +8,9 @@ Two kernels around pinocchio's ABA derivatives, written as plain loops over floa
   ``fext`` vector), the joints' Jacobians and velocity derivatives read from ``data.J``,
   ``data.oMi``, ``data.ov`` (``getJointJacobian`` / ``getJointVelocityDerivatives`` in WORLD,
   restricted to each joint's support), the closed-form geometry of shapes on a static plane
-  (sphere, capsule, box, mesh), the contact frames' derivatives, ``corr`` (d(J^T lam)/dq minus
-  its body-fixed part) and ``Dq_extra`` (d(J(q) w)/dq at w = v1 and the Baumgarte terms);
+  (sphere, capsule, box, mesh) and of two spheres, the contact frames' derivatives, ``corr``
+  (d(J^T lam)/dq minus its body-fixed part) and ``Dq_extra`` (d(J(q) w)/dq at w = v1 and the
+  Baumgarte terms);
 * ``dynamics_terms`` (after the ABA derivatives and ``dIntegrate``): the fixed-impulse
   sensitivities, the mode system (A, W), the minimum-norm solve and the chain rule back to
   (q1, v1). The reference solves ``A dlam = -W D`` by LU where A is well conditioned (singular
@@ -36,17 +37,21 @@ from .solver import BREAKING, STICKING
 
 @njit
 def contact_terms(JT, oM, ov, fext, supp, dof_joint, parents, gjoint, static_plane, roll_radius,
-                  python_geometry, geom1, geom2, pos, normal, dist, cdist, frames, lam, v1, dt,
-                  erp, skin, geo_given, dp_in, dn_in, dd_in, lim_idx, lim_dist, lim_v, lim_sign,
-                  v0, rest):
+                  python_geometry, gplace, geom1, geom2, pos, normal, dist, cdist, frames, lam, v1,
+                  dt, erp, skin, geo_given, dp_in, dn_in, dd_in, lim_idx, lim_dist, lim_v,
+                  lim_sign, v0, rest):
     """JT: ``data.J.T`` (nv, 6), WORLD joint Jacobian columns after
     ``computeForwardKinematicsDerivatives`` at (q, v1), as are ``oM`` and ``ov``.
 
     Writes the joint forces of the contact impulses into ``fext`` (zeroed first) and returns
-    ``(corr (nv, nv), Dq_extra (m, nv), True)``. ``geo_given``: dp/dn/dd of every contact
-    computed in Python (``dp_in`` ...), else the closed form of a shape on a static plane; where
-    a contact's geom pair has no closed form here (``python_geometry[g1, g2]``) and the geometry
-    is not given, returns ``(.., .., False)`` at once: the caller computes it and calls again.
+    ``(corr (nv, nv), Dq_extra (m, nv), True)``. The closed forms here: a shape on a static
+    plane and two spheres (``_kernel_geometry``; ``gplace`` (ngeom, 12): the geoms' world
+    placements, rotation column-major then translation). ``geo_given``: dp/dn/dd computed in
+    Python (``dp_in`` ...) for the contacts whose geom pair has no closed form here
+    (``python_geometry[g1, g2]``); the kernel writes the other rows of these arrays itself
+    (``derivatives.geometry_derivatives(..., skip=)`` leaves them zero), so they hold every
+    contact's geometry on return. Where such a pair exists and the geometry is not given, returns
+    ``(.., .., False)`` at once: the caller computes it and calls again.
     ``rest`` (nc,): the coefficient of the contacts whose normal row carries Newton's impact law
     (``b = e u + erp min(d, 0) / dt`` + its gravity term, u the normal velocity at the pre-step
     ``v0``), 0 elsewhere: their rows get ``e du/dq`` and the gain of that ``b``; negative: an
@@ -169,35 +174,10 @@ def contact_terms(JT, oM, ov, fext, supp, dof_joint, parents, gjoint, static_pla
         dp = np.zeros((nc, 3, nv))
         dn = np.zeros((nc, 3, nv))
         dd = np.zeros((nc, nv))
-        for k in range(nc):
-            g1 = geom1[k]
-            g2 = geom2[k]
-            first = static_plane[g1]
-            sg = 1.0 if first else -1.0
-            gx = g2 if first else g1
-            jx = gjoint[gx]
-            if jx == 0:
-                continue                       # dx = 0
-            sx = slot[jx]
-            n0, n1, n2 = sg * normal[k, 0], sg * normal[k, 1], sg * normal[k, 2]
-            h = dist[k]
-            rr = roll_radius[gx]
-            # witness point x on the shape, then its centre / segment point / vertex
-            ax0 = (pos[k, 0] + h * n0) + rr * n0 - oM[jx, 9]
-            ax1 = (pos[k, 1] + h * n1) + rr * n1 - oM[jx, 10]
-            ax2 = (pos[k, 2] + h * n2) + rr * n2 - oM[jx, 11]
-            for c in range(nv):
-                if not supp[jx, c]:
-                    continue
-                a0, a1, a2 = Jl[sx, 3, c], Jl[sx, 4, c], Jl[sx, 5, c]
-                d0 = Jl[sx, 0, c] - (ax1 * a2 - ax2 * a1)
-                d1 = Jl[sx, 1, c] - (ax2 * a0 - ax0 * a2)
-                d2 = Jl[sx, 2, c] - (ax0 * a1 - ax1 * a0)
-                ddist = n0 * d0 + n1 * d1 + n2 * d2
-                dd[k, c] = ddist
-                dp[k, 0, c] = d0 - n0 * ddist
-                dp[k, 1, c] = d1 - n1 * ddist
-                dp[k, 2, c] = d2 - n2 * ddist
+    for k in range(nc):
+        if not python_geometry[geom1[k], geom2[k]]:
+            _kernel_geometry(k, Jl, slot, oM, supp, gjoint, static_plane, roll_radius, gplace,
+                             geom1, geom2, pos, normal, dist, dp, dn, dd)
 
     # frame derivatives where the normal moves: dR (3, 3, nv) [component, column, dof]
     moving = np.zeros(nc, dtype=np.bool_)
@@ -343,6 +323,96 @@ def contact_terms(JT, oM, ov, fext, supp, dof_joint, parents, gjoint, static_pla
                             frames, dp, dR, moving, v0, rest, Dq)
             break
     return corr, Dq, True
+
+
+@njit
+def _kernel_geometry(k, Jl, slot, oM, supp, gjoint, static_plane, roll_radius, gplace, geom1,
+                     geom2, pos, normal, dist, dp, dn, dd):
+    """dp/dq, dn/dq, d dist/dq of contact k (rows of dp (nc, 3, nv), dn, dd written) for the
+    pairs ``contact_terms`` closes: a shape on a static plane (``derivatives._plane_contacts``:
+    the witness point moves with its centre, segment point or vertex, dn = 0) or two spheres
+    (``derivatives.geometry_derivatives``: the centres move with their bodies; with r = c2 - c1,
+    L = |r|, dn = (I - n n^T) dr / L, dd = n . dr, dp = (dc1 + dc2) / 2 + (r1 - r2) / 2 dn), in
+    the reference's order of operations (the same bits)."""
+    nv = dp.shape[2]
+    g1 = geom1[k]
+    g2 = geom2[k]
+    if not (static_plane[g1] or static_plane[g2]):        # two spheres
+        j1 = gjoint[g1]
+        j2 = gjoint[g2]
+        s1 = slot[j1]
+        s2 = slot[j2]
+        c10, c11, c12 = gplace[g1, 9], gplace[g1, 10], gplace[g1, 11]
+        c20, c21, c22 = gplace[g2, 9], gplace[g2, 10], gplace[g2, 11]
+        e0, e1, e2 = c20 - c10, c21 - c11, c22 - c12
+        L = np.sqrt(e0 * e0 + e1 * e1 + e2 * e2)
+        n0, n1, n2 = normal[k, 0], normal[k, 1], normal[k, 2]
+        h = 0.5 * (roll_radius[g1] - roll_radius[g2])
+        # centres relative to their joints' origins
+        x0, x1, x2 = (c10 - oM[j1, 9], c11 - oM[j1, 10], c12 - oM[j1, 11]) if j1 else \
+            (c10, c11, c12)
+        y0, y1, y2 = (c20 - oM[j2, 9], c21 - oM[j2, 10], c22 - oM[j2, 11]) if j2 else \
+            (c20, c21, c22)
+        for c in range(nv):
+            a0 = a1 = a2 = b0 = b1 = b2 = 0.0
+            if j1:
+                w0, w1, w2 = Jl[s1, 3, c], Jl[s1, 4, c], Jl[s1, 5, c]
+                a0 = Jl[s1, 0, c] - (x1 * w2 - x2 * w1)
+                a1 = Jl[s1, 1, c] - (x2 * w0 - x0 * w2)
+                a2 = Jl[s1, 2, c] - (x0 * w1 - x1 * w0)
+            if j2:
+                w0, w1, w2 = Jl[s2, 3, c], Jl[s2, 4, c], Jl[s2, 5, c]
+                b0 = Jl[s2, 0, c] - (y1 * w2 - y2 * w1)
+                b1 = Jl[s2, 1, c] - (y2 * w0 - y0 * w2)
+                b2 = Jl[s2, 2, c] - (y0 * w1 - y1 * w0)
+            r0, r1, r2 = b0 - a0, b1 - a1, b2 - a2
+            ddk = n0 * r0 + n1 * r1 + n2 * r2
+            m0 = (r0 - n0 * ddk) / L
+            m1 = (r1 - n1 * ddk) / L
+            m2 = (r2 - n2 * ddk) / L
+            dd[k, c] = ddk
+            dn[k, 0, c] = m0
+            dn[k, 1, c] = m1
+            dn[k, 2, c] = m2
+            dp[k, 0, c] = 0.5 * (a0 + b0) + h * m0
+            dp[k, 1, c] = 0.5 * (a1 + b1) + h * m1
+            dp[k, 2, c] = 0.5 * (a2 + b2) + h * m2
+        return
+    first = static_plane[g1]
+    sg = 1.0 if first else -1.0
+    gx = g2 if first else g1
+    jx = gjoint[gx]
+    if jx == 0:
+        return                                 # dx = 0
+    sx = slot[jx]
+    n0, n1, n2 = sg * normal[k, 0], sg * normal[k, 1], sg * normal[k, 2]
+    h = dist[k]
+    rr = roll_radius[gx]
+    # witness point x on the shape, then its centre / segment point / vertex
+    ax0 = (pos[k, 0] + h * n0) + rr * n0 - oM[jx, 9]
+    ax1 = (pos[k, 1] + h * n1) + rr * n1 - oM[jx, 10]
+    ax2 = (pos[k, 2] + h * n2) + rr * n2 - oM[jx, 11]
+    for c in range(nv):
+        if not supp[jx, c]:
+            continue
+        a0, a1, a2 = Jl[sx, 3, c], Jl[sx, 4, c], Jl[sx, 5, c]
+        d0 = Jl[sx, 0, c] - (ax1 * a2 - ax2 * a1)
+        d1 = Jl[sx, 1, c] - (ax2 * a0 - ax0 * a2)
+        d2 = Jl[sx, 2, c] - (ax0 * a1 - ax1 * a0)
+        ddist = n0 * d0 + n1 * d1 + n2 * d2
+        dd[k, c] = ddist
+        dp[k, 0, c] = d0 - n0 * ddist
+        dp[k, 1, c] = d1 - n1 * ddist
+        dp[k, 2, c] = d2 - n2 * ddist
+    for c in range(nv):
+        if not supp[jx, c]:
+            dd[k, c] = 0.0
+            dp[k, 0, c] = 0.0
+            dp[k, 1, c] = 0.0
+            dp[k, 2, c] = 0.0
+    for i in range(3):
+        for c in range(nv):
+            dn[k, i, c] = 0.0
 
 
 @njit

@@ -395,6 +395,42 @@ class _Kin:
         return J[:, :3] - _cross(p - o, J[:, 3:])
 
 
+class _FrameKin(_Kin):
+    """A ``_Kin`` for the compiled route: the joints' Jacobians (LOCAL_WORLD_ALIGNED) and
+    origins from the WORLD Jacobian columns ``JT`` (nv, 6) and placements ``oM`` (njoints, 12)
+    the route already holds, as ``contact_terms`` forms them (linear part ``l - o x a`` on the
+    joint's supporting dofs ``supp[j]``: the same bits as pinocchio's ``getJointJacobian``), so
+    that the polytope pairs' geometry needs no pinocchio call; the velocity derivatives,
+    angular velocities and rotations that other pairs read are made on first use
+    (``_Kin``)."""
+
+    def __init__(self, model, data, q, v1, joints, trees, JT, oM, supp):
+        self.nv = model.nv
+        self._stacked = {}
+        self._full = (model, data, q, v1, joints, trees)
+        js = np.unique(joints)
+        js = js[js != 0]
+        o = oM[js, 9:12]
+        l, a = JT[:, :3], JT[:, 3:]
+        o0, o1, o2 = o[:, 0:1], o[:, 1:2], o[:, 2:3]
+        a0, a1, a2 = a[None, :, 0], a[None, :, 1], a[None, :, 2]
+        J = np.zeros((len(js), 6, self.nv))
+        J[:, 0] = l[None, :, 0] - (o1 * a2 - o2 * a1)
+        J[:, 1] = l[None, :, 1] - (o2 * a0 - o0 * a2)
+        J[:, 2] = l[None, :, 2] - (o0 * a1 - o1 * a0)
+        J[:, 3:] = a.T[None]
+        J[np.broadcast_to(~supp[js][:, None, :], J.shape)] = 0.0     # (off the support)
+        self.J = dict(zip(js.tolist(), J))
+        self.o = dict(zip(js.tolist(), o))
+
+    def __getattr__(self, name):
+        if name in ("dV", "omega", "R"):
+            full = _Kin(*self.__dict__["_full"])
+            self.dV, self.omega, self.R = full.dV, full.omega, full.R
+            return self.__dict__[name]
+        raise AttributeError(name)
+
+
 def _plane_contacts(sim, kin: _Kin, cons, idx: np.ndarray, dp, dn, dd) -> None:
     """Closed form for the contacts idx of a shape X against a static plane (vectorized).
 
@@ -596,8 +632,11 @@ def _sphere_capsule(sim, kin: _Kin, c, k: int, gc: int, gs: int, jc: int, js: in
     return True
 
 
-def geometry_derivatives(sim, kin: _Kin, cons) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """dp/dq (nc, 3, nv), dn/dq (nc, 3, nv), d dist/dq (nc, nv) of every contact point."""
+def geometry_derivatives(sim, kin: _Kin, cons, skip=None) -> tuple[np.ndarray, np.ndarray,
+                                                                    np.ndarray]:
+    """dp/dq (nc, 3, nv), dn/dq (nc, 3, nv), d dist/dq (nc, nv) of every contact point.
+    ``skip`` (nc,) bool: rows left zero (the compiled route's ``contact_terms`` fills those it
+    closes itself: shapes on a static plane, two spheres)."""
     nc = cons.nc
     nv = kin.nv            # (sim.nv, or a block's dofs: derivative_blocks, kin.cols)
     c = cons.contacts
@@ -615,7 +654,10 @@ def geometry_derivatives(sim, kin: _Kin, cons) -> tuple[np.ndarray, np.ndarray, 
     face_pairs = getattr(c, "face_pairs", {})
     faces: dict = {}
     spheres: list = []
+    skipped = skip.tolist() if skip is not None else None
     for k, (g1, g2) in enumerate(zip(c.geom1.tolist(), c.geom2.tolist())):
+        if skipped is not None and skipped[k]:
+            continue
         k1, k2 = geoms[g1].kind, geoms[g2].kind
         j1, j2 = int(gjoint[g1]), int(gjoint[g2])
         if int(c.pair[k]) in convex_pairs:
@@ -1419,7 +1461,8 @@ def _step_jacobian_reference(sim, C=None, system=None) -> StepJacobian:
 # step_jacobian's default route: pinocchio for the kinematics, ABA derivatives and dIntegrate,
 # numba kernels (derivative_kernels.py) for everything else on the common path. Contacts whose
 # geometry has no closed form in the kernels (anything but a sphere, capsule, box or mesh on a
-# static plane) take geometry_derivatives above, in Python, and the kernels take its output.
+# static plane, or two spheres) take geometry_derivatives above, in Python, and the kernels take
+# its output (and write the rows they close into it).
 COMPILED = True
 
 _ARG0, _ARG1 = pin.ArgumentPosition.ARG0, pin.ArgumentPosition.ARG1
@@ -1513,7 +1556,10 @@ class _CompiledState:
                                      for g in geoms])
         kern = np.array([g.kind in _KERNEL_KINDS for g in geoms], dtype=np.bool_)
         sp = self.static_plane
-        self.python_geometry = ~((sp[:, None] & kern[None, :]) | (kern[:, None] & sp[None, :]))
+        sph = np.array([g.kind == "sphere" for g in geoms], dtype=np.bool_)
+        # (the kernel's closed forms: a shape on a static plane, two spheres)
+        self.python_geometry = ~((sp[:, None] & kern[None, :]) | (kern[:, None] & sp[None, :])
+                                 | (sph[:, None] & sph[None, :]))
         cb = sim.constraints
         self.lim_v = np.ascontiguousarray(cb.lim_v, dtype=np.int64)
         self.lim_sign = np.ascontiguousarray(cb.lim_sign, dtype=float)
@@ -1561,6 +1607,19 @@ class _CompiledState:
             self.fext_vec[j] = pin.Force(self.fext[j])
 
 
+def _geom_placements(sim) -> np.ndarray:
+    """The geoms' world placements (ngeom, 12: rotation column-major, translation) the step
+    left in ``sim.geom_data``: the collision driver's view where it has one, else a copy."""
+    oMg = getattr(sim.collision, "_oMg", None)
+    if oMg is not None:
+        return oMg(sim.geom_data)
+    out = np.empty((len(sim.sm.geoms), 12))
+    for g, M in enumerate(sim.geom_data.oMg):
+        out[g, :9] = M.rotation.ravel(order="F")
+        out[g, 9:] = M.translation
+    return out
+
+
 def _reference_data(sim):
     """The numpy route's own pinocchio Data (created on first use)."""
     data = getattr(sim, "_ddata", None)
@@ -1599,8 +1658,9 @@ def _step_jacobian_compiled(sim, C=None, system=None) -> StepJacobian | None:
             st.gather_kinematics()
         ccons = sim.constraints
         args = (JT, st.oM, st.ov, st.fext, st.supp, st.dof_joint, st.parents, st.gjoint,
-                st.static_plane, st.roll_radius, st.python_geometry, c.geom1, c.geom2, c.pos,
-                c.normal, c.dist, cons.dist, cons.frames, res.lam, v1, dt, ccons.erp, ccons.skin)
+                st.static_plane, st.roll_radius, st.python_geometry,
+                _geom_placements(sim), c.geom1, c.geom2, c.pos, c.normal, c.dist,
+                cons.dist, cons.frames, res.lam, v1, dt, ccons.erp, ccons.skin)
         rest = _restitution(cons)
         rest = np.zeros(nc) if rest is None else np.ascontiguousarray(rest, dtype=float)
         bias_n = rest
@@ -1612,9 +1672,12 @@ def _step_jacobian_compiled(sim, C=None, system=None) -> StepJacobian | None:
         corr, Dq, done = K.contact_terms(*args, False, *st.no_geo, *lims)
         geo = None
         if not done:           # pairs without a closed form in the kernel: geometry in Python
+            python_rows = st.python_geometry[c.geom1, c.geom2]
             gj = st.gjoint
-            kin = _Kin(model, data, q, v1, np.concatenate([gj[c.geom1], gj[c.geom2]]), trees)
-            geo = geometry_derivatives(sim, kin, cons)
+            kin = _FrameKin(model, data, q, v1, np.concatenate([gj[c.geom1], gj[c.geom2]]),
+                            trees, JT, st.oM, st.supp)
+            # (the rows the kernel closes are left to it: it writes them into geo)
+            geo = geometry_derivatives(sim, kin, cons, skip=~python_rows)
             corr, Dq, done = K.contact_terms(*args, True, *geo, *lims)
         if nc:                # the realizable drift correction's derivative (where it acted)
             def geometry():
