@@ -37,7 +37,9 @@ covariance adaptation, forward simulation in the exact mode) at the same number 
 
 Writes ``results.csv`` (one row per task, start, method, seed; ``exact_replay_loss``: the final
 decision, or the executed actions, replayed in the exact simulator), ``history.csv`` (loss per
-iteration or executed frame), ``<task>_<start>.png`` and prints a summary table.
+iteration or executed frame, and for billiards gradient runs the gradient's norm), ``<task>_<start>.png``
+and prints a summary table. A run whose simulation raises (a solver failure) ends there, with the
+error and the decision in ``results.csv``'s ``error`` column; the benchmark goes on.
 """
 from __future__ import annotations
 
