@@ -37,7 +37,9 @@ covariance adaptation, forward simulation in the exact mode) at the same number 
 
 Writes ``results.csv`` (one row per task, start, method, seed; ``exact_replay_loss``: the final
 decision, or the executed actions, replayed in the exact simulator), ``history.csv`` (loss per
-iteration or executed frame), ``<task>_<start>.png`` and prints a summary table.
+iteration or executed frame, and for billiards gradient runs the gradient's norm), ``<task>_<start>.png``
+and prints a summary table. A run whose simulation raises (a solver failure) ends there, with the
+error and the decision in ``results.csv``'s ``error`` column; the benchmark goes on.
 """
 from __future__ import annotations
 
@@ -238,6 +240,8 @@ def run_billiards(method, start, seed, args, log):
     spots = getattr(args, "billiards_spots", "uniform")
     task = Billiards(mode, seed, args.billiards_steps, spots)
     hist = []
+    gnorm = []                          # |g| per rollout (nan: a rollout without a gradient)
+    error = ""
     t0 = time.perf_counter()
     budget = args.iters
     best = (math.inf, None, False)
@@ -247,6 +251,7 @@ def run_billiards(method, start, seed, args, log):
             q = task.sample()
             loss, _, ok = task.rollout(q, False)
             hist.append(loss)
+            gnorm.append(math.nan)
             if loss < best[0]:
                 best, p = (loss, q, ok), q
     if method == "cmaes":
@@ -271,8 +276,15 @@ def run_billiards(method, start, seed, args, log):
     else:
         opt = Adam(p, Billiards.lr)
         for it in range(budget):
-            loss, g, ok = task.rollout(opt.x, True)
+            try:
+                loss, g, ok = task.rollout(opt.x, True)
+            except Exception as exc:     # (a failed simulation ends this run, not the benchmark)
+                error = (f"{type(exc).__name__}: {exc} (rollout {len(hist)}, decision "
+                         f"{np.array2string(np.asarray(opt.x), precision=17, separator=',')})")
+                log(f"  billiards {start} {method} seed {seed}: stopped, {error}")
+                break
             hist.append(loss)
+            gnorm.append(float(np.linalg.norm(g)))
             if loss < best[0]:
                 best = (loss, opt.x.copy(), ok)
             if loss == 0.0:
@@ -288,7 +300,8 @@ def run_billiards(method, start, seed, args, log):
     ex = task if mode == "exact" else Billiards("exact", seed, args.billiards_steps, spots)
     exact_loss, _, exact_ok = ex.rollout(best[1] if best[1] is not None else p, False)
     return dict(loss=best[0], success=best[2], wall=wall, rollouts=len(hist),
-                exact_loss=exact_loss, exact_success=exact_ok), hist
+                exact_loss=exact_loss, exact_success=exact_ok, error=error,
+                gnorm=gnorm if method != "cmaes" else []), hist
 
 
 # -- push --------------------------------------------------------------------------------------
@@ -407,14 +420,22 @@ def run_push(method, start, seed, args, log):
                 exact_success=exact_ok), hist
 
 
-def _plot(out, task, start, curves, xlabel):
+def _plot(out, task, start, curves, xlabel, grads=None):
+    """The loss curves of every run (and, with ``grads``, the gradient's norm per rollout of
+    every gradient run on a second, logarithmic panel)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=(6, 4))
+    grads = {k: g for k, g in (grads or {}).items() if len(g) and np.any(np.isfinite(g))}
+    if grads:
+        fig, (ax, ax2) = plt.subplots(2, 1, figsize=(6, 7), sharex=True)
+    else:
+        fig, ax = plt.subplots(figsize=(6, 4))
     colors = {}
     for (method, seed), h in sorted(curves.items()):
         c = colors.setdefault(method, f"C{len(colors)}")
+        if not len(h):
+            continue
         y = np.minimum.accumulate(h) / h[0] if task == "billiards" and h[0] > 0 else h
         ax.plot(y, color=c, lw=1,
                 label=method if seed == min(s for (m, s) in curves if m == method) else None)
@@ -425,6 +446,14 @@ def _plot(out, task, start, curves, xlabel):
                   else "loss after the frame")
     ax.set_title(f"{task}, {start} start")
     ax.legend()
+    if grads:
+        for (method, seed), g in sorted(grads.items()):
+            c = colors.setdefault(method, f"C{len(colors)}")
+            ax2.semilogy(np.where(g > 0, g, np.nan), color=c, lw=0.8,
+                         label=method if seed == min(s for (m, s) in grads if m == method) else None)
+        ax2.set_xlabel(xlabel)
+        ax2.set_ylabel("|gradient| per rollout")
+        ax2.legend()
     fig.tight_layout()
     fig.savefig(os.path.join(out, f"{task}_{start}.png"), dpi=110)
     plt.close(fig)
@@ -451,11 +480,11 @@ def main(args: argparse.Namespace) -> int:
     with open(res_path, "w", newline="") as fr, open(hist_path, "w", newline="") as fh:
         wr, wh = csv.writer(fr), csv.writer(fh)
         wr.writerow(["task", "start", "method", "seed", "final_loss", "success", "wall_s", "rollouts",
-                     "exact_replay_loss", "exact_replay_success"])
-        wh.writerow(["task", "start", "method", "seed", "index", "loss"])
+                     "exact_replay_loss", "exact_replay_success", "error"])
+        wh.writerow(["task", "start", "method", "seed", "index", "loss", "gnorm"])
         for task in tasks:
             for start in starts:
-                curves = {}
+                curves, grads = {}, {}
                 for seed in seeds:
                     for method in methods:
                         fn = run_billiards if task == "billiards" else run_push
@@ -467,11 +496,14 @@ def main(args: argparse.Namespace) -> int:
                         curves[(method, seed)] = np.array(h)
                         row = [task, start, method, seed, f"{r['loss']:.6g}", int(r["success"]),
                                f"{r['wall']:.1f}", r["rollouts"], f"{r['exact_loss']:.6g}",
-                               int(r["exact_success"])]
+                               int(r["exact_success"]), r.get("error", "")]
                         wr.writerow(row)
                         fr.flush()
+                        gn = r.pop("gnorm", None) or []
+                        grads[(method, seed)] = np.array(gn, dtype=float)
                         for i, v in enumerate(h):
-                            wh.writerow([task, start, method, seed, i, f"{v:.6g}"])
+                            wh.writerow([task, start, method, seed, i, f"{v:.6g}",
+                                         f"{gn[i]:.6g}" if i < len(gn) else ""])
                         fh.flush()
                         rows.append(dict(task=task, start=start, method=method, seed=seed, **r,
                                          first=h[0] if len(h) else float("nan")))
@@ -479,7 +511,7 @@ def main(args: argparse.Namespace) -> int:
                               f"{r['loss']:.4g}, success {r['success']}, {r['wall']:.0f} s, "
                               f"{r['rollouts']} rollouts", flush=True)
                 _plot(args.out, task, start, curves,
-                      "rollout" if task == "billiards" else "executed frame")
+                      "rollout" if task == "billiards" else "executed frame", grads)
     print("\n| task | start | method | seeds | success | median first loss | median final loss | improved | median wall (s) |")
     print("|---|---|---|---|---|---|---|---|---|")
     for task in tasks:

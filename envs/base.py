@@ -396,6 +396,7 @@ class DiffEnv(gym.Env):
         if jacobian:
             Jxx = np.eye(self.n_x)
             Jxa = np.zeros((self.n_x, self.n_a))
+        first = True
         diverged = False
         xk = x
         # (the default forces depend on the action only: the same for every substep, and the
@@ -423,8 +424,11 @@ class DiffEnv(gym.Env):
                     F[:2 * nv] += Ftau @ dtau_dx
                 Fa = np.zeros((self.n_x, self.n_a))
                 Fa[:2 * nv] = Ftau @ dtau_da
-                Jxx = F @ Jxx
-                Jxa = F @ Jxa + Fa
+                if first:                    # (Jxx = I, Jxa = 0: skip an n_x^3 product by I)
+                    Jxx, Jxa, first = F, Fa, False
+                else:
+                    Jxx = F @ Jxx
+                    Jxa = F @ Jxa + Fa
             q, v = q1, v1
             if fixed is None:                # (the forces of the next substep read its state)
                 xk = xk.copy()

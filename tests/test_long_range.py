@@ -265,6 +265,40 @@ def test_trajopt_command_writes_its_tables(tmp_path):
         (t, m) for t in ("billiards", "push")
         for m in ("exact", "long_range", "long_range+smooth", "cmaes")}
     assert (out / "billiards_trivial.png").exists() and (out / "push_trivial.png").exists()
+    # the gradient's norm per rollout: logged for the gradient methods' billiards runs only
+    hist = list(csv.DictReader(open(out / "history.csv")))
+    for r in hist:
+        has = r["gnorm"] != ""
+        assert has == (r["task"] == "billiards" and r["method"] != "cmaes"), r
+        if has:
+            assert float(r["gnorm"]) >= 0.0
+
+
+def test_trajopt_a_failing_simulation_ends_its_run_only(tmp_path, monkeypatch):
+    """A rollout that raises (a solver failure) stops that run with the error and the decision
+    in results.csv; the benchmark goes on with the next method."""
+    from diffgym import trajopt
+    from diffgym.cli import main
+    calls = {"n": 0}
+    real = trajopt.Billiards.rollout
+
+    def failing(self, p, grad):
+        if grad:
+            calls["n"] += 1
+            if calls["n"] == 2:
+                raise ValueError("Internal algorithm failed to converge.")
+        return real(self, p, grad)
+
+    monkeypatch.setattr(trajopt.Billiards, "rollout", failing)
+    out = tmp_path / "tj"
+    assert main(["trajopt", "--tasks", "billiards", "--starts", "trivial", "--modes",
+                 "long_range,cmaes", "--seeds", "1", "--iters", "3", "--billiards-steps", "2",
+                 "--out", str(out)]) == 0
+    import csv
+    rows = {r["method"]: r for r in csv.DictReader(open(out / "results.csv"))}
+    assert rows["long_range"]["error"].startswith("ValueError: Internal algorithm failed")
+    assert "decision" in rows["long_range"]["error"] and rows["long_range"]["rollouts"] == "1"
+    assert rows["cmaes"]["error"] == "" and rows["cmaes"]["rollouts"] == "3"
 
 
 # -- long_range with rho: the derivative through the relaxed contact problem (issue 13) --------
