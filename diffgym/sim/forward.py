@@ -831,6 +831,12 @@ class Simulator:
         if spec is not None and not spec.empty():
             from .equality import ExtraRows
             self._extra = ExtraRows(sm, spec, erp, self.constraints.skin, margin)
+        # mocap bodies (diffgym.sim.mocap): poses the user sets; such models take the
+        # stage-by-stage path (the compiled step holds world geometry fixed)
+        self._mocap = None
+        if getattr(sm, "mocap", None):
+            from .mocap import MocapState
+            self._mocap = MocapState(self, sm.mocap)
         self.cache: dict = {}
         # the rows of q holding unit quaternions (free-flyer and spherical joints), 4 each
         rows = []
@@ -918,7 +924,10 @@ class Simulator:
                 "warm_start": self.warm_start_state(), "warned": self._warned,
                 "last": self.last,
                 "restitution": [float(g.restitution) for g in self.sm.geoms],
-                "jacobian_format": self.jacobian_format}
+                "jacobian_format": self.jacobian_format,
+                "mocap": (None if self.__dict__.get("_mocap") is None else
+                          tuple(a.copy() for a in (self._mocap.pos, self._mocap.R,
+                                                   self._mocap.lin, self._mocap.ang)))}
 
     def __setstate__(self, state) -> None:
         src = state["source"]
@@ -942,6 +951,11 @@ class Simulator:
         self.jacobian_format = state.get("jacobian_format", self.jacobian_format)
         self.sm.update_restitution()
         self.constraints.refresh_restitution()
+        if state.get("mocap") is not None:
+            mz = self._mocap
+            mz.pos[:], mz.R[:], lin, ang = state["mocap"]
+            for i in range(len(mz.names)):
+                mz.set(self, i, vel=lin[i], angvel=ang[i])
 
     # -- properties ------------------------------------------------------------------------
     @property
@@ -1276,12 +1290,13 @@ class Simulator:
                                                                xrows)
         elif not nc and cb.has_limits and not len(cb.active_limits(q, v, dt)[0]):
             cons = None                          # (no contact, no limit within reach)
-        elif trees is not None and (blk := block_step(self, trees, q, v, Jw, contacts,
-                                                      v_free)) is not None:
+        elif trees is not None and self._mocap is None and (
+                blk := block_step(self, trees, q, v, Jw, contacts, v_free)) is not None:
             # large split scenes: the same compiled step in per-island storage (island_step)
             cons, res, g, v1, verified, nis, lazy_minv, r1 = blk
             Minv = G = None
-        elif (nc or cb.has_limits) and type(solver) is NCPSolver and solver.settings.compiled:
+        elif ((nc or cb.has_limits) and type(solver) is NCPSolver and solver.settings.compiled
+              and self._mocap is None):
             # the constrained part in one compiled call (limits, assembly, warm start, stage 1)
             # only its upper triangle is filled
             Minv = pin.computeMinverse(model, data, q) if trees is None else trees.minverse(q)
@@ -1343,6 +1358,8 @@ class Simulator:
                     Minv = Minv.reshape(1, 1)
                 cons, G, g, MJt, Minv = cb.assemble(Jw, contacts, limits, dt, Minv, v_free, v,
                                                     spent)
+                if self._mocap is not None:
+                    g = self._mocap_offsets(cons, g)
                 lam0, modes0 = self._warm_start(cons)
                 bias = None
                 if (isinstance(solver, NCPSolver) and type(solver).solve is NCPSolver.solve
@@ -1427,6 +1444,8 @@ class Simulator:
         pre = self.__dict__.get("_toi_pass")
         cons, G0, g0, MJt0, Ms = cb.assemble(Jw, contacts, limits, dt, Minv, v_free, v,
                                              consumed_time(pre) if pre else None)
+        if self._mocap is not None:
+            self._mocap_offsets(cons, g0)
         nc, nl = cons.nc, len(cons.limits)
         MJx = Ms @ xrows.J.T
         J = np.vstack([cons.J, xrows.J])
@@ -1450,6 +1469,56 @@ class Simulator:
         res = SolverResult(lam, sigma, modes, active, its, resid, ok, method + "+rows")
         v1 = v_free + MJt @ lam
         return cons, res, G, g, Ms, v1
+
+    def _mocap_offsets(self, cons, g):
+        """The velocity of moving mocap geoms in the offsets of their contacts' rows
+        (diffgym.sim.mocap): ``cons.b`` and ``g = J v_free + b`` get ``R_k^T (w2 - w1)``."""
+        bb = self._mocap.contact_bias(cons.contacts, cons.frames) if cons.nc else None
+        if bb is None:
+            return g
+        r = 3 * cons.nc
+        cons.b = np.array(cons.b, dtype=np.float64)
+        cons.b[:r] += bb.reshape(-1)
+        g = np.array(g, dtype=np.float64)
+        g[:r] += bb.reshape(-1)
+        return g
+
+    # -- mocap bodies (diffgym.sim.mocap) ----------------------------------------------------
+    @property
+    def mocap_names(self) -> tuple:
+        """The mocap bodies' names, in file order (their indices for ``set_mocap``)."""
+        mz = self.__dict__.get("_mocap")
+        return mz.names if mz is not None else ()
+
+    def set_mocap(self, body, pos=None, quat=None, *, vel=None, angvel=None) -> None:
+        """Place mocap body ``body`` (name or index) for the next steps, as MuJoCo's
+        ``data.mocap_pos[i] = pos; data.mocap_quat[i] = quat``: ``pos`` (3,) world position,
+        ``quat`` (4,) world orientation in MuJoCo's order ``w x y z`` (either left as it is when
+        None). ``vel`` / ``angvel`` (3,): its world linear velocity (of the body origin) and
+        angular velocity during the step, which contacts with it feel; each defaults to the
+        finite difference of the pose this call replaces over ``dt``. Pass ``vel=0, angvel=0``
+        for a jump (a reset). See :mod:`diffgym.sim.mocap`."""
+        mz = self.__dict__.get("_mocap")
+        if mz is None:
+            raise ValueError(f"{self.sm.source}: the model has no mocap body")
+        mz.set(self, body, pos, quat, vel, angvel)
+
+    def mocap_pose(self, body) -> tuple[np.ndarray, np.ndarray]:
+        """(pos (3,), quat (4,) ``w x y z``) of mocap body ``body`` (name or index)."""
+        mz = self.__dict__.get("_mocap")
+        if mz is None:
+            raise ValueError(f"{self.sm.source}: the model has no mocap body")
+        i = mz.body(body)
+        qx = pin.Quaternion(mz.R[i]).coeffs()          # x y z w
+        return mz.pos[i].copy(), np.array([qx[3], qx[0], qx[1], qx[2]])
+
+    def mocap_velocity(self, body) -> tuple[np.ndarray, np.ndarray]:
+        """(vel (3,), angvel (3,)) of mocap body ``body``: what its contacts feel."""
+        mz = self.__dict__.get("_mocap")
+        if mz is None:
+            raise ValueError(f"{self.sm.source}: the model has no mocap body")
+        i = mz.body(body)
+        return mz.lin[i].copy(), mz.ang[i].copy()
 
     def _record_extra(self, cons, res, xrows) -> None:
         """sim.last's fields of the diffgym.sim.equality rows (``constraint_labels``,

@@ -183,6 +183,7 @@ class _Body:
     weld: str                # name of the body that owns that joint ('world' for jid 0)
     parent: str | None
     children: list[str] = field(default_factory=list)
+    mocap: str | None = None  # the mocap body it is (or is welded under), else None
 
 
 class _MJCFBuilder:
@@ -223,6 +224,8 @@ class _MJCFBuilder:
         self.gravity = np.array([0.0, 0.0, -9.81])
         self._unnamed = 0
         self.pair_mu: dict[tuple[int, int], float] = {}
+        self.mocap_order: list[str] = []                 # mocap bodies in file order
+        self.mocap_geoms: dict[str, list] = {}           # name: [(geom, pose in the body)]
 
     # -- document-level parsing -------------------------------------------------------
     def err(self, msg: str, el: ET.Element | None = None) -> ModelError:
@@ -599,6 +602,12 @@ class _MJCFBuilder:
         sm.stiffness = {} if self.no_springs else self.stiffness
         sm.refused_ignored = list(self.refusals.ignored_keys)
         sm.constraint_spec = self.parse_constraint_spec(q0_ref)
+        from .mocap import MocapBody
+        sm.mocap = [MocapBody(n, self.bodies[n].placement.copy(),
+                              np.array([g for g, _ in self.mocap_geoms.get(n, [])],
+                                       dtype=np.int64),
+                              [M for _, M in self.mocap_geoms.get(n, [])])
+                    for n in self.mocap_order]
         # an explicit <pair> has its own friction (MuJoCo's default 1), not the geoms' larger one
         for k, (a, b) in enumerate(sm.pairs):
             mu = self.pair_mu.get((int(a), int(b)), self.pair_mu.get((int(b), int(a))))
@@ -616,6 +625,7 @@ class _MJCFBuilder:
         T = parent.placement * local          # body frame in the parent joint's frame
         jid, weld = parent.jid, parent.weld
         joints = [j for j in el if j.tag in ("joint", "freejoint")]
+        mocap = self._mocap_body(el, name, parent, joints)
         for j in joints:
             a = self.attrs(j, childclass)
             jtype = "free" if j.tag == "freejoint" else a.get("type", "hinge")
@@ -700,6 +710,12 @@ class _MJCFBuilder:
         body = _Body(name, jid, T, 0, weld, parent.name)
         parent.children.append(name)
         self.bodies[name] = body
+        # (a mocap body and the jointless bodies under it: their geoms move with its pose)
+        body.mocap = mocap if mocap is not None else getattr(parent, "mocap", None)
+        if body.mocap is not None and body.mocap != name and joints:
+            raise self.err(f"{what}: a body with joints under the mocap body {body.mocap!r} is "
+                           "not supported (its joints would move with the pose the user sets; "
+                           "MuJoCo's mocap bodies drive such bodies through an <equality>)", el)
         body.frame_id = self.model.addBodyFrame(name, jid, T, parent.frame_id)
         for site in el.findall("site"):
             self._add_site(site, body, childclass)
@@ -764,6 +780,24 @@ class _MJCFBuilder:
                 self.model.appendBodyToJoint(jid, pin.Inertia(mass, pos, R @ I @ R.T), T)
         for child in el.findall("body"):
             self.add_body(child, body, childclass)
+
+    def _mocap_body(self, el: ET.Element, name: str, parent: _Body, joints) -> str | None:
+        """``mocap="true"``: MuJoCo's rules (a child of the world without joints) checked with
+        the line; returns the name (its geoms are world geoms whose pose the user sets,
+        ``Simulator.set_mocap``) or None."""
+        val = el.get("mocap", "false")
+        if val not in ("true", "false"):
+            raise self.err(f"<body name={name!r}>: mocap={val!r} (expected true or false)", el)
+        if val != "true":
+            return None
+        if parent.name != "world":
+            raise self.err(f"<body name={name!r}> mocap='true': a mocap body must be a child of "
+                           f"the world (it is in {parent.name!r}; MuJoCo refuses it too)", el)
+        if joints:
+            raise self.err(f"<body name={name!r}> mocap='true': a mocap body cannot have joints "
+                           "(MuJoCo refuses it too)", el)
+        self.mocap_order.append(name)
+        return name
 
     def _add_site(self, el: ET.Element, body: _Body, childclass: str | None) -> None:
         """A named site's frame in its body's joint frame (equality constraints name sites)."""
@@ -834,6 +868,16 @@ class _MJCFBuilder:
         self.geom_el.append(el)
         self.geom_attrs.append(a)
         self.geom_body_index.append(body.name)
+        mb = getattr(body, "mocap", None)
+        if mb is not None:
+            if kind == "plane":
+                raise self.err(f"{what}: a plane on the mocap body {mb!r} is not supported (a "
+                               "moving half-space; use a box)", el)
+            # (the geom's placement in the mocap body's frame: body.placement is the body's
+            # world pose, the mocap body's own one times the jointless bodies' in between)
+            root = self.bodies[mb].placement
+            self.mocap_geoms.setdefault(mb, []).append((len(self.geoms) - 1,
+                                                        root.actInv(placement)))
         if body.name == "world" or kind == "plane":
             return None
         # (a zero mass or density is MuJoCo's massless geom, e.g. a visual; negative or
@@ -1089,6 +1133,12 @@ class _MJCFBuilder:
                     else:
                         b1 = self._body_of(a.get("body1"), what, el)
                         b2 = self._body_of(a.get("body2", "world"), what, el)
+                    for b in (b1, b2):
+                        if b.mocap is not None:
+                            raise self.err(f"{what}: {b.name!r} is (on) the mocap body "
+                                           f"{b.mocap!r}: an equality with a mocap body is not "
+                                           "supported (it would hold the pose the file gives, "
+                                           "not the one Simulator.set_mocap sets)", el)
                     if b1.jid == b2.jid:
                         raise self.err(f"{what}: body1 {b1.name!r} and body2 {b2.name!r} move "
                                        "rigidly together: the constraint does nothing", el)
