@@ -7,7 +7,7 @@ subset of MJCF that rigid-body scenes use:
 * ``<include file>`` (relative to the including file; :mod:`diffgym.sim.xmlsource`), several
   ``<worldbody>``/``<actuator>``/... sections
 * ``<compiler angle eulerseq inertiafromgeom autolimits meshdir assetdir settotalmass
-  boundmass boundinertia>``,
+  boundmass boundinertia balanceinertia exactmeshinertia>``,
   ``<option timestep gravity>``, ``<flag contact constraint limit gravity passive spring damper>``
 * nested ``<default>`` classes and ``childclass``
 * every top-level body (several free bodies in one scene), ``hinge``/``slide``/``ball``/``free``
@@ -17,7 +17,8 @@ subset of MJCF that rigid-body scenes use:
 * ``<inertial>`` or inertia computed from geoms (density 1000 by default), like MuJoCo
 * geoms: plane, sphere, box, capsule, cylinder, ellipsoid and convex meshes (convex hull for
   contact; mass and inertia by MuJoCo's ``<mesh inertia>`` rule: legacy by default, convex,
-  exact or shell, diffgym.sim.mesh_inertia)
+  exact or shell, diffgym.sim.mesh_inertia; ``refpos``/``refquat``: the mesh's reference frame)
+* ``<body mocap="true">``: poses the user sets (``Simulator.set_mocap``, diffgym.sim.mocap)
 * geom ``friction`` (first component), ``contype``/``conaffinity``, ``condim`` 1 (frictionless)
   and 3, ``priority`` (MuJoCo's mixing), ``<contact><exclude>`` and ``<contact><pair>``, and
   MuJoCo's no-parent-child filter
@@ -167,6 +168,8 @@ class _Compiler:
     meshdir: str = ""
     boundmass: float = 0.0
     boundinertia: float = 0.0
+    balanceinertia: bool = False     # principal moments breaking A + B >= C set to their mean
+    exactmeshinertia: bool = False   # (MuJoCo < 3.2) meshes default to inertia="exact"
 
     def angle(self, value: float) -> float:
         return math.radians(value) if self.degree else value
@@ -218,6 +221,7 @@ class _MJCFBuilder:
         self.stiffness: dict[int, tuple[float, float]] = {}
         self.meshes: dict[str, tuple[str, np.ndarray]] = {}
         self.mesh_inertia: dict[str, tuple[str, ET.Element]] = {}   # name: (rule, element)
+        self.mesh_ref: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # name: (refpos, R)
         self.sites: dict[str, tuple[_Body, pin.SE3, ET.Element]] = {}  # in the joint's frame
         self._mesh_mass: dict[str, tuple[float, np.ndarray, np.ndarray]] = {}
         self.dt = 0.002
@@ -258,6 +262,12 @@ class _MJCFBuilder:
                         raise self.err(f"<compiler {key}={a[key]!r}>: must be finite and >= 0",
                                        comp)
                     setattr(self.compiler, key, val)
+            for key in ("balanceinertia", "exactmeshinertia"):
+                if key in a:
+                    if a[key] not in ("true", "false"):
+                        raise self.err(f"<compiler {key}={a[key]!r}>: expected true or false",
+                                       comp)
+                    setattr(self.compiler, key, a[key] == "true")
             if "settotalmass" in a:
                 self.settotalmass = float(_floats(a["settotalmass"], 1, "<compiler settotalmass>")[0])
             if a.get("coordinate", "local") != "local":
@@ -401,12 +411,27 @@ class _MJCFBuilder:
         path = os.path.join(self.base_dir, self.compiler.meshdir, file)
         a = self.attrs(el, None)
         scale = _floats(a.get("scale", "1 1 1"), 3, f"<mesh name={name!r}> scale")
-        mode = a.get("inertia", "legacy")     # (MuJoCo's default, kept for old files)
+        # (legacy: MuJoCo's default, kept for old files; MuJoCo before 3.2 read
+        # <compiler exactmeshinertia="true"> as exact for every mesh, which 3.2 replaced with
+        # this attribute; its own attribute wins)
+        mode = a.get("inertia", "exact" if self.compiler.exactmeshinertia else "legacy")
         if mode not in MESH_INERTIA_MODES:
             raise self.err(f"<mesh name={name!r}>: inertia={mode!r} (expected one of "
                            f"{', '.join(MESH_INERTIA_MODES)})", el)
         self.meshes[name] = (path, scale)
         self.mesh_inertia[name] = (mode, el)
+        # MuJoCo's mesh reference frame: the vertices are read as S R^-1 (v - refpos), R the
+        # rotation of refquat (w x y z) and S the scale (MuJoCo's order, checked against it)
+        if "refpos" in a or "refquat" in a:
+            rp = _floats(a.get("refpos", "0 0 0"), 3, f"{self.src.where(el)}: <mesh name={name!r}> "
+                         "refpos")
+            rq = _floats(a.get("refquat", "1 0 0 0"), 4, f"{self.src.where(el)}: <mesh "
+                         f"name={name!r}> refquat")
+            if not np.linalg.norm(rq) > 0:
+                raise self.err(f"<mesh name={name!r}>: refquat={a['refquat']!r} is zero", el)
+            R = _quat_wxyz_to_matrix(rq)
+            if np.any(rp != 0) or not np.allclose(R, np.eye(3), rtol=0, atol=0):
+                self.mesh_ref[name] = (rp, R)
 
     # -- frames -----------------------------------------------------------------------
     def rotation(self, a: dict[str, str], what: str) -> np.ndarray:
@@ -511,7 +536,18 @@ class _MJCFBuilder:
             if not os.path.isfile(path):
                 raise self.err(f"{what}: mesh file {path!r} not found")
             try:
-                bvh = coal.MeshLoader().load(path, scale)
+                ref = self.mesh_ref.get(mname)
+                if ref is None:
+                    bvh = coal.MeshLoader().load(path, scale)
+                else:                # (refpos / refquat: the vertices in the mesh's frame)
+                    raw = coal.MeshLoader().load(path, np.ones(3))
+                    V, F = bvh_triangles(raw)
+                    V = ((V - ref[0]) @ ref[1]) * np.asarray(scale, float)
+                    bvh = coal.BVHModelOBBRSS()
+                    bvh.beginModel(len(F), len(V))
+                    bvh.addVertices(np.ascontiguousarray(V))
+                    bvh.addTriangles(np.ascontiguousarray(F, dtype=np.int64))
+                    bvh.endModel()
                 bvh.buildConvexHull(True, "Qt")
                 shape = bvh.convex
             except Exception as exc:  # coal raises plain RuntimeErrors
@@ -770,8 +806,15 @@ class _MJCFBuilder:
             else:
                 raise self.err(f"{what} <inertial>: needs diaginertia or fullinertia", inertial)
             problem = inertia_problem(I)
+            if problem and self.compiler.balanceinertia and "triangle" in problem:
+                # MuJoCo's <compiler balanceinertia="true">: the three principal moments set
+                # to their mean (checked against MuJoCo, tests/test_mesh_inertia.py)
+                I = np.eye(3) * (np.trace(I) / 3.0)
+                problem = ""
             if problem:
-                raise self.err(f"{what} <inertial>: {key}={a[key]!r} {problem}", inertial)
+                hint = ("; <compiler balanceinertia=\"true\"> sets the moments to their mean, "
+                        "as in MuJoCo") if "triangle" in problem else ""
+                raise self.err(f"{what} <inertial>: {key}={a[key]!r} {problem}{hint}", inertial)
             pos = _floats(a.get("pos", "0 0 0"), 3, f"{what} <inertial> pos")
             mass, I = self._bounded(mass, I)
             if jid == 0:

@@ -115,8 +115,6 @@ RULES: tuple[Rule, ...] = (
          when=lambda a, c: a.get("shellinertia", "false") == "true"),
     Rule("body.gravcomp", "gravity compensation", path="body", attr="gravcomp",
          when=lambda a, c: _num(a, "gravcomp") != 0.0),
-    Rule("compiler.balanceinertia", "inertias rebalanced by the compiler", path="compiler",
-         attr="balanceinertia", when=lambda a, c: a.get("balanceinertia") == "true"),
     Rule("compiler.inertiagrouprange", "inertia from a subset of geom groups", path="compiler",
          attr="inertiagrouprange", when=lambda a, c: _nums(a, "inertiagrouprange") not in ([], [0, 5])),
     # (anywhere: in <worldbody> as in a <body>)
@@ -161,7 +159,7 @@ RULES: tuple[Rule, ...] = (
 SUPPORTED_NOW: tuple[str, ...] = ("equality.connect", "equality.weld", "equality.joint",
                                   "tendon.fixed", "joint.ball_range", "joint.mimic",
                                   "compiler.boundmass", "compiler.boundinertia",
-                                  "body.mocap")
+                                  "body.mocap", "compiler.balanceinertia")
 
 # Simulated elements a user may still leave out by name with ``ignore_unsupported`` (the loader
 # drops them and warns, :class:`UnsupportedIgnoredWarning`, as for an ignored refusal): joint dry
