@@ -47,18 +47,24 @@ class MocapBody:
 
 def _quat_wxyz(quat, what: str) -> np.ndarray:
     qv = np.asarray(quat, dtype=float).reshape(-1)
-    if qv.shape != (4,) or not np.all(np.isfinite(qv)):
+    n2 = float(qv @ qv) if qv.shape == (4,) else float("nan")
+    if not (n2 == n2 and n2 < float("inf")):        # (wrong shape, NaN or inf)
         raise ValueError(f"{what}: quat must be 4 finite numbers (w, x, y, z), got {quat!r}")
-    n = float(np.linalg.norm(qv))
-    if n < 1e-9:
+    if n2 < 1e-18:
         raise ValueError(f"{what}: quat must not be zero")
-    w, x, y, z = qv / n
-    return pin.Quaternion(w, x, y, z).toRotationMatrix()
+    w, x, y, z = (qv / np.sqrt(n2)).tolist()
+    return np.array([[1 - 2 * (y * y + z * z), 2 * (x * y - w * z), 2 * (x * z + w * y)],
+                     [2 * (x * y + w * z), 1 - 2 * (x * x + z * z), 2 * (y * z - w * x)],
+                     [2 * (x * z - w * y), 2 * (y * z + w * x), 1 - 2 * (x * x + y * y)]])
 
 
 def _vec3(x, key: str, what: str) -> np.ndarray:
-    a = np.asarray(x, dtype=float).reshape(-1) if np.ndim(x) else np.full(3, float(x))
-    if a.shape != (3,) or not np.all(np.isfinite(a)):
+    a = np.asarray(x, dtype=float)
+    if a.ndim == 0:
+        a = np.full(3, float(a))
+    a = a.reshape(-1)
+    s = float(a.sum()) if a.shape == (3,) else float("nan")
+    if not (s == s and abs(s) < float("inf")):     # (wrong shape, NaN or inf)
         raise ValueError(f"{what}: {key} must be 3 finite numbers, got {x!r}")
     return a
 
@@ -126,8 +132,11 @@ class MocapState:
             objs[g].placement = P
             W0[g] = P.homogeneous
         trees = sim.__dict__.get("_trees")
-        if trees is not None:           # (its cache of the geoms' local placements)
-            trees._gview = None
+        gv = trees.__dict__.get("_gview") if trees is not None else None
+        if gv is not None:              # (its cache of the geoms' placements on their joints)
+            for g in body.geoms.tolist():
+                gv[3][g] = W0[g, :3, :3]
+                gv[4][g] = W0[g, :3, 3]
 
     def point_velocity(self, geoms: np.ndarray, p: np.ndarray):
         """(k, 3) world velocity of the points p of geoms (zero where not a mocap geom), and
