@@ -35,6 +35,11 @@ _add = np.add.reduce          # (ndarray.sum without its Python wrapper: the sam
 _minimum = np.minimum.reduce
 # the solver result of a step without constraints (what sim.last reports then)
 _NO_FRAMES = np.zeros((0, 3, 3))
+_NO_MOCAP = np.zeros((0, 3))       # _constrained_step's mocap_b for a model without mocap
+
+
+def _mocap_rows(bb):
+    return _NO_MOCAP if bb is None else np.ascontiguousarray(bb, dtype=np.float64)
 _NO_WARM = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0),
             np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.bool_))
 _NO_RESULT = SolverResult(np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64),
@@ -399,7 +404,7 @@ def _constrained_velocity(pos, frames, geom1, geom2, geom_joint, dist, mu, pair,
                           q, v, lim_q, lim_v, lim_bound, lim_sign, limit_margin, dt, erp, skin,
                           Minv, v_free, warm, pair_w, point_w, lam_w, modes_w, limits_w, lim_act_w,
                           tol, mode_tol, newton_iter, mode_rounds, budget, pair_rest, rest_thr,
-                          rest_spent, Mbody, realizable=False):
+                          rest_spent, Mbody, realizable=False, mocap_b=None):
     """The constrained part of the step in one compiled call: the active joint limits, the
     problem and its islands (constraint.assemble_sparse), Newton's impact law on the normal rows
     of impacting contacts (constraint.restitution_bias, at the pre-step ``v``; ``pair_rest``
@@ -428,6 +433,15 @@ def _constrained_velocity(pos, frames, geom1, geom2, geom_joint, dist, mu, pair,
         lim_idx, lim_dist, lim_v, lim_sign, dt, erp, skin, Minv, v_free)
     rest = restitution_bias(J, b, g, v, dist, pair, pair_rest, nc, dt, erp, skin, rest_thr, j1, j2,
                             joint_tree, rest_spent)
+    if mocap_b is not None and mocap_b.shape[0] == nc:
+        # moving mocap geoms: their velocity at the contact point in the rows' offsets
+        # (diffgym.sim.mocap; (0, 3) for every other model)
+        for k in range(nc):
+            for a in range(3):
+                x = mocap_b[k, a]
+                if x != 0.0:
+                    b[3 * k + a] += x
+                    g[3 * k + a] += x
     m = G.shape[0]
     found = False
     if warm:
@@ -532,7 +546,7 @@ def _constrained_step(pos, frames, geom1, geom2, geom_joint, dist, mu, pair, poi
                       q, v, lim_q, lim_v, lim_bound, lim_sign, limit_margin, dt, erp, skin,
                       Minv, v_free, warm, pair_w, point_w, lam_w, modes_w, limits_w, lim_act_w,
                       tol, mode_tol, newton_iter, mode_rounds, budget, pair_rest, rest_thr,
-                      rest_spent, Mbody, realizable=False):
+                      rest_spent, Mbody, realizable=False, mocap_b=None):
     """``_constrained_velocity`` (same arguments) and, when every island's stage 1 succeeded,
     the check of its solution at the final velocity (``_verify_velocity``), in one compiled call
     that returns only what the common step keeps, packed into three arrays: every array a
@@ -554,7 +568,7 @@ def _constrained_step(pos, frames, geom1, geom2, geom_joint, dist, mu, pair, poi
         sup_idx, joint_tree, tree_lo, tree_hi, q, v, lim_q, lim_v, lim_bound, lim_sign,
         limit_margin, dt, erp, skin, Minv, v_free, warm, pair_w, point_w, lam_w, modes_w,
         limits_w, lim_act_w, tol, mode_tol, newton_iter, mode_rounds, budget, pair_rest, rest_thr,
-        rest_spent, Mbody, realizable)
+        rest_spent, Mbody, realizable, mocap_b)
     all_ok = True
     for s in range(island_ok.shape[0]):
         if not island_ok[s]:
@@ -831,8 +845,8 @@ class Simulator:
         if spec is not None and not spec.empty():
             from .equality import ExtraRows
             self._extra = ExtraRows(sm, spec, erp, self.constraints.skin, margin)
-        # mocap bodies (diffgym.sim.mocap): poses the user sets; such models take the
-        # stage-by-stage path (the compiled step holds world geometry fixed)
+        # mocap bodies (diffgym.sim.mocap): poses the user sets; their contacts' offsets enter
+        # the compiled step (mocap_b) or the stage-by-stage one (_mocap_offsets)
         self._mocap = None
         if getattr(sm, "mocap", None):
             from .mocap import MocapState
@@ -1295,8 +1309,7 @@ class Simulator:
             # large split scenes: the same compiled step in per-island storage (island_step)
             cons, res, g, v1, verified, nis, lazy_minv, r1 = blk
             Minv = G = None
-        elif ((nc or cb.has_limits) and type(solver) is NCPSolver and solver.settings.compiled
-              and self._mocap is None):
+        elif (nc or cb.has_limits) and type(solver) is NCPSolver and solver.settings.compiled:
             # the constrained part in one compiled call (limits, assembly, warm start, stage 1)
             # only its upper triangle is filled
             Minv = pin.computeMinverse(model, data, q) if trees is None else trees.minverse(q)
@@ -1324,7 +1337,10 @@ class Simulator:
                     # (at most 3 rows a contact and one a limit: a smaller bound than
                     # BODY_MIN_ROWS takes the variant compiled without the body-space path)
                     Mk if 3 * nc + len(cb.lim_q) >= BODY_MIN_ROWS else None,
-                    bool(st.realizable_bias))
+                    bool(st.realizable_bias),
+                    # (moving mocap geoms: the offsets of their contacts, diffgym.sim.mocap)
+                    _NO_MOCAP if self._mocap is None or not nc else
+                    _mocap_rows(self._mocap.contact_bias(contacts, frames)))
             # (the solve and the check of its solution at v1 in one compiled call)
             (all_ok, nis, nl, its, resid, r1, vs, nprox, F, ints,
              lim_act, J, G) = _constrained_step(*args)
