@@ -212,3 +212,32 @@ def test_compiled_step_equals_the_stage_by_stage_one_with_a_mocap_paddle():
         Dq[:, i] = (sim.step(pin.integrate(sim.model, q, e), v, tau)[1]
                     - sim.step(pin.integrate(sim.model, q, -e), v, tau)[1]) / (2 * eps)
     assert np.abs(jac.dv_dq - Dq).max() < 1e-6 * np.abs(Dq).max()      # measured 4.2e-8
+
+
+def test_keyframe_mpos_mquat_give_the_initial_mocap_pose():
+    """A keyframe's ``mpos``/``mquat`` (MuJoCo's mocap poses of a key): the key that gives q0
+    gives the mocap bodies' initial poses (its geoms moved there: the ball lands on the
+    paddle's new place, 0.3 m higher); every key's are in ``sm.mocap_keyframes``."""
+    xml = MOCAP_KEY.format(key='<keyframe><key name="up" qpos="0 0 1 1 0 0 0" mpos="0 0 0.8" '
+                               'mquat="0.7071068 0 0 0.7071068"/></keyframe>')
+    sim = diffgym.Simulator.from_string(xml)
+    pos, quat = sim.mocap_pose("target")
+    np.testing.assert_allclose(pos, [0, 0, 0.8])
+    np.testing.assert_allclose(quat, [np.sqrt(0.5), 0, 0, np.sqrt(0.5)], atol=1e-7)
+    assert set(sim.sm.mocap_keyframes) == {"up"}
+    q, v = sim.q0.copy(), np.zeros(sim.nv)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for _ in range(400):
+            q, v = sim.step(q, v, np.zeros(sim.nv))
+    assert q[2] == pytest.approx(1.0, abs=2e-3)       # box top 0.9 + radius
+    bad = MOCAP_KEY.format(key='<keyframe><key mpos="0 0"/></keyframe>')
+    with pytest.raises(diffgym.ModelError, match="mpos: expected 3 numbers"):
+        diffgym.Simulator.from_string(bad)
+
+
+MOCAP_KEY = """<mujoco><worldbody>
+<geom name="floor" type="plane" size="5 5 .1"/>
+<body name="target" mocap="true" pos="0 0 0.5"><geom type="box" size="0.1 0.1 0.1"/></body>
+<body name="ball" pos="0 0 1"><freejoint/><geom type="sphere" size="0.1"/></body>
+</worldbody>{key}</mujoco>"""

@@ -644,6 +644,7 @@ class _MJCFBuilder:
                                        dtype=np.int64),
                               [M for _, M in self.mocap_geoms.get(n, [])])
                     for n in self.mocap_order]
+        self._mocap_keyframes(sm)
         # an explicit <pair> has its own friction (MuJoCo's default 1), not the geoms' larger one
         for k, (a, b) in enumerate(sm.pairs):
             mu = self.pair_mu.get((int(a), int(b)), self.pair_mu.get((int(b), int(a))))
@@ -1306,6 +1307,39 @@ class _MJCFBuilder:
             cr = (float(lo), float(hi))
         return Actuator(a.get("name", tname), tname, dofs[0][0] if dofs else -1, gear, cr,
                         tuple(dofs))
+
+    def _mocap_keyframes(self, sm: SimModel) -> None:
+        """Keyframes' ``mpos``/``mquat`` (the mocap bodies' poses, in file order; quat w x y
+        z): ``sm.mocap_keyframes`` {key name: (mpos (nm, 3), mquat (nm, 4))}; the key that
+        gives ``q0`` (the first with a qpos, else the first) gives the mocap bodies' initial
+        poses, as its qpos gives q0."""
+        nm = len(sm.mocap)
+        sm.mocap_keyframes = {}
+        first = None
+        for kf in self.root.findall("keyframe"):
+            for i, key in enumerate(kf.findall("key")):
+                if "mpos" not in key.attrib and "mquat" not in key.attrib:
+                    if first is None and "qpos" in key.attrib:
+                        first = False               # q0 comes from a key without mocap poses
+                    continue
+                what = f"<key name={key.get('name')!r}>"
+                if not nm:
+                    raise self.err(f"{what}: mpos/mquat given but the model has no mocap body",
+                                   key)
+                mp = np.array([b.pose.translation for b in sm.mocap]) if "mpos" not in \
+                    key.attrib else _floats(key.get("mpos"), 3 * nm, f"{what} mpos").reshape(nm, 3)
+                mq = np.array([pin.Quaternion(b.pose.rotation).coeffs()[[3, 0, 1, 2]]
+                               for b in sm.mocap]) if "mquat" not in key.attrib else \
+                    _floats(key.get("mquat"), 4 * nm, f"{what} mquat").reshape(nm, 4)
+                if np.any(np.linalg.norm(mq, axis=1) == 0):
+                    raise self.err(f"{what}: mquat has a zero quaternion", key)
+                name = key.get("name", f"key{i}")
+                sm.mocap_keyframes[name] = (mp, mq)
+                if first is None and ("qpos" in key.attrib or not sm.keyframes):
+                    first = True
+                    for b, p, qw in zip(sm.mocap, mp, mq):
+                        b.pose = pin.SE3(_quat_wxyz_to_matrix(qw), p.copy())
+                        b.from_key = True
 
     def parse_keyframes(self, nq: int) -> dict[str, np.ndarray]:
         out = {}

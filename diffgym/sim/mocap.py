@@ -45,6 +45,7 @@ class MocapBody:
     pose: pin.SE3
     geoms: np.ndarray
     local: list = field(default_factory=list)
+    from_key: bool = False    # pose from a keyframe's mpos/mquat, not the body's own
 
 
 def _quat_wxyz(quat, what: str) -> np.ndarray:
@@ -101,6 +102,9 @@ class MocapState:
                 self.reach[i] = max(self.reach[i], float(np.linalg.norm(M.translation))
                                     + float(sim.sm.geoms[g].bound_radius))
         self.base_margin = float(sim.collision.base_margin)
+        for i, b in enumerate(self.bodies):
+            if b.from_key:                 # (else the geoms already sit at the file's pose)
+                self._place(sim, i)
 
     def body(self, name) -> int:
         if isinstance(name, (int, np.integer)) and not isinstance(name, bool):
