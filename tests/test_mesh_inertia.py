@@ -187,3 +187,91 @@ def test_boundmass_without_boundinertia_on_a_massless_body_refused():
     with pytest.raises(diffgym.ModelError, match=r"<string>:3: <body name='b'>: no mass of its "
                        r"own: <compiler boundmass> gives it a mass but no inertia"):
         diffgym.Simulator.from_string(xml)
+
+
+@pytest.mark.parametrize("ref", ['refpos="1 0.2 0.3"', 'refquat="0.8 0.2 0.4 0.4"',
+                                 'refpos="1 0.2 0.3" refquat="0.8 0.2 0.4 0.4"'])
+def test_mesh_refpos_refquat_follow_mujoco(tmp_path, ref):
+    """``<mesh refpos refquat>``: the mesh's vertices are read in its reference frame, S R^-1 (v -
+    refpos) with the (non-uniform) scale S applied last, as MuJoCo does: the body's mass, centre
+    of mass and inertia, and where the collision shape sits in the world, agree with MuJoCo."""
+    import pinocchio as pin
+    write_obj(tmp_path / "u.obj", *u_prism())
+    (tmp_path / "m.xml").write_text(f"""<mujoco>
+  <asset><mesh name="m" file="u.obj" scale="1.5 0.5 1" {ref}/></asset>
+  <worldbody><body name="b" pos="0.1 0.2 0.3" euler="10 20 30"><freejoint/>
+    <geom name="g" type="mesh" mesh="m" pos="0.3 0 0" euler="0 40 0" density="900"/>
+  </body></worldbody></mujoco>""")
+    sim, m = load_both(tmp_path / "m.xml")
+    mass, com, I = body_inertia_diffgym(sim)
+    mass_mj, com_mj, I_mj = body_inertia_mujoco(m, 1)
+    assert mass == pytest.approx(mass_mj, rel=1e-9)
+    np.testing.assert_allclose(com, com_mj, atol=1e-9)
+    np.testing.assert_allclose(I, I_mj, atol=1e-8 * np.abs(I_mj).max())
+    d = mujoco.MjData(m)
+    mujoco.mj_forward(m, d)
+    a, n = m.mesh_vertadr[0], m.mesh_vertnum[0]
+    V_mj = d.geom_xpos[0] + m.mesh_vert[a:a + n] @ d.geom_xmat[0].reshape(3, 3).T
+    data = sim.model.createData()
+    pin.forwardKinematics(sim.model, data, sim.q0)
+    gdata = pin.GeometryData(sim.geom_model)
+    pin.updateGeometryPlacements(sim.model, data, sim.geom_model, gdata)
+    hull = sim.geom_model.geometryObjects[0].geometry
+    P = np.asarray(hull.points(), dtype=float).reshape(-1, 3)
+    V = gdata.oMg[0].translation + P @ gdata.oMg[0].rotation.T
+    # (MuJoCo stores the vertices in float32)
+    np.testing.assert_allclose(V.min(axis=0), V_mj.min(axis=0), atol=1e-6)
+    np.testing.assert_allclose(V.max(axis=0), V_mj.max(axis=0), atol=1e-6)
+    plain = (tmp_path / "m.xml").read_text().replace(ref, "")
+    (tmp_path / "p.xml").write_text(plain)
+    assert abs(body_inertia_diffgym(load_both(tmp_path / "p.xml")[0])[1] - com).max() > 0.1
+
+
+def test_exactmeshinertia_reads_as_exact(tmp_path):
+    """``<compiler exactmeshinertia="true">`` (MuJoCo before 3.2; MuJoCo 4 no longer parses it):
+    every mesh without its own ``inertia`` takes the exact rule, which MuJoCo gives for
+    ``inertia="exact"``; "false" is the legacy default; another value is refused with its line."""
+    write_obj(tmp_path / "u.obj", *u_prism())
+
+    def doc(compiler, inertia=""):
+        return f"""<mujoco><compiler {compiler}/>
+  <asset><mesh name="m" file="u.obj"{inertia}/></asset><worldbody><body><freejoint/>
+  <geom type="mesh" mesh="m" density="1"/></body></worldbody></mujoco>"""
+
+    (tmp_path / "mj.xml").write_text(doc("", ' inertia="exact"'))
+    exact_mj = mujoco.MjModel.from_xml_path(str(tmp_path / "mj.xml")).body_mass[1]
+    masses = {}
+    for key, compiler, inertia in (("exact", 'exactmeshinertia="true"', ""),
+                                   ("legacy", 'exactmeshinertia="false"', ""),
+                                   ("own", 'exactmeshinertia="true"', ' inertia="convex"')):
+        (tmp_path / "m.xml").write_text(doc(compiler, inertia))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            masses[key] = body_inertia_diffgym(diffgym.Simulator.from_file(
+                str(tmp_path / "m.xml")))[0]
+    assert masses["exact"] == pytest.approx(exact_mj, rel=1e-12) == pytest.approx(5 * H)
+    assert masses["legacy"] > 5 * H * (1 + 1e-3)
+    assert masses["own"] == pytest.approx(6 * H, rel=1e-12)
+    (tmp_path / "m.xml").write_text(doc('exactmeshinertia="yes"'))
+    with pytest.raises(diffgym.ModelError, match=r"m\.xml:1: <compiler exactmeshinertia='yes'>"):
+        diffgym.Simulator.from_file(str(tmp_path / "m.xml"))
+
+
+@pytest.mark.parametrize("inertia", ['diaginertia="1 1 3"', 'fullinertia="1 1 3 0.2 0 0"',
+                                     'diaginertia="1 2 2.5"'])
+def test_balanceinertia_follows_mujoco(inertia):
+    """``<compiler balanceinertia="true">``: principal moments breaking A + B >= C become their
+    mean, as MuJoCo's body_inertia; without it such a body is refused with its line, naming the
+    option; a valid inertia is left as it is."""
+    xml = ('<mujoco><compiler balanceinertia="{}"/><worldbody><body><freejoint/>\n'
+           f'<inertial pos="0 0 0" mass="1" {inertia}/></body></worldbody></mujoco>')
+    m = mujoco.MjModel.from_xml_string(xml.format("true"))
+    sim = diffgym.Simulator.from_string(xml.format("true"))
+    I_mj = body_inertia_mujoco(m, 1)[2]
+    np.testing.assert_allclose(body_inertia_diffgym(sim)[2], I_mj, atol=1e-12)
+    if "2.5" in inertia:
+        diffgym.Simulator.from_string(xml.format("false"))
+        return
+    with pytest.raises(diffgym.ModelError, match=r"<string>:2: .*triangle inequality.*"
+                       r"balanceinertia"):
+        diffgym.Simulator.from_string(xml.format("false"))

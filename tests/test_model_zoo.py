@@ -246,6 +246,12 @@ SIMULATED = [
     ("tendon transmission", doc("", tail='<tendon>\n<fixed name="t"><joint joint="ha" coef="1"/></fixed>\n'
                                 '</tendon>\n<actuator>\n<motor name="m" tendon="t"/>\n</actuator>'),
      '<motor', r"<motor name='m'> tendon='t': actuator transmission other than a joint \[actuator\.transmission\]"),
+    ("mocap body", doc('<body name="c" mocap="true" pos="0 0 0.5">\n<geom type="box" size="0.1 0.1 0.1"/>'
+                       '</body>'), 'name="c"', r"mocap body"),
+    ("balanceinertia", doc('<body name="c" pos="1 0 1">\n<freejoint/><geom type="sphere" size="0.1"/>'
+                           '<inertial mass="1" diaginertia="1 1 3"/></body>',
+                           head='<compiler balanceinertia="true"/>'), "balanceinertia",
+     r"inertias rebalanced"),
 ]
 
 

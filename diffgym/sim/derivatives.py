@@ -1193,8 +1193,9 @@ def step_jacobian(sim, compiled: bool | None = None) -> StepJacobian:
     elif mode is not None and mode.name not in ("exact", "long_range"):
         raise NotImplementedError(f"gradient mode {mode.name!r} is not implemented")
     out = None
-    if sim.__dict__.get("_extra") is not None:
-        compiled = False           # the rows of diffgym.sim.equality: the numpy route only
+    if sim.__dict__.get("_extra") is not None or sim.__dict__.get("_mocap") is not None:
+        # the rows of diffgym.sim.equality, mocap bodies (moving world geoms): the numpy route
+        compiled = False
     sparse = _db.wants_sparse(sim)
     if (COMPILED if compiled is None else compiled) and (sparse or sim.nv >= _db.BLOCK_MIN_NV) \
             and _db.applies(sim, C, system):
@@ -1398,6 +1399,14 @@ def _step_jacobian_reference(sim, C=None, system=None) -> StepJacobian:
                 corr += Jp.reshape(-1, nv).T @ X.reshape(-1, nv) - Jw.reshape(-1, nv).T @ Y.reshape(-1, nv)
                 vrel += sgn * (Jp @ v1)
                 dvrel += sgn * (dV[:, :3] - _cross(p, dV[:, 3:]) + _cross(w, dp))     # 0 for the world
+            mz = sim.__dict__.get("_mocap")
+            if mz is not None and mz.moving():
+                # a moving mocap geom's velocity at the point, in the rows' offsets
+                # (diffgym.sim.mocap): d(R^T w(p))/dq = dR^T w + R^T (angvel x dp)
+                for gs, sgn in ((c.geom1, -1.0), (c.geom2, 1.0)):
+                    wm, om = mz.point_velocity(gs, p)
+                    vrel += sgn * wm
+                    dvrel += sgn * _cross(om, dp)
             RdV = np.einsum("kai,kan->kin", R, dvrel)
             if dR is not None:
                 RdV = np.einsum("kain,ka->kin", dR, vrel) + RdV

@@ -35,6 +35,11 @@ _add = np.add.reduce          # (ndarray.sum without its Python wrapper: the sam
 _minimum = np.minimum.reduce
 # the solver result of a step without constraints (what sim.last reports then)
 _NO_FRAMES = np.zeros((0, 3, 3))
+_NO_MOCAP = np.zeros((0, 3))       # _constrained_step's mocap_b for a model without mocap
+
+
+def _mocap_rows(bb):
+    return _NO_MOCAP if bb is None else np.ascontiguousarray(bb, dtype=np.float64)
 _NO_WARM = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0),
             np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.bool_))
 _NO_RESULT = SolverResult(np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64),
@@ -399,7 +404,7 @@ def _constrained_velocity(pos, frames, geom1, geom2, geom_joint, dist, mu, pair,
                           q, v, lim_q, lim_v, lim_bound, lim_sign, limit_margin, dt, erp, skin,
                           Minv, v_free, warm, pair_w, point_w, lam_w, modes_w, limits_w, lim_act_w,
                           tol, mode_tol, newton_iter, mode_rounds, budget, pair_rest, rest_thr,
-                          rest_spent, Mbody, realizable=False):
+                          rest_spent, Mbody, realizable=False, mocap_b=None):
     """The constrained part of the step in one compiled call: the active joint limits, the
     problem and its islands (constraint.assemble_sparse), Newton's impact law on the normal rows
     of impacting contacts (constraint.restitution_bias, at the pre-step ``v``; ``pair_rest``
@@ -428,6 +433,15 @@ def _constrained_velocity(pos, frames, geom1, geom2, geom_joint, dist, mu, pair,
         lim_idx, lim_dist, lim_v, lim_sign, dt, erp, skin, Minv, v_free)
     rest = restitution_bias(J, b, g, v, dist, pair, pair_rest, nc, dt, erp, skin, rest_thr, j1, j2,
                             joint_tree, rest_spent)
+    if mocap_b is not None and mocap_b.shape[0] == nc:
+        # moving mocap geoms: their velocity at the contact point in the rows' offsets
+        # (diffgym.sim.mocap; (0, 3) for every other model)
+        for k in range(nc):
+            for a in range(3):
+                x = mocap_b[k, a]
+                if x != 0.0:
+                    b[3 * k + a] += x
+                    g[3 * k + a] += x
     m = G.shape[0]
     found = False
     if warm:
@@ -532,7 +546,7 @@ def _constrained_step(pos, frames, geom1, geom2, geom_joint, dist, mu, pair, poi
                       q, v, lim_q, lim_v, lim_bound, lim_sign, limit_margin, dt, erp, skin,
                       Minv, v_free, warm, pair_w, point_w, lam_w, modes_w, limits_w, lim_act_w,
                       tol, mode_tol, newton_iter, mode_rounds, budget, pair_rest, rest_thr,
-                      rest_spent, Mbody, realizable=False):
+                      rest_spent, Mbody, realizable=False, mocap_b=None):
     """``_constrained_velocity`` (same arguments) and, when every island's stage 1 succeeded,
     the check of its solution at the final velocity (``_verify_velocity``), in one compiled call
     that returns only what the common step keeps, packed into three arrays: every array a
@@ -554,7 +568,7 @@ def _constrained_step(pos, frames, geom1, geom2, geom_joint, dist, mu, pair, poi
         sup_idx, joint_tree, tree_lo, tree_hi, q, v, lim_q, lim_v, lim_bound, lim_sign,
         limit_margin, dt, erp, skin, Minv, v_free, warm, pair_w, point_w, lam_w, modes_w,
         limits_w, lim_act_w, tol, mode_tol, newton_iter, mode_rounds, budget, pair_rest, rest_thr,
-        rest_spent, Mbody, realizable)
+        rest_spent, Mbody, realizable, mocap_b)
     all_ok = True
     for s in range(island_ok.shape[0]):
         if not island_ok[s]:
@@ -831,6 +845,12 @@ class Simulator:
         if spec is not None and not spec.empty():
             from .equality import ExtraRows
             self._extra = ExtraRows(sm, spec, erp, self.constraints.skin, margin)
+        # mocap bodies (diffgym.sim.mocap): poses the user sets; their contacts' offsets enter
+        # the compiled step (mocap_b) or the stage-by-stage one (_mocap_offsets)
+        self._mocap = None
+        if getattr(sm, "mocap", None):
+            from .mocap import MocapState
+            self._mocap = MocapState(self, sm.mocap)
         self.cache: dict = {}
         # the rows of q holding unit quaternions (free-flyer and spherical joints), 4 each
         rows = []
@@ -918,7 +938,10 @@ class Simulator:
                 "warm_start": self.warm_start_state(), "warned": self._warned,
                 "last": self.last,
                 "restitution": [float(g.restitution) for g in self.sm.geoms],
-                "jacobian_format": self.jacobian_format}
+                "jacobian_format": self.jacobian_format,
+                "mocap": (None if self.__dict__.get("_mocap") is None else
+                          tuple(a.copy() for a in (self._mocap.pos, self._mocap.R,
+                                                   self._mocap.lin, self._mocap.ang)))}
 
     def __setstate__(self, state) -> None:
         src = state["source"]
@@ -942,6 +965,11 @@ class Simulator:
         self.jacobian_format = state.get("jacobian_format", self.jacobian_format)
         self.sm.update_restitution()
         self.constraints.refresh_restitution()
+        if state.get("mocap") is not None:
+            mz = self._mocap
+            mz.pos[:], mz.R[:], lin, ang = state["mocap"]
+            for i in range(len(mz.names)):
+                mz.set(self, i, vel=lin[i], angvel=ang[i])
 
     # -- properties ------------------------------------------------------------------------
     @property
@@ -1276,8 +1304,8 @@ class Simulator:
                                                                xrows)
         elif not nc and cb.has_limits and not len(cb.active_limits(q, v, dt)[0]):
             cons = None                          # (no contact, no limit within reach)
-        elif trees is not None and (blk := block_step(self, trees, q, v, Jw, contacts,
-                                                      v_free)) is not None:
+        elif trees is not None and self._mocap is None and (
+                blk := block_step(self, trees, q, v, Jw, contacts, v_free)) is not None:
             # large split scenes: the same compiled step in per-island storage (island_step)
             cons, res, g, v1, verified, nis, lazy_minv, r1 = blk
             Minv = G = None
@@ -1309,7 +1337,10 @@ class Simulator:
                     # (at most 3 rows a contact and one a limit: a smaller bound than
                     # BODY_MIN_ROWS takes the variant compiled without the body-space path)
                     Mk if 3 * nc + len(cb.lim_q) >= BODY_MIN_ROWS else None,
-                    bool(st.realizable_bias))
+                    bool(st.realizable_bias),
+                    # (moving mocap geoms: the offsets of their contacts, diffgym.sim.mocap)
+                    _NO_MOCAP if self._mocap is None or not nc else
+                    _mocap_rows(self._mocap.contact_bias(contacts, frames)))
             # (the solve and the check of its solution at v1 in one compiled call)
             (all_ok, nis, nl, its, resid, r1, vs, nprox, F, ints,
              lim_act, J, G) = _constrained_step(*args)
@@ -1343,6 +1374,8 @@ class Simulator:
                     Minv = Minv.reshape(1, 1)
                 cons, G, g, MJt, Minv = cb.assemble(Jw, contacts, limits, dt, Minv, v_free, v,
                                                     spent)
+                if self._mocap is not None:
+                    g = self._mocap_offsets(cons, g)
                 lam0, modes0 = self._warm_start(cons)
                 bias = None
                 if (isinstance(solver, NCPSolver) and type(solver).solve is NCPSolver.solve
@@ -1427,6 +1460,8 @@ class Simulator:
         pre = self.__dict__.get("_toi_pass")
         cons, G0, g0, MJt0, Ms = cb.assemble(Jw, contacts, limits, dt, Minv, v_free, v,
                                              consumed_time(pre) if pre else None)
+        if self._mocap is not None:
+            self._mocap_offsets(cons, g0)
         nc, nl = cons.nc, len(cons.limits)
         MJx = Ms @ xrows.J.T
         J = np.vstack([cons.J, xrows.J])
@@ -1450,6 +1485,56 @@ class Simulator:
         res = SolverResult(lam, sigma, modes, active, its, resid, ok, method + "+rows")
         v1 = v_free + MJt @ lam
         return cons, res, G, g, Ms, v1
+
+    def _mocap_offsets(self, cons, g):
+        """The velocity of moving mocap geoms in the offsets of their contacts' rows
+        (diffgym.sim.mocap): ``cons.b`` and ``g = J v_free + b`` get ``R_k^T (w2 - w1)``."""
+        bb = self._mocap.contact_bias(cons.contacts, cons.frames) if cons.nc else None
+        if bb is None:
+            return g
+        r = 3 * cons.nc
+        cons.b = np.array(cons.b, dtype=np.float64)
+        cons.b[:r] += bb.reshape(-1)
+        g = np.array(g, dtype=np.float64)
+        g[:r] += bb.reshape(-1)
+        return g
+
+    # -- mocap bodies (diffgym.sim.mocap) ----------------------------------------------------
+    @property
+    def mocap_names(self) -> tuple:
+        """The mocap bodies' names, in file order (their indices for ``set_mocap``)."""
+        mz = self.__dict__.get("_mocap")
+        return mz.names if mz is not None else ()
+
+    def set_mocap(self, body, pos=None, quat=None, *, vel=None, angvel=None) -> None:
+        """Place mocap body ``body`` (name or index) for the next steps, as MuJoCo's
+        ``data.mocap_pos[i] = pos; data.mocap_quat[i] = quat``: ``pos`` (3,) world position,
+        ``quat`` (4,) world orientation in MuJoCo's order ``w x y z`` (either left as it is when
+        None). ``vel`` / ``angvel`` (3,): its world linear velocity (of the body origin) and
+        angular velocity during the step, which contacts with it feel; each defaults to the
+        finite difference of the pose this call replaces over ``dt``. Pass ``vel=0, angvel=0``
+        for a jump (a reset). See :mod:`diffgym.sim.mocap`."""
+        mz = self.__dict__.get("_mocap")
+        if mz is None:
+            raise ValueError(f"{self.sm.source}: the model has no mocap body")
+        mz.set(self, body, pos, quat, vel, angvel)
+
+    def mocap_pose(self, body) -> tuple[np.ndarray, np.ndarray]:
+        """(pos (3,), quat (4,) ``w x y z``) of mocap body ``body`` (name or index)."""
+        mz = self.__dict__.get("_mocap")
+        if mz is None:
+            raise ValueError(f"{self.sm.source}: the model has no mocap body")
+        i = mz.body(body)
+        qx = pin.Quaternion(mz.R[i]).coeffs()          # x y z w
+        return mz.pos[i].copy(), np.array([qx[3], qx[0], qx[1], qx[2]])
+
+    def mocap_velocity(self, body) -> tuple[np.ndarray, np.ndarray]:
+        """(vel (3,), angvel (3,)) of mocap body ``body``: what its contacts feel."""
+        mz = self.__dict__.get("_mocap")
+        if mz is None:
+            raise ValueError(f"{self.sm.source}: the model has no mocap body")
+        i = mz.body(body)
+        return mz.lin[i].copy(), mz.ang[i].copy()
 
     def _record_extra(self, cons, res, xrows) -> None:
         """sim.last's fields of the diffgym.sim.equality rows (``constraint_labels``,

@@ -7,7 +7,7 @@ subset of MJCF that rigid-body scenes use:
 * ``<include file>`` (relative to the including file; :mod:`diffgym.sim.xmlsource`), several
   ``<worldbody>``/``<actuator>``/... sections
 * ``<compiler angle eulerseq inertiafromgeom autolimits meshdir assetdir settotalmass
-  boundmass boundinertia>``,
+  boundmass boundinertia balanceinertia exactmeshinertia>``,
   ``<option timestep gravity>``, ``<flag contact constraint limit gravity passive spring damper>``
 * nested ``<default>`` classes and ``childclass``
 * every top-level body (several free bodies in one scene), ``hinge``/``slide``/``ball``/``free``
@@ -17,7 +17,8 @@ subset of MJCF that rigid-body scenes use:
 * ``<inertial>`` or inertia computed from geoms (density 1000 by default), like MuJoCo
 * geoms: plane, sphere, box, capsule, cylinder, ellipsoid and convex meshes (convex hull for
   contact; mass and inertia by MuJoCo's ``<mesh inertia>`` rule: legacy by default, convex,
-  exact or shell, diffgym.sim.mesh_inertia)
+  exact or shell, diffgym.sim.mesh_inertia; ``refpos``/``refquat``: the mesh's reference frame)
+* ``<body mocap="true">``: poses the user sets (``Simulator.set_mocap``, diffgym.sim.mocap)
 * geom ``friction`` (first component), ``contype``/``conaffinity``, ``condim`` 1 (frictionless)
   and 3, ``priority`` (MuJoCo's mixing), ``<contact><exclude>`` and ``<contact><pair>``, and
   MuJoCo's no-parent-child filter
@@ -167,6 +168,8 @@ class _Compiler:
     meshdir: str = ""
     boundmass: float = 0.0
     boundinertia: float = 0.0
+    balanceinertia: bool = False     # principal moments breaking A + B >= C set to their mean
+    exactmeshinertia: bool = False   # (MuJoCo < 3.2) meshes default to inertia="exact"
 
     def angle(self, value: float) -> float:
         return math.radians(value) if self.degree else value
@@ -183,6 +186,7 @@ class _Body:
     weld: str                # name of the body that owns that joint ('world' for jid 0)
     parent: str | None
     children: list[str] = field(default_factory=list)
+    mocap: str | None = None  # the mocap body it is (or is welded under), else None
 
 
 class _MJCFBuilder:
@@ -217,12 +221,15 @@ class _MJCFBuilder:
         self.stiffness: dict[int, tuple[float, float]] = {}
         self.meshes: dict[str, tuple[str, np.ndarray]] = {}
         self.mesh_inertia: dict[str, tuple[str, ET.Element]] = {}   # name: (rule, element)
+        self.mesh_ref: dict[str, tuple[np.ndarray, np.ndarray]] = {}  # name: (refpos, R)
         self.sites: dict[str, tuple[_Body, pin.SE3, ET.Element]] = {}  # in the joint's frame
         self._mesh_mass: dict[str, tuple[float, np.ndarray, np.ndarray]] = {}
         self.dt = 0.002
         self.gravity = np.array([0.0, 0.0, -9.81])
         self._unnamed = 0
         self.pair_mu: dict[tuple[int, int], float] = {}
+        self.mocap_order: list[str] = []                 # mocap bodies in file order
+        self.mocap_geoms: dict[str, list] = {}           # name: [(geom, pose in the body)]
 
     # -- document-level parsing -------------------------------------------------------
     def err(self, msg: str, el: ET.Element | None = None) -> ModelError:
@@ -255,6 +262,12 @@ class _MJCFBuilder:
                         raise self.err(f"<compiler {key}={a[key]!r}>: must be finite and >= 0",
                                        comp)
                     setattr(self.compiler, key, val)
+            for key in ("balanceinertia", "exactmeshinertia"):
+                if key in a:
+                    if a[key] not in ("true", "false"):
+                        raise self.err(f"<compiler {key}={a[key]!r}>: expected true or false",
+                                       comp)
+                    setattr(self.compiler, key, a[key] == "true")
             if "settotalmass" in a:
                 self.settotalmass = float(_floats(a["settotalmass"], 1, "<compiler settotalmass>")[0])
             if a.get("coordinate", "local") != "local":
@@ -398,12 +411,27 @@ class _MJCFBuilder:
         path = os.path.join(self.base_dir, self.compiler.meshdir, file)
         a = self.attrs(el, None)
         scale = _floats(a.get("scale", "1 1 1"), 3, f"<mesh name={name!r}> scale")
-        mode = a.get("inertia", "legacy")     # (MuJoCo's default, kept for old files)
+        # (legacy: MuJoCo's default, kept for old files; MuJoCo before 3.2 read
+        # <compiler exactmeshinertia="true"> as exact for every mesh, which 3.2 replaced with
+        # this attribute; its own attribute wins)
+        mode = a.get("inertia", "exact" if self.compiler.exactmeshinertia else "legacy")
         if mode not in MESH_INERTIA_MODES:
             raise self.err(f"<mesh name={name!r}>: inertia={mode!r} (expected one of "
                            f"{', '.join(MESH_INERTIA_MODES)})", el)
         self.meshes[name] = (path, scale)
         self.mesh_inertia[name] = (mode, el)
+        # MuJoCo's mesh reference frame: the vertices are read as S R^-1 (v - refpos), R the
+        # rotation of refquat (w x y z) and S the scale (MuJoCo's order, checked against it)
+        if "refpos" in a or "refquat" in a:
+            rp = _floats(a.get("refpos", "0 0 0"), 3, f"{self.src.where(el)}: <mesh name={name!r}> "
+                         "refpos")
+            rq = _floats(a.get("refquat", "1 0 0 0"), 4, f"{self.src.where(el)}: <mesh "
+                         f"name={name!r}> refquat")
+            if not np.linalg.norm(rq) > 0:
+                raise self.err(f"<mesh name={name!r}>: refquat={a['refquat']!r} is zero", el)
+            R = _quat_wxyz_to_matrix(rq)
+            if np.any(rp != 0) or not np.allclose(R, np.eye(3), rtol=0, atol=0):
+                self.mesh_ref[name] = (rp, R)
 
     # -- frames -----------------------------------------------------------------------
     def rotation(self, a: dict[str, str], what: str) -> np.ndarray:
@@ -508,7 +536,18 @@ class _MJCFBuilder:
             if not os.path.isfile(path):
                 raise self.err(f"{what}: mesh file {path!r} not found")
             try:
-                bvh = coal.MeshLoader().load(path, scale)
+                ref = self.mesh_ref.get(mname)
+                if ref is None:
+                    bvh = coal.MeshLoader().load(path, scale)
+                else:                # (refpos / refquat: the vertices in the mesh's frame)
+                    raw = coal.MeshLoader().load(path, np.ones(3))
+                    V, F = bvh_triangles(raw)
+                    V = ((V - ref[0]) @ ref[1]) * np.asarray(scale, float)
+                    bvh = coal.BVHModelOBBRSS()
+                    bvh.beginModel(len(F), len(V))
+                    bvh.addVertices(np.ascontiguousarray(V))
+                    bvh.addTriangles(np.ascontiguousarray(F, dtype=np.int64))
+                    bvh.endModel()
                 bvh.buildConvexHull(True, "Qt")
                 shape = bvh.convex
             except Exception as exc:  # coal raises plain RuntimeErrors
@@ -599,6 +638,13 @@ class _MJCFBuilder:
         sm.stiffness = {} if self.no_springs else self.stiffness
         sm.refused_ignored = list(self.refusals.ignored_keys)
         sm.constraint_spec = self.parse_constraint_spec(q0_ref)
+        from .mocap import MocapBody
+        sm.mocap = [MocapBody(n, self.bodies[n].placement.copy(),
+                              np.array([g for g, _ in self.mocap_geoms.get(n, [])],
+                                       dtype=np.int64),
+                              [M for _, M in self.mocap_geoms.get(n, [])])
+                    for n in self.mocap_order]
+        self._mocap_keyframes(sm)
         # an explicit <pair> has its own friction (MuJoCo's default 1), not the geoms' larger one
         for k, (a, b) in enumerate(sm.pairs):
             mu = self.pair_mu.get((int(a), int(b)), self.pair_mu.get((int(b), int(a))))
@@ -616,6 +662,7 @@ class _MJCFBuilder:
         T = parent.placement * local          # body frame in the parent joint's frame
         jid, weld = parent.jid, parent.weld
         joints = [j for j in el if j.tag in ("joint", "freejoint")]
+        mocap = self._mocap_body(el, name, parent, joints)
         for j in joints:
             a = self.attrs(j, childclass)
             jtype = "free" if j.tag == "freejoint" else a.get("type", "hinge")
@@ -700,6 +747,12 @@ class _MJCFBuilder:
         body = _Body(name, jid, T, 0, weld, parent.name)
         parent.children.append(name)
         self.bodies[name] = body
+        # (a mocap body and the jointless bodies under it: their geoms move with its pose)
+        body.mocap = mocap if mocap is not None else getattr(parent, "mocap", None)
+        if body.mocap is not None and body.mocap != name and joints:
+            raise self.err(f"{what}: a body with joints under the mocap body {body.mocap!r} is "
+                           "not supported (its joints would move with the pose the user sets; "
+                           "MuJoCo's mocap bodies drive such bodies through an <equality>)", el)
         body.frame_id = self.model.addBodyFrame(name, jid, T, parent.frame_id)
         for site in el.findall("site"):
             self._add_site(site, body, childclass)
@@ -754,8 +807,15 @@ class _MJCFBuilder:
             else:
                 raise self.err(f"{what} <inertial>: needs diaginertia or fullinertia", inertial)
             problem = inertia_problem(I)
+            if problem and self.compiler.balanceinertia and "triangle" in problem:
+                # MuJoCo's <compiler balanceinertia="true">: the three principal moments set
+                # to their mean (checked against MuJoCo, tests/test_mesh_inertia.py)
+                I = np.eye(3) * (np.trace(I) / 3.0)
+                problem = ""
             if problem:
-                raise self.err(f"{what} <inertial>: {key}={a[key]!r} {problem}", inertial)
+                hint = ("; <compiler balanceinertia=\"true\"> sets the moments to their mean, "
+                        "as in MuJoCo") if "triangle" in problem else ""
+                raise self.err(f"{what} <inertial>: {key}={a[key]!r} {problem}{hint}", inertial)
             pos = _floats(a.get("pos", "0 0 0"), 3, f"{what} <inertial> pos")
             mass, I = self._bounded(mass, I)
             if jid == 0:
@@ -764,6 +824,24 @@ class _MJCFBuilder:
                 self.model.appendBodyToJoint(jid, pin.Inertia(mass, pos, R @ I @ R.T), T)
         for child in el.findall("body"):
             self.add_body(child, body, childclass)
+
+    def _mocap_body(self, el: ET.Element, name: str, parent: _Body, joints) -> str | None:
+        """``mocap="true"``: MuJoCo's rules (a child of the world without joints) checked with
+        the line; returns the name (its geoms are world geoms whose pose the user sets,
+        ``Simulator.set_mocap``) or None."""
+        val = el.get("mocap", "false")
+        if val not in ("true", "false"):
+            raise self.err(f"<body name={name!r}>: mocap={val!r} (expected true or false)", el)
+        if val != "true":
+            return None
+        if parent.name != "world":
+            raise self.err(f"<body name={name!r}> mocap='true': a mocap body must be a child of "
+                           f"the world (it is in {parent.name!r}; MuJoCo refuses it too)", el)
+        if joints:
+            raise self.err(f"<body name={name!r}> mocap='true': a mocap body cannot have joints "
+                           "(MuJoCo refuses it too)", el)
+        self.mocap_order.append(name)
+        return name
 
     def _add_site(self, el: ET.Element, body: _Body, childclass: str | None) -> None:
         """A named site's frame in its body's joint frame (equality constraints name sites)."""
@@ -834,6 +912,16 @@ class _MJCFBuilder:
         self.geom_el.append(el)
         self.geom_attrs.append(a)
         self.geom_body_index.append(body.name)
+        mb = getattr(body, "mocap", None)
+        if mb is not None:
+            if kind == "plane":
+                raise self.err(f"{what}: a plane on the mocap body {mb!r} is not supported (a "
+                               "moving half-space; use a box)", el)
+            # (the geom's placement in the mocap body's frame: body.placement is the body's
+            # world pose, the mocap body's own one times the jointless bodies' in between)
+            root = self.bodies[mb].placement
+            self.mocap_geoms.setdefault(mb, []).append((len(self.geoms) - 1,
+                                                        root.actInv(placement)))
         if body.name == "world" or kind == "plane":
             return None
         # (a zero mass or density is MuJoCo's massless geom, e.g. a visual; negative or
@@ -1089,6 +1177,12 @@ class _MJCFBuilder:
                     else:
                         b1 = self._body_of(a.get("body1"), what, el)
                         b2 = self._body_of(a.get("body2", "world"), what, el)
+                    for b in (b1, b2):
+                        if b.mocap is not None:
+                            raise self.err(f"{what}: {b.name!r} is (on) the mocap body "
+                                           f"{b.mocap!r}: an equality with a mocap body is not "
+                                           "supported (it would hold the pose the file gives, "
+                                           "not the one Simulator.set_mocap sets)", el)
                     if b1.jid == b2.jid:
                         raise self.err(f"{what}: body1 {b1.name!r} and body2 {b2.name!r} move "
                                        "rigidly together: the constraint does nothing", el)
@@ -1213,6 +1307,39 @@ class _MJCFBuilder:
             cr = (float(lo), float(hi))
         return Actuator(a.get("name", tname), tname, dofs[0][0] if dofs else -1, gear, cr,
                         tuple(dofs))
+
+    def _mocap_keyframes(self, sm: SimModel) -> None:
+        """Keyframes' ``mpos``/``mquat`` (the mocap bodies' poses, in file order; quat w x y
+        z): ``sm.mocap_keyframes`` {key name: (mpos (nm, 3), mquat (nm, 4))}; the key that
+        gives ``q0`` (the first with a qpos, else the first) gives the mocap bodies' initial
+        poses, as its qpos gives q0."""
+        nm = len(sm.mocap)
+        sm.mocap_keyframes = {}
+        first = None
+        for kf in self.root.findall("keyframe"):
+            for i, key in enumerate(kf.findall("key")):
+                if "mpos" not in key.attrib and "mquat" not in key.attrib:
+                    if first is None and "qpos" in key.attrib:
+                        first = False               # q0 comes from a key without mocap poses
+                    continue
+                what = f"<key name={key.get('name')!r}>"
+                if not nm:
+                    raise self.err(f"{what}: mpos/mquat given but the model has no mocap body",
+                                   key)
+                mp = np.array([b.pose.translation for b in sm.mocap]) if "mpos" not in \
+                    key.attrib else _floats(key.get("mpos"), 3 * nm, f"{what} mpos").reshape(nm, 3)
+                mq = np.array([pin.Quaternion(b.pose.rotation).coeffs()[[3, 0, 1, 2]]
+                               for b in sm.mocap]) if "mquat" not in key.attrib else \
+                    _floats(key.get("mquat"), 4 * nm, f"{what} mquat").reshape(nm, 4)
+                if np.any(np.linalg.norm(mq, axis=1) == 0):
+                    raise self.err(f"{what}: mquat has a zero quaternion", key)
+                name = key.get("name", f"key{i}")
+                sm.mocap_keyframes[name] = (mp, mq)
+                if first is None and ("qpos" in key.attrib or not sm.keyframes):
+                    first = True
+                    for b, p, qw in zip(sm.mocap, mp, mq):
+                        b.pose = pin.SE3(_quat_wxyz_to_matrix(qw), p.copy())
+                        b.from_key = True
 
     def parse_keyframes(self, nq: int) -> dict[str, np.ndarray]:
         out = {}

@@ -113,13 +113,8 @@ RULES: tuple[Rule, ...] = (
          when=lambda a, c: a.get("fluidshape", "none") != "none"),
     Rule("geom.shellinertia", "shell inertia", path="geom", attr="shellinertia",
          when=lambda a, c: a.get("shellinertia", "false") == "true"),
-    Rule("body.mocap", "mocap body (a pose the user sets each step, moving the bodies in "
-         "contact with it; ignored, it stays welded to the world where the file puts it)",
-         path="body", attr="mocap", when=lambda a, c: a.get("mocap", "false") == "true"),
     Rule("body.gravcomp", "gravity compensation", path="body", attr="gravcomp",
          when=lambda a, c: _num(a, "gravcomp") != 0.0),
-    Rule("compiler.balanceinertia", "inertias rebalanced by the compiler", path="compiler",
-         attr="balanceinertia", when=lambda a, c: a.get("balanceinertia") == "true"),
     Rule("compiler.inertiagrouprange", "inertia from a subset of geom groups", path="compiler",
          attr="inertiagrouprange", when=lambda a, c: _nums(a, "inertiagrouprange") not in ([], [0, 5])),
     # (anywhere: in <worldbody> as in a <body>)
@@ -163,7 +158,8 @@ RULES: tuple[Rule, ...] = (
 # its row.
 SUPPORTED_NOW: tuple[str, ...] = ("equality.connect", "equality.weld", "equality.joint",
                                   "tendon.fixed", "joint.ball_range", "joint.mimic",
-                                  "compiler.boundmass", "compiler.boundinertia")
+                                  "compiler.boundmass", "compiler.boundinertia",
+                                  "body.mocap", "compiler.balanceinertia")
 
 # Simulated elements a user may still leave out by name with ``ignore_unsupported`` (the loader
 # drops them and warns, :class:`UnsupportedIgnoredWarning`, as for an ignored refusal): joint dry
