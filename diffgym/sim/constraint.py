@@ -706,11 +706,12 @@ class ConstraintBuilder:
 
     def assemble(self, Jw: np.ndarray, contacts: Contacts, limits, dt: float, Minv: np.ndarray,
                  v_free: np.ndarray, v: np.ndarray | None = None,
-                 spent: np.ndarray | None = None):
+                 spent: np.ndarray | None = None, drift: np.ndarray | None = None):
         """Constraints and the problem (G, g, M^-1 J^T) from the world-frame joint Jacobians
         ``Jw`` (pinocchio's data.J after computeJointJacobians) in one compiled pass. ``v``: the
         pre-step velocity (Newton's impact law); ``spent``: the time already drifted per dof (a
-        later pass of ``impact_time.impact_substep``)."""
+        later pass of ``impact_time.impact_substep``); ``drift``: (nc,) terms added to the
+        normal rows' offsets (support_drift), or None."""
         lim_idx, lim_dist = limits
         nc = len(contacts)
         frames = contacts.frames
@@ -732,6 +733,9 @@ class ConstraintBuilder:
                 nc, dt, self.erp, self.skin, self.restitution_thr(dt), j1, j2, self.joint_tree,
                 _NO_SPENT if spent is None else np.ascontiguousarray(spent, dtype=float))
             rest, rtime = rb
+        if drift is not None and nc:
+            b[2:3 * nc:3] += drift
+            g[2:3 * nc:3] += drift
         cons = Constraints(J, b, nc, contacts.mu, frames, contacts, lim_idx, lim_dist, contacts.dist,
                            rest, rtime)
         return cons, G, g, MJt, Ms

@@ -65,6 +65,7 @@ import pinocchio as pin
 from . import derivative_blocks as _db
 from . import derivative_kernels as K
 from . import collision_derivatives as _cd
+from . import support_drift as _support_drift
 from .collision_derivatives import (POLYTOPE_KINDS, capsule_pair, convex_pair,  # noqa: F401
                                     cylinder_box_pair, face_pair, polytope_pair, polytope_pairs)
 from .collision_driver import tighten_requests
@@ -1207,6 +1208,9 @@ def step_jacobian(sim, compiled: bool | None = None) -> StepJacobian:
         out = _step_jacobian_reference(sim, C, system)
     # the gravity term of Newton's impact law (constraint.restitution_bias), on either route
     bias = _impact_gravity(sim, C, system, out)
+    # an ellipsoid's support point on a plane: the second-order offset (support_drift; never
+    # with restitution, so never with the impact terms below), on either route
+    _support_drift.correct_jacobian(sim, C, system, out)
     C = sim.cache
     if C.get("impact_times") is not None or C.get("impact_pre") is not None:
         # impacts at their time inside the step (diffgym.sim.impact_time)

@@ -40,6 +40,7 @@ _NO_MOCAP = np.zeros((0, 3))       # _constrained_step's mocap_b for a model wit
 
 def _mocap_rows(bb):
     return _NO_MOCAP if bb is None else np.ascontiguousarray(bb, dtype=np.float64)
+_NO_DRIFT = np.zeros(0)   # _constrained_step's ``drift`` where no contact has one (support_drift)
 _NO_WARM = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0),
             np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.bool_))
 _NO_RESULT = SolverResult(np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64),
@@ -404,7 +405,7 @@ def _constrained_velocity(pos, frames, geom1, geom2, geom_joint, dist, mu, pair,
                           q, v, lim_q, lim_v, lim_bound, lim_sign, limit_margin, dt, erp, skin,
                           Minv, v_free, warm, pair_w, point_w, lam_w, modes_w, limits_w, lim_act_w,
                           tol, mode_tol, newton_iter, mode_rounds, budget, pair_rest, rest_thr,
-                          rest_spent, Mbody, realizable=False, mocap_b=None):
+                          rest_spent, Mbody, realizable=False, mocap_b=None, drift=None):
     """The constrained part of the step in one compiled call: the active joint limits, the
     problem and its islands (constraint.assemble_sparse), Newton's impact law on the normal rows
     of impacting contacts (constraint.restitution_bias, at the pre-step ``v``; ``pair_rest``
@@ -442,6 +443,11 @@ def _constrained_velocity(pos, frames, geom1, geom2, geom_joint, dist, mu, pair,
                 if x != 0.0:
                     b[3 * k + a] += x
                     g[3 * k + a] += x
+    if drift is not None and drift.shape[0] == nc:
+        # an ellipsoid's support point: the second-order term of its distance (support_drift)
+        for k in range(nc):
+            b[3 * k + 2] += drift[k]
+            g[3 * k + 2] += drift[k]
     m = G.shape[0]
     found = False
     if warm:
@@ -546,7 +552,7 @@ def _constrained_step(pos, frames, geom1, geom2, geom_joint, dist, mu, pair, poi
                       q, v, lim_q, lim_v, lim_bound, lim_sign, limit_margin, dt, erp, skin,
                       Minv, v_free, warm, pair_w, point_w, lam_w, modes_w, limits_w, lim_act_w,
                       tol, mode_tol, newton_iter, mode_rounds, budget, pair_rest, rest_thr,
-                      rest_spent, Mbody, realizable=False, mocap_b=None):
+                      rest_spent, Mbody, realizable=False, mocap_b=None, drift=None):
     """``_constrained_velocity`` (same arguments) and, when every island's stage 1 succeeded,
     the check of its solution at the final velocity (``_verify_velocity``), in one compiled call
     that returns only what the common step keeps, packed into three arrays: every array a
@@ -568,7 +574,7 @@ def _constrained_step(pos, frames, geom1, geom2, geom_joint, dist, mu, pair, poi
         sup_idx, joint_tree, tree_lo, tree_hi, q, v, lim_q, lim_v, lim_bound, lim_sign,
         limit_margin, dt, erp, skin, Minv, v_free, warm, pair_w, point_w, lam_w, modes_w,
         limits_w, lim_act_w, tol, mode_tol, newton_iter, mode_rounds, budget, pair_rest, rest_thr,
-        rest_spent, Mbody, realizable, mocap_b)
+        rest_spent, Mbody, realizable, mocap_b, drift)
     all_ok = True
     for s in range(island_ok.shape[0]):
         if not island_ok[s]:
@@ -1273,6 +1279,9 @@ class Simulator:
             pin.computeJointJacobians(model, data)
         Jw = data.J.reshape(6, nv).copy()   # (eigenpy gives a (6,) vector when nv = 1)
         contacts = self._last_contacts = self.collision.detect(data, self.geom_data, dt, v)
+        # the second-order term of an ellipsoid's support point on a plane at the step's own
+        # angular velocity (support_drift.fixed_point): None, or "v1" where the step has it
+        drift_at = None
 
         ex = self.__dict__.get("_extra")
         if len(self._stiff_idx) or (ex is not None and ex.passive):
@@ -1300,14 +1309,16 @@ class Simulator:
             xrows = ex.rows(q, v, dt)
         if xrows is not None and xrows.m:
             # the stage-by-stage path with the rows of diffgym.sim.equality after the others
-            cons, res, G, g, Minv, v1 = self._solve_with_extra(q, v, Jw, contacts, v_free,
-                                                               xrows)
+            (cons, res, G, g, Minv, v1), drift_at = support_fixed_point(
+                self, contacts, Jw, v,
+                lambda d: self._solve_with_extra(q, v, Jw, contacts, v_free, xrows, drift=d),
+                lambda o: o[5] if o[1].converged else None)
         elif not nc and cb.has_limits and not len(cb.active_limits(q, v, dt)[0]):
             cons = None                          # (no contact, no limit within reach)
         elif trees is not None and self._mocap is None and (
                 blk := block_step(self, trees, q, v, Jw, contacts, v_free)) is not None:
             # large split scenes: the same compiled step in per-island storage (island_step)
-            cons, res, g, v1, verified, nis, lazy_minv, r1 = blk
+            cons, res, g, v1, verified, nis, lazy_minv, r1, drift_at = blk
             Minv = G = None
         elif (nc or cb.has_limits) and type(solver) is NCPSolver and solver.settings.compiled:
             # the constrained part in one compiled call (limits, assembly, warm start, stage 1)
@@ -1341,9 +1352,21 @@ class Simulator:
                     # (moving mocap geoms: the offsets of their contacts, diffgym.sim.mocap)
                     _NO_MOCAP if self._mocap is None or not nc else
                     _mocap_rows(self._mocap.contact_bias(contacts, frames)))
+
+            def solve_pass(drift):
+                a = args + (_NO_DRIFT if drift is None else drift,)
+                return a, _constrained_step(*a)
+
+            def pass_velocity(o):
+                out = o[1]
+                if not out[0]:                 # (a later stage to run: v1 is not complete)
+                    return None
+                o1 = out[2] + 4 * out[12].shape[0]
+                return out[8][o1:o1 + nv]
             # (the solve and the check of its solution at v1 in one compiled call)
-            (all_ok, nis, nl, its, resid, r1, vs, nprox, F, ints,
-             lim_act, J, G) = _constrained_step(*args)
+            (args, out), drift_at = support_fixed_point(self, contacts, Jw, v, solve_pass,
+                                                        pass_velocity)
+            (all_ok, nis, nl, its, resid, r1, vs, nprox, F, ints, lim_act, J, G) = out
             (lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, v1,
              rest) = _unpack_step(F, ints, J, G, nc, nl, nv)
             if G.shape[0]:
@@ -1372,21 +1395,26 @@ class Simulator:
                         else trees.minverse(q))
                 if nv == 1:
                     Minv = Minv.reshape(1, 1)
-                cons, G, g, MJt, Minv = cb.assemble(Jw, contacts, limits, dt, Minv, v_free, v,
-                                                    spent)
-                if self._mocap is not None:
-                    g = self._mocap_offsets(cons, g)
-                lam0, modes0 = self._warm_start(cons)
-                bias = None
-                if (isinstance(solver, NCPSolver) and type(solver).solve is NCPSolver.solve
-                        and solver.settings.realizable_bias):
-                    # (solve_stage1's retry with realizable offsets: cons.b and g in place; a
-                    # subclass overriding solve() keeps its own call, without the retry)
-                    g = np.array(g, dtype=np.float64)
-                    cons.b = np.array(cons.b, dtype=np.float64)
-                    bias = (cons.b, cb.realizable_rows(cons))
-                res = self._solve(solver, G, g, cons, lam0, modes0, v, bias=bias)
-                v1 = v_free + MJt @ res.lam
+                Minv0 = Minv
+
+                def solve_pass(drift):
+                    cons, G, g, MJt, Minv = cb.assemble(Jw, contacts, limits, dt, Minv0, v_free,
+                                                        v, spent, drift=drift)
+                    if self._mocap is not None:
+                        g = self._mocap_offsets(cons, g)
+                    lam0, modes0 = self._warm_start(cons)
+                    bias = None
+                    if (isinstance(solver, NCPSolver) and type(solver).solve is NCPSolver.solve
+                            and solver.settings.realizable_bias):
+                        # (solve_stage1's retry with realizable offsets: cons.b and g in place;
+                        # a subclass overriding solve() keeps its own call, without the retry)
+                        g = np.array(g, dtype=np.float64)
+                        cons.b = np.array(cons.b, dtype=np.float64)
+                        bias = (cons.b, cb.realizable_rows(cons))
+                    res = self._solve(solver, G, g, cons, lam0, modes0, v, bias=bias)
+                    return cons, G, g, MJt, Minv, res, v_free + MJt @ res.lam
+                (cons, G, g, MJt, Minv, res, v1), drift_at = support_fixed_point(
+                    self, contacts, Jw, v, solve_pass, lambda o: o[6] if o[5].converged else None)
         else:
             cons = None
         if cons is None:
@@ -1436,7 +1464,7 @@ class Simulator:
         # (a dict display: cheaper than dict(...) with keywords, every step)
         self.cache = {"q": q, "v": v, "tau": tau, "tau_total": tau_total, "a_free": a_free,
                       "v_free": v_free, "cons": cons, "res": res, "Minv": Minv, "G": G, "g": g,
-                      "v1": v1, "q1": q1, "impact_times": toi}
+                      "v1": v1, "q1": q1, "impact_times": toi, "support_drift": drift_at}
         if blk is not None:        # (G and M^-1 made dense only when read: island_step)
             self.cache = BlockCache(self.cache, cons, lazy_minv)
         if jacobian:
@@ -1445,7 +1473,7 @@ class Simulator:
             return q1, v1, jac
         return q1, v1
 
-    def _solve_with_extra(self, q, v, Jw, contacts, v_free, xrows):
+    def _solve_with_extra(self, q, v, Jw, contacts, v_free, xrows, drift=None):
         """The constrained velocity with the rows of :mod:`diffgym.sim.equality` (equality
         constraints, dry friction, ball and tendon limits) after the contact and joint-limit
         rows: assembly of all rows, the mixed solve (``ExtraRows.solve``) and ``v1``."""
@@ -1459,7 +1487,8 @@ class Simulator:
         # (v: Newton's impact law of restitution contacts, as on the path without these rows)
         pre = self.__dict__.get("_toi_pass")
         cons, G0, g0, MJt0, Ms = cb.assemble(Jw, contacts, limits, dt, Minv, v_free, v,
-                                             consumed_time(pre) if pre else None)
+                                             consumed_time(pre) if pre else None,
+                                             drift=drift)
         if self._mocap is not None:
             self._mocap_offsets(cons, g0)
         nc, nl = cons.nc, len(cons.limits)
@@ -1661,3 +1690,4 @@ class Simulator:
 
 # (at the end: island_step reads this module's compiled warm start)
 from .island_step import BlockCache, block_step  # noqa: E402
+from .support_drift import fixed_point as support_fixed_point  # noqa: E402

@@ -116,7 +116,8 @@ def constrained_step_blocks(pos, frames, geom1, geom2, geom_joint, dist, mu, pai
                             support, sup_ptr, sup_idx, joint_tree, tree_lo, tree_hi, q, v, lim_q,
                             lim_v, lim_bound, lim_sign, limit_margin, dt, erp, skin, Mb, moff,
                             v_free, warm, pair_w, point_w, lam_w, modes_w, limits_w, lim_act_w,
-                            tol, mode_tol, newton_iter, mode_rounds, budget, realizable=False):
+                            tol, mode_tol, newton_iter, mode_rounds, budget, realizable=False,
+                            drift=None):
     """``forward._constrained_step`` (without restitution) on per-island storage: the active
     limits, ``constraint.assemble_blocks``, the warm start, stage 1 per island, ``v1`` and the
     check of the solution at ``v1``. Returns (all_ok, lim_idx, lim_dist, lam, sigma, modes,
@@ -138,6 +139,10 @@ def constrained_step_blocks(pos, frames, geom1, geom2, geom_joint, dist, mu, pai
                          tree_hi, joint_tree, lim_idx, lim_dist, lim_v, lim_sign, dt, erp, skin,
                          Mb, moff, v_free)
     Jv, nz, nnz, b, g, rt, MJc, isl_c, isl_l, nis, ptr, rows, cptr, cs, lptr, ls, gptr, Gb = st
+    if drift is not None and drift.shape[0] == nc:
+        for k in range(nc):          # (support_drift: an ellipsoid's support point)
+            b[3 * k + 2] += drift[k]
+            g[3 * k + 2] += drift[k]
     m = b.shape[0]
     nl = m - 3 * nc
     found = False
@@ -300,7 +305,7 @@ class BlockCache(dict):
 def block_step(sim, trees, q, v, Jw, contacts, v_free):
     """The constrained part of ``sim``'s step in per-island storage (module docstring), or None
     where it does not apply (then the dense path runs): (cons, res, g, v1, verified, islands,
-    Minv maker)."""
+    Minv maker, verify residual, support_drift.fixed_point's ``how``)."""
     cb, solver = sim.constraints, sim.solver
     nc, nv = len(contacts), sim.nv
     if (not nc or len(cb.pair_restitution) or type(solver) is not NCPSolver
@@ -316,14 +321,21 @@ def block_step(sim, trees, q, v, Jw, contacts, v_free):
         frames = tangent_frames(contacts.normal)
     w = sim._warm
     st = solver.settings
-    from .forward import _NO_WARM
-    out = constrained_step_blocks(
-        contacts.pos, frames, contacts.geom1, contacts.geom2, cb.geom_joint, contacts.dist,
-        contacts.mu, contacts.pair, contacts.point, Jw, cb.support, cb.sup_ptr, cb.sup_idx,
-        cb.joint_tree, cb.tree_lo, cb.tree_hi, q, v, cb.lim_q, cb.lim_v, cb.lim_bound,
-        cb.lim_sign, cb.limit_margin, sim.dt, cb.erp, cb.skin, Mb, moff, v_free, w is not None,
-        *(w if w is not None else _NO_WARM), st.tol, st.mode_tol, st.newton_iter,
-        st.mode_rounds, st.newton_budget, bool(st.realizable_bias))
+    from .forward import _NO_DRIFT, _NO_WARM
+    from .support_drift import fixed_point
+
+    def solve_pass(drift):
+        return constrained_step_blocks(
+            contacts.pos, frames, contacts.geom1, contacts.geom2, cb.geom_joint, contacts.dist,
+            contacts.mu, contacts.pair, contacts.point, Jw, cb.support, cb.sup_ptr, cb.sup_idx,
+            cb.joint_tree, cb.tree_lo, cb.tree_hi, q, v, cb.lim_q, cb.lim_v, cb.lim_bound,
+            cb.lim_sign, cb.limit_margin, sim.dt, cb.erp, cb.skin, Mb, moff, v_free,
+            w is not None, *(w if w is not None else _NO_WARM), st.tol, st.mode_tol,
+            st.newton_iter, st.mode_rounds, st.newton_budget, bool(st.realizable_bias),
+            _NO_DRIFT if drift is None else drift)
+    # (an ellipsoid's support point: its offsets at the step's own v1, support_drift)
+    out, drift_at = fixed_point(sim, contacts, Jw, v, solve_pass,
+                                lambda o: o[10] if o[0] else None)
     (all_ok, island_ok, lim_idx, lim_dist, lam, sigma, modes, lim_act, its, resid, v1, r1, vs,
      nprox, storage) = out
     cons = BlockConstraints(storage, nv, storage[3], nc, contacts.mu, frames, contacts, lim_idx,
@@ -345,4 +357,4 @@ def block_step(sim, trees, q, v, Jw, contacts, v_free):
         r1, vs = verify_blocks(Jv, nz, nnz, b, ptr, rows, gptr, Gb, v1, res.lam, nc, contacts.mu)
         verified = r1 <= max(100.0 * st.tol, 1e-9 * vs)
     return (cons, res, storage[4], v1, verified, int(storage[9]), lambda: trees.minverse(q),
-            float(r1))
+            float(r1), drift_at)

@@ -1,0 +1,260 @@
+"""Second-order drift of a curved support point: an ellipsoid rolling on a static plane.
+
+A contact row is first order in the step: ``sigma_N = J_N v1 + b`` moves the contact point as a
+material point of the body, ``d(q1) = d + dt J_N v1 + O(dt^2)``. For a body-fixed point (a box
+corner, a sphere's or capsule's rolling centre offset by its radius) the second-order term is
+the centripetal one, which lifts the lowest points off the plane: never a penetration. An
+ellipsoid's contact is its support point, which slides over the surface as the body turns: its
+distance to the plane is ``d = n . c - h - s``, ``s = sqrt(n^T E n)``, ``E = R diag(r^2) R^T``,
+and for a rotation at a constant body-frame rate (a free body's step ``R1 = R exp(dt w)``, a
+revolute joint's) the step misses ``-dt^2 s'' / 2`` of it, where, in the geom's frame
+(``a = R^T n``, ``w = R^T omega``, ``D = diag(r^2)``),
+
+    u1 = a x w (= a'),  u2 = w x (w x a) (= a''),
+    s'' = (u1^T D u1 + a^T D u2) / s - (a^T D u1)^2 / s^3.
+
+At 30 Hz an ellipsoid with radii 0.07 and 0.19 m rocking at 8 rad/s misses about 1.6 mm a
+step; the Baumgarte correction catches up one fifth of a penetration per step, so the body
+rolled about 1-2 mm deep into the floor (the drop benchmark's ellipsoid failures).
+
+The normal row of each such contact (the ellipsoid's point 0 against a static plane) gets
+``b += -dt s''(omega1) / 2`` at the step's own angular velocity ``omega1`` (``fixed_point``: the
+constrained part is solved again with the offsets at the last solution's velocity until they
+agree to rounding, Anderson-accelerated, a few passes). The term at the pre-step velocity
+alone is wrong where the contact changes the spin: a flat ellipsoid landing at 15 rad/s got a
+53 mm push-out it did not need and kept rocking. The problem's rows and its Delassus operator
+are unchanged (only offsets). Where the passes do not agree (MAX_PASSES) or a pass needs the
+later solver stages, the step is taken without the term (the first-order rows). ``s''`` is even
+in ``n`` and in ``omega``. Models with restitution keep the first-order rows (the impact law's
+rows carry their own offsets; ``drift`` returns None there). The geom's centre is taken to move
+on a straight line and its body-frame rate to be constant over the step: exact for a free body
+(translation and ball joint), the leading term on a chain of joints.
+
+Its derivative (``correct_jacobian``): ``b = b(q, v1)``; ``d b / d q`` at fixed ``v1`` through
+the geom's rotation (``d a = R^T (n x J_w)``, ``d w = R^T (d omega / dq + omega x J_w)``) and
+``d b / d v1 = -dt/2 d s''/d w R^T J_w``, with ``J_w`` the geom's angular velocity Jacobian;
+they enter the step's velocity through the response ``P = M^-1 J^T d lam / d b`` of the step's
+mode system, the same for both Jacobian routes (as the impact law's gravity term,
+``derivatives._impact_gravity``): ``d v1 = (I - P B_v)^-1 (X + P B_q d q)``.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+
+def _cross(a, b):
+    return np.cross(a, b)
+
+
+def second_derivative(a: np.ndarray, w: np.ndarray, D: np.ndarray, grad: bool = False):
+    """``s''`` of the support distance ``s = sqrt(a^T D a)`` along ``a' = a x w`` (geom frame,
+    ``D`` the diagonal (3,) of radii squared), and with ``grad`` its gradients with respect to
+    ``a`` and ``w`` (closed form)."""
+    Da = D * a
+    s2 = float(a @ Da)
+    s = np.sqrt(s2)
+    u1 = _cross(a, w)
+    u2 = _cross(w, _cross(w, a))
+    Du1, Du2 = D * u1, D * u2
+    P = float(u1 @ Du1 + a @ Du2)
+    Qq = float(a @ Du1)
+    f = P / s - Qq * Qq / (s2 * s)
+    if not grad:
+        return f
+    ww = float(w @ w)
+    Daw = float(Da @ w)
+    aw = float(a @ w)
+    gP_a = 2.0 * _cross(w, Du1) + Du2 + Daw * w - ww * Da
+    gP_w = 2.0 * _cross(Du1, a) + aw * Da + Daw * a - 2.0 * s2 * w
+    gQ_a = Du1 + _cross(w, Da)
+    gQ_w = _cross(Da, a)
+    gs_a = Da / s
+    c_s = -P / s2 + 3.0 * Qq * Qq / (s2 * s2)
+    c_Q = -2.0 * Qq / (s2 * s)
+    ga = gP_a / s + c_s * gs_a + c_Q * gQ_a
+    gw = gP_w / s + c_Q * gQ_w
+    return f, ga, gw
+
+
+class _Table:
+    """Per-simulator constants: which geoms are ellipsoids (their radii squared) and static
+    planes."""
+
+    def __init__(self, sim):
+        geoms = sim.sm.geoms
+        gj = sim.constraints.geom_joint
+        self.ellipsoid = np.array([g.kind == "ellipsoid" and gj[i] != 0
+                                   for i, g in enumerate(geoms)], dtype=bool)
+        self.plane = np.array([g.kind == "plane" and gj[i] == 0 for i, g in enumerate(geoms)],
+                              dtype=bool)
+        self.D = np.array([np.asarray(g.size[:3], float) ** 2 if g.kind == "ellipsoid"
+                           else np.zeros(3) for g in geoms])
+        self.active = bool(self.ellipsoid.any() and self.plane.any()
+                           and not len(sim.constraints.pair_restitution))
+
+
+def _table(sim) -> _Table:
+    t = sim.__dict__.get("_support_drift")
+    if t is None:
+        t = sim.__dict__["_support_drift"] = _Table(sim)
+    return t
+
+
+def _rows(t: _Table, contacts):
+    """(contact indices, ellipsoid geoms) of the support-point contacts on static planes."""
+    g1, g2 = contacts.geom1, contacts.geom2
+    first = t.plane[g1] & t.ellipsoid[g2]
+    sel = (first | (t.plane[g2] & t.ellipsoid[g1])) & (np.asarray(contacts.point) == 0)
+    ks = np.flatnonzero(sel)
+    return ks, np.where(first[ks], g2[ks], g1[ks])
+
+
+def drift(sim, contacts, Jw: np.ndarray, v: np.ndarray):
+    """(nc,) offsets to add to the contacts' normal rows (module docstring), or None where the
+    step has no ellipsoid support point on a static plane. ``Jw``: the world joint Jacobians
+    (6, nv) at the step's q; ``v``: the velocity whose angular part the term takes."""
+    t = _table(sim)
+    if not t.active or not len(contacts):
+        return None
+    ks, ge = _rows(t, contacts)
+    if not len(ks):
+        return None
+    out = np.zeros(len(contacts))
+    gj = sim.constraints.geom_joint
+    sup = sim.constraints.support
+    half = -0.5 * sim.dt
+    for k, g in zip(ks.tolist(), ge.tolist()):
+        R = sim.geom_data.oMg[g].rotation
+        omega = Jw[3:] @ np.where(sup[gj[g]], v, 0.0)
+        out[k] = half * second_derivative(R.T @ contacts.normal[k], R.T @ omega, t.D[g])
+    return out
+
+
+# passes of the step's constrained part at most, for the offsets at the step's own v1
+MAX_PASSES = 40
+
+
+def fixed_point(sim, contacts, Jw, v, solve, velocity):
+    """The step's constrained part with the offsets at its own angular velocity: ``solve(drift)``
+    runs it with the offsets ``drift`` (None: without them) and ``velocity(out)`` reads the new
+    velocity from its output (None where the pass is not usable: a later solver stage to run).
+    Starts from the offsets at the pre-step ``v`` and solves ``drift = F(drift)``, F the offsets
+    at the resulting ``v1``, to rounding, by Anderson-accelerated iteration (memory 3): the plain
+    iteration contracts (an offset moves the angular velocity by about its size over the lever
+    arm, and the offset changes by ``dt ds''/dw`` times that) but slowly for a fast-spinning flat
+    body at 30 Hz (a ratio of 0.75). Returns ``(out, how)``: ``how`` "v1" (converged: the
+    offsets are those at the step's v1), None (no term, or no convergence within MAX_PASSES:
+    the step without the offsets)."""
+    x = drift(sim, contacts, Jw, v)
+    if x is None:
+        return solve(None), None
+    out = solve(x)
+    X, R = [], []                   # (the last iterates' F(x) and residuals F(x) - x)
+    for _ in range(MAX_PASSES):
+        v1 = velocity(out)
+        if v1 is None or not np.all(np.isfinite(v1)):
+            break
+        fx = drift(sim, contacts, Jw, v1)
+        r = fx - x
+        if np.max(np.abs(r)) <= 1e-14 * (1.0 + np.max(np.abs(fx))):
+            return out, "v1"
+        X.append(fx)
+        R.append(r)
+        if len(R) > 4:
+            del X[0], R[0]
+        if len(R) > 1:
+            dR = np.array([R[i + 1] - R[i] for i in range(len(R) - 1)]).T
+            dX = np.array([X[i + 1] - X[i] for i in range(len(X) - 1)]).T
+            gamma = np.linalg.lstsq(dR, r, rcond=None)[0]
+            x = fx - dX @ gamma
+        else:
+            x = fx
+        out = solve(x)
+    return solve(None), None
+
+
+def jacobian_terms(sim, cons, q, v):
+    """``(ks, Bq, Bv)``: the contacts carrying the term and ``d b / d q`` (tangent, at fixed v),
+    ``d b / d v`` (len(ks), nv) of their offsets evaluated at the velocity ``v`` (the step's v1),
+    or None."""
+    t = _table(sim)
+    if cons is None or not t.active or not cons.nc:
+        return None
+    c = cons.contacts
+    ks, ge = _rows(t, c)
+    if not len(ks):
+        return None
+    from .derivatives import _Kin
+    model, nv = sim.model, sim.nv
+    gj = sim.constraints.geom_joint
+    js = gj[ge]
+    trees = sim.__dict__.get("_trees")
+    if trees is not None:
+        kin = _Kin(model, None, q, v, js, trees)
+    else:
+        data = sim.__dict__.get("_ddrift")
+        if data is None:
+            data = sim.__dict__["_ddrift"] = model.createData()
+        kin = _Kin(model, data, q, v, js)
+        # (the geoms' placements at q: the step's own, sim.geom_data)
+    J, _, omega, dV = kin.stacked(js)
+    half = -0.5 * sim.dt
+    Bq = np.zeros((len(ks), nv))
+    Bv = np.zeros((len(ks), nv))
+    for i, (k, g) in enumerate(zip(ks.tolist(), ge.tolist())):
+        R = sim.geom_data.oMg[g].rotation
+        n = c.normal[k]
+        Jang = J[i, 3:]
+        a, w = R.T @ n, R.T @ omega[i]
+        _, ga, gw = second_derivative(a, w, t.D[g], grad=True)
+        da = R.T @ np.cross(n[:, None], Jang, axis=0)
+        dw = R.T @ (dV[i, 3:] + np.cross(omega[i][:, None], Jang, axis=0))
+        Bq[i] = half * (ga @ da + gw @ dw)
+        Bv[i] = half * (gw @ (R.T @ Jang))
+    return ks, Bq, Bv
+
+
+def correct_jacobian(sim, C, system, jac) -> bool:
+    """Adds the offsets' derivative to the step Jacobian ``jac`` (either route's, in place).
+    The routes take the offsets ``b`` as constants; with ``P = M^-1 J^T d lam / d b`` from the
+    step's linearized conditions (``A d lam = -W d g``; ``system``: the smooth mode's) the
+    step's velocity moves by ``P d b``, and ``b = b(q, v1)`` at the step's own velocity
+    (``fixed_point``), so ``d v1 = X + P (B_q d q + B_v d v1)``: ``d v1 = (I - P B_v)^-1 (X +
+    P B_q d q)`` (``X``: the routes' result; the inverse by Woodbury's identity, a k x k
+    solve), and the q rows through ``pinocchio.integrate``. Returns whether there was a
+    term."""
+    import pinocchio as pin
+
+    from .derivatives import _mode_system, _solve_min_norm
+    S = sim.cache
+    if S.get("support_drift") != "v1":
+        return False
+    cons, res = C["cons"], C["res"]
+    if cons is None or res is None:
+        return False
+    q, v1 = S["q"], S["v1"]
+    terms = jacobian_terms(sim, cons, q, v1)
+    if terms is None:
+        return False
+    ks, Bq, Bv = terms
+    m, k = cons.m, len(ks)
+    A, W = _mode_system(res, C["G"], cons.nc, cons.mu) if system is None else system
+    E = np.zeros((m, k))
+    E[3 * ks + 2, np.arange(k)] = 1.0
+    dlam = _solve_min_norm(A, -(W @ E))
+    Minv = np.asarray(S["Minv"])
+    Minv = np.triu(Minv) + np.triu(Minv, 1).T          # (pinocchio fills the upper triangle)
+    P = Minv @ (np.asarray(cons.J).T @ dlam)           # (nv, k)
+    K = np.linalg.solve(np.eye(k) - Bv @ P, np.eye(k))   # (I - B_v P)^-1
+
+    def solve(X):                                      # (I - P B_v)^-1 X
+        return X + P @ (K @ (Bv @ X))
+    dt = sim.dt
+    dI_dv = pin.dIntegrate(sim.model, q, v1 * dt, pin.ArgumentPosition.ARG1)
+    for name, extra in (("dv_dq", P @ Bq), ("dv_dv", None), ("dv_dtau", None)):
+        old = getattr(jac, name)
+        new = solve(old if extra is None else old + extra)
+        setattr(jac, name, new)
+        qname = "dq_" + name[3:]
+        setattr(jac, qname, getattr(jac, qname) + dt * (dI_dv @ (new - old)))
+    return True
