@@ -172,6 +172,8 @@ def test_body_factor_many_null_dofs_by_block_matches_svd_pinv(cold):
     assert nd > 32 or cold
     Jd, Md = _dense_body(Jb, M, tlo, thi)
     n = Jd.shape[1]
+    # storage by nonzeros: a row touches two balls (12 dofs), M couples one ball's 6 dofs
+    assert Jb[0].shape[0] == len(rows) and Jb[0].shape[1] <= 12 and M.shape == (n, 6)
     N, Ainv = _dense_null_basis(fac, n)
     K = Jd.T @ Jd
     assert np.linalg.matrix_rank(N) == nd
