@@ -51,7 +51,9 @@ def test_body_pinv_is_the_minimum_norm_least_squares_solution(case):
         null[[2, 5, 11]] = (0.5, 1.0, -1.0)        # a spin two bodies share, as gears
     J, Minv, lo, hi = _free_bodies_rows(rng, nb, 2, null)
     Jb, M, tlo, thi = sk.island_body(J, np.triu(Minv), lo, hi, np.arange(J.shape[0]))
-    np.testing.assert_allclose(M, np.linalg.inv(Minv), rtol=0, atol=1e-10)
+    Jd, Md = _dense_body(Jb, M, tlo, thi)
+    np.testing.assert_allclose(Jd, J, rtol=0, atol=0)
+    np.testing.assert_allclose(Md, np.linalg.inv(Minv), rtol=0, atol=1e-10)
     fac = sk.body_factor(Jb, M, tlo, thi)
     assert fac[0]
     assert fac[6] == (0 if null is None else 1)         # the null basis found
@@ -109,9 +111,25 @@ def test_rack_and_pile_converge_in_stage1_and_match_pinocchio_admm(scene):
     np.testing.assert_allclose(sigma, pin[1], rtol=0, atol=1e-7)
     # the same problem by the dense path of stage 1 (no body-space rows): the same velocities
     dense = sk.solve_stage1(G, g, nc, mu, np.zeros(0), np.zeros(0, np.int64), False, 1e-9,
-                            1e-10, 20, 12, 240, sk._NO_J, sk._NO_J, sk._NO_I, sk._NO_I)
+                            1e-10, 20, 12, 240, *sk.no_body())
     if dense[0]:
         np.testing.assert_allclose(sigma, dense[2], rtol=0, atol=1e-8)
+
+
+def _dense_body(Jb, M, tlo, thi):
+    """island_body's rows (values, columns) and tree-block mass matrix as dense (rows, n) and
+    (n, n) arrays."""
+    Jv, Jc = Jb
+    n = len(tlo)
+    J = np.zeros((Jv.shape[0], n))
+    for a in range(Jv.shape[0]):
+        k = Jc[a] >= 0
+        assert np.all(np.diff(Jc[a][k]) > 0)            # columns increasing
+        J[a, Jc[a][k]] = Jv[a][k]
+    Md = np.zeros((n, n))
+    for i in range(n):
+        Md[i, tlo[i]:thi[i]] = M[i, :thi[i] - tlo[i]]
+    return J, Md
 
 
 def _dense_null_basis(fac, n):
@@ -152,16 +170,19 @@ def test_body_factor_many_null_dofs_by_block_matches_svd_pinv(cold):
     assert fac[0]
     nd = fac[6]
     assert nd > 32 or cold
-    n = Jb.shape[1]
+    Jd, Md = _dense_body(Jb, M, tlo, thi)
+    n = Jd.shape[1]
+    # storage by nonzeros: a row touches two balls (12 dofs), M couples one ball's 6 dofs
+    assert Jb[0].shape[0] == len(rows) and Jb[0].shape[1] <= 12 and M.shape == (n, 6)
     N, Ainv = _dense_null_basis(fac, n)
-    K = Jb.T @ Jb
+    K = Jd.T @ Jd
     assert np.linalg.matrix_rank(N) == nd
     assert nd == n - np.linalg.matrix_rank(K)
     np.testing.assert_allclose(K @ N, 0.0, atol=1e-9 * np.abs(K).max() * max(1.0, np.abs(N).max()))
-    np.testing.assert_allclose(Ainv @ (N.T @ M @ N), np.eye(nd), atol=1e-8)
+    np.testing.assert_allclose(Ainv @ (N.T @ Md @ N), np.eye(nd), atol=1e-8)
     if not cold:
         assert len(fac[11]) - 1 == len(floor)             # one block per ball
-    G = Jb @ np.linalg.inv(M) @ Jb.T
+    G = Jd @ np.linalg.inv(Md) @ Jd.T
     for _ in range(3):
         r = rng.normal(size=G.shape[0])
         x = sk.body_pinv(Jb, M, tlo, thi, *fac[1:], r)
@@ -181,7 +202,7 @@ def test_body_factor_drops_a_dof_only_rounding_couples():
     Jb, M, tlo, thi = sk.island_body(J, np.triu(Minv), lo, hi, np.arange(J.shape[0]))
     fac = sk.body_factor(Jb, M, tlo, thi)
     assert fac[0] and fac[6] == 4
-    N, Ainv = _dense_null_basis(fac, Jb.shape[1])
+    N, Ainv = _dense_null_basis(fac, len(tlo))
     assert np.abs(N).max() < 1e3
     G = J @ Minv @ J.T
     r = rng.normal(size=G.shape[0])

@@ -330,7 +330,7 @@ def _stage1b(G, g, nc, mu, start):
     out = sk.proximal(np.ascontiguousarray(G), np.ascontiguousarray(g), nc, np.asarray(mu, float),
                       modes, np.ascontiguousarray(g[3 * nc:] < 0.0), np.zeros(m), dG, dc, zero,
                       bool(zero.any()), vscale, st.newton_budget, st.tol, st.mode_tol,
-                      st.newton_iter, st.mode_rounds, sk._NO_J, sk._NO_J, sk._NO_I, sk._NO_I)
+                      st.newton_iter, st.mode_rounds, *sk.no_body())
     if not out[0]:
         return None
     return SolverResult(out[1], out[2], out[3], out[4], out[5], out[6], True, "prox+newton")

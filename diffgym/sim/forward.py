@@ -24,7 +24,7 @@ from .derivatives import step_jacobian
 from .jit import ENABLED as _JIT, njit
 from .model import ModelError, SimModel
 from .solver import MODE_NAMES, SLIDING, STICKING, NCPSolver, SolverResult, SolverSettings
-from .solver_kernels import _NO_I, _NO_J, BODY_MIN_ROWS, island_body, natres, solve_stage1
+from .solver_kernels import _NO_I, BODY_MIN_ROWS, island_body, natres, no_body, solve_stage1
 from .frames import tangent_frames
 from .gradient_modes import gradient_mode
 from .impact_time import MAX_PASSES, consumed_time, displacement, impact_substep, impact_times
@@ -280,7 +280,7 @@ def _body_data(Minv, J, tree_lo, tree_hi, rows, m):
         return None, None, None, None
     if m >= BODY_MIN_ROWS:
         return island_body(J, Minv, tree_lo, tree_hi, rows if rows.shape[0] else np.arange(m))
-    return _NO_J, _NO_J, _NO_I, _NO_I
+    return no_body()
 
 
 if _JIT:
@@ -296,7 +296,7 @@ if _JIT:
             if m >= BODY_MIN_ROWS:
                 return island_body(J, Minv, tree_lo, tree_hi,
                                    rows if rows.shape[0] else np.arange(m))
-            return _NO_J, _NO_J, _NO_I, _NO_I
+            return no_body()
         return impl
 
 

@@ -30,7 +30,7 @@ from .constraint import _pairs_in_contact
 from .forward import _island_bias, _island_gather, _island_scatter, _match_warm_start
 from .jit import njit
 from .solver import NCPSolver, SolverResult
-from .solver_kernels import (_NO_I, _NO_J, BODY_MIN_ROWS, island_mass, natres,
+from .solver_kernels import (_NO_I, _NO_J, BODY_MIN_ROWS, island_mass, natres, no_body,
                              solve_stage1)
 
 # dense bytes (8 (m^2 + 2 m nv)) above which a split model's step uses per-island storage
@@ -40,22 +40,39 @@ BLOCK_MIN_BYTES = 16 * 2 ** 20
 @njit
 def island_body_blocks(Jv, nz, nnz, rows, Mb, moff, tree_lo, tree_hi, nv):
     """``solver_kernels.island_body`` from per-island storage: the island's rows restricted to
-    the dofs of the trees they touch (Jb), the mass matrix of those dofs (the inverse of each
-    tree's block of M^-1) and each local dof's tree range."""
+    the dofs of the trees they touch (Jb: (values, columns) of each row's nonzeros, columns
+    increasing), the mass matrix of those dofs by tree blocks (the inverse of each tree's block
+    of M^-1) and each local dof's tree range. Storage grows with the rows' nonzeros."""
     used = np.zeros(nv, np.bool_)
+    kmax = 1
     for r in rows:
+        k = 0
         for t in range(nnz[r]):
             if Jv[r, t] != 0.0:
                 used[tree_lo[nz[r, t]]] = True
+                k += 1
+        if k > kmax:
+            kmax = k
     loc, n, M, tlo, thi = island_mass(used, tree_lo, tree_hi, _NO_J, Mb, moff)
-    Jb = np.zeros((rows.shape[0], n))
+    Jbv = np.zeros((rows.shape[0], kmax))
+    Jbc = np.full((rows.shape[0], kmax), -1, np.int64)
     for a in range(rows.shape[0]):
         r = rows[a]
+        k = 0
         for t in range(nnz[r]):
             x = Jv[r, t]
             if x != 0.0:
-                Jb[a, loc[nz[r, t]]] = x
-    return Jb, M, tlo, thi
+                # (insertion by column: the order of a dense row's scan)
+                c = loc[nz[r, t]]
+                j = k
+                while j > 0 and Jbc[a, j - 1] > c:
+                    Jbv[a, j] = Jbv[a, j - 1]
+                    Jbc[a, j] = Jbc[a, j - 1]
+                    j -= 1
+                Jbv[a, j] = x
+                Jbc[a, j] = c
+                k += 1
+    return (Jbv, Jbc), M, tlo, thi
 
 
 @njit
@@ -174,7 +191,7 @@ def constrained_step_blocks(pos, frames, geom1, geom2, geom_joint, dist, mu, pai
             Jb, Mbd, tlo, thi = island_body_blocks(Jv, nz, nnz, rows[r0:r1], Mb, moff, tree_lo,
                                                    tree_hi, nv)
         else:
-            Jb, Mbd, tlo, thi = _NO_J, _NO_J, _NO_I, _NO_I
+            Jb, Mbd, tlo, thi = no_body()
         bs, keep = _island_bias(b, rows, r0, ms, nc, touch, dist, skin, _NO_REST, lim_dist,
                                 realizable)
         ok, lam_s, sigma_s, modes_s, lact_s, its_s, res_s, prox = solve_stage1(

@@ -568,7 +568,8 @@ def _newton(G, g, nc, mu, modes, lim_act, lam, dc, vscale, max_its, anchored, mi
             zero, haszero, tol, Jb, Mb, tlo, thi):
     """Newton on the mode equations of the active set of ``modes`` / ``lim_act``: (lam,
     sigma, ok, steps) (``max_its`` already resolved). ``Jb`` (m, n), ``Mb``, ``tlo``, ``thi``: the
-    problem's rows and mass matrix in body space (``island_body``; no rows: not given), with
+    problem's rows and mass matrix in body space (``island_body``: the rows' nonzeros as a
+    (values, columns) pair, M by tree blocks; no rows: not given), with
     which a large linear active set takes its steps by ``body_pinv``. ``Jb`` ... None (all four):
     no body-space steps, and numba compiles that variant without ``body_factor``,
     ``body_pinv`` and what they call (the branches on ``Jb is not None`` are pruned), so the
@@ -632,7 +633,7 @@ def _newton(G, g, nc, mu, modes, lim_act, lam, dc, vscale, max_its, anchored, mi
     F = np.empty(na)
     # a large problem's Delassus block by its nonzeros (the body-space steps below): its
     # products are then the work of its nonzeros, not of na^2 entries (_csr_matvec)
-    sparse = linear and Jb is not None and Jb.shape[0] > 0 and na >= BODY_MIN_ROWS
+    sparse = linear and Jb is not None and Jb[0].shape[0] > 0 and na >= BODY_MIN_ROWS
     if sparse:
         sp_ptr, sp_col, sp_val = _csr_matvec_build(Gaa, x, ga, F)
     else:
@@ -643,7 +644,7 @@ def _newton(G, g, nc, mu, modes, lim_act, lam, dc, vscale, max_its, anchored, mi
         fn = _maxabs(F)
         body = False
         if Jb is not None:      # (None: compiled without the body-space path, see _newton's doc)
-            if Jb.shape[0] and na >= BODY_MIN_ROWS and fn > ftol:
+            if Jb[0].shape[0] and na >= BODY_MIN_ROWS and fn > ftol:
                 (body, perm, first, lptr, Lv, drop, nd, klo, khi, noff, Nv, bptr, bcol, aoff,
                  Av, nz_ptr, nz, nzv) = body_factor_rows(Jb, act[:na], Mb, tlo, thi)
         while True:
@@ -665,7 +666,7 @@ def _newton(G, g, nc, mu, modes, lim_act, lam, dc, vscale, max_its, anchored, mi
                 # path: a dependent dof decided by rounding, an ill-conditioned K)
                 e = np.empty(na)
                 _csr_matvec(sp_ptr, sp_col, sp_val, y, r, e)       # Gaa y + r
-                if _normal_ok_e(e, Jb, nz_ptr, nz, nzv, r):
+                if _normal_ok_e(e, Mb.shape[0], nz_ptr, nz, nzv, r):
                     if anchored:
                         d = y
                     else:
@@ -1498,14 +1499,14 @@ def _uf_find(parent, a):
 
 @njit
 def body_factor(Ja, M, tlo, thi):
-    """``body_factor_rows`` of all the rows of ``Ja``."""
-    return body_factor_rows(Ja, np.arange(Ja.shape[0]), M, tlo, thi)
+    """``body_factor_rows`` of all the rows of ``Ja`` (``island_body``'s pair)."""
+    return body_factor_rows(Ja, np.arange(Ja[0].shape[0]), M, tlo, thi)
 
 
 @njit
 def body_factor_rows(Jb, act, M, tlo, thi):
     """Factor the body-space step of the rows ``Ja = Jb[act]`` (module comment above; not
-    gathered: read in place), in storage that
+    gathered: read in place; ``Jb``, ``M``: ``island_body``'s rows and mass matrix), in storage that
     grows with K's nonzeros, not with n^2: (ok, perm, first, lptr, Lv, drop, nd, klo, khi, noff,
     Nv, bptr, bcol, aoff, Av, nz_ptr, nz, nzv) with
 
@@ -1521,13 +1522,15 @@ def body_factor_rows(Jb, act, M, tlo, thi):
 
     ok False when a block of N^T M N has more than BODY_MAX_NULL columns."""
     na = act.shape[0]
-    n = Jb.shape[1]
+    n = M.shape[0]
+    Jv, Jc = Jb
+    kb = Jv.shape[1]
     nz_ptr = np.zeros(na + 1, np.int64)
     cnt = 0
     for a in range(na):
         ra = act[a]
-        for c in range(n):
-            if Jb[ra, c] != 0.0:
+        for t in range(kb):
+            if Jc[ra, t] >= 0 and Jv[ra, t] != 0.0:
                 cnt += 1
         nz_ptr[a + 1] = cnt
     nz = np.empty(cnt, np.int64)
@@ -1535,10 +1538,10 @@ def body_factor_rows(Jb, act, M, tlo, thi):
     cnt = 0
     for a in range(na):
         ra = act[a]
-        for c in range(n):
-            if Jb[ra, c] != 0.0:
-                nz[cnt] = c
-                nzv[cnt] = Jb[ra, c]
+        for t in range(kb):
+            if Jc[ra, t] >= 0 and Jv[ra, t] != 0.0:
+                nz[cnt] = Jc[ra, t]
+                nzv[cnt] = Jv[ra, t]
                 cnt += 1
     # the rows holding each dof (CSR of Ja^T, rows increasing)
     cptr = np.zeros(n + 1, np.int64)
@@ -1760,7 +1763,7 @@ def body_factor_rows(Jb, act, M, tlo, thi):
                     x = nfull[r]
                     if x != 0.0:
                         for rr in range(tlo[r], thi[r]):
-                            mn[rr] += M[rr, r] * x
+                            mn[rr] += M[rr, r - tlo[rr]] * x
                 for aa in range(w):
                     a_ = bcol[bptr[b] + aa]
                     oa = noff[a_] - klo[a_]
@@ -1782,13 +1785,12 @@ def body_factor_rows(Jb, act, M, tlo, thi):
 
 
 @njit
-def _normal_ok_e(e, Ja, nz_ptr, nz, nzv, r):
+def _normal_ok_e(e, n, nz_ptr, nz, nzv, r):
     """Whether ``Ja^T (Gaa y - r)`` vanishes against ``Ja^T r`` (to 1e-9, relative): the
     least-squares optimality of ``body_pinv``'s solution y, given ``e = Gaa y + r`` (computed
-    over Gaa's nonzeros, ``_csr_matvec``; Ja: its CSR ``nz_ptr``, ``nz``, ``nzv``; only its
-    number of columns is read from ``Ja``)."""
+    over Gaa's nonzeros, ``_csr_matvec``; Ja: its CSR ``nz_ptr``, ``nz``, ``nzv``; ``n`` its
+    number of columns)."""
     na = e.shape[0]
-    n = Ja.shape[1]
     t1 = np.zeros(n)
     t2 = np.zeros(n)
     for a in range(na):
@@ -1812,10 +1814,10 @@ def _normal_ok_e(e, Ja, nz_ptr, nz, nzv, r):
 def body_pinv(Ja, M, tlo, thi, perm, first, lptr, Lv, drop, nd, klo, khi, noff, Nv, bptr, bcol,
               aoff, Av, nz_ptr, nz, nzv, r):
     """``Gaa^+ r`` (module comment above) from ``body_factor``'s factors (``M``: the island's
-    mass matrix, whose dof i couples only with dofs ``tlo[i]:thi[i]`` of its tree; ``Ja``: only
-    its shape is read)."""
+    mass matrix by tree blocks, ``island_mass``: dof i couples only with dofs ``tlo[i]:thi[i]``
+    of its tree; ``Ja``: not read)."""
     na = nz_ptr.shape[0] - 1
-    n = Ja.shape[1]
+    n = M.shape[0]
     y = np.zeros(n)
     for a in range(na):
         ra = r[a]
@@ -1830,7 +1832,7 @@ def body_pinv(Ja, M, tlo, thi, perm, first, lptr, Lv, drop, nd, klo, khi, noff, 
         for i in range(n):
             s = 0.0
             for j in range(tlo[i], thi[i]):
-                s += M[i, j] * w[j]
+                s += M[i, j - tlo[i]] * w[j]
             Mw[i] = s
         t = np.empty(nd)
         for c in range(nd):
@@ -1853,7 +1855,7 @@ def body_pinv(Ja, M, tlo, thi, perm, first, lptr, Lv, drop, nd, klo, khi, noff, 
     for i in range(n):
         s = 0.0
         for j in range(tlo[i], thi[i]):
-            s += M[i, j] * w[j]
+            s += M[i, j - tlo[i]] * w[j]
         y[i] = s
     _k_solve(perm, first, lptr, Lv, drop, y, w, 0, n)
     out = np.empty(na)
@@ -1868,10 +1870,13 @@ def body_pinv(Ja, M, tlo, thi, perm, first, lptr, Lv, drop, nd, klo, khi, noff, 
 @njit
 def island_mass(used, tree_lo, tree_hi, Minv, Mb, moff):
     """The local numbering ``loc`` (-1 elsewhere) of the dofs of the trees whose root dof is
-    marked in ``used``, their count ``n``, the mass matrix ``M`` (n, n) of those dofs (the inverse
-    of each tree's block of M^-1, upper triangle filled: read from the dense ``Minv``, or where
-    that is empty from the packed row-major blocks ``Mb`` at ``moff[root]``) and each local
-    dof's tree range (tlo, thi); for ``island_body`` and ``island_step.island_body_blocks``."""
+    marked in ``used``, their count ``n``, the mass matrix of those dofs by tree blocks (the
+    inverse of each tree's block of M^-1, upper triangle filled: read from the dense ``Minv``,
+    or where that is empty from the packed row-major blocks ``Mb`` at ``moff[root]``) and each
+    local dof's tree range (tlo, thi); for ``island_body`` and
+    ``island_step.island_body_blocks``. M couples only a tree's dofs: its entry (i, j) (j in
+    ``tlo[i]:thi[i]``) is held at ``M[i, j - tlo[i]]``, M (n, widest tree) (a dense (n, n) M was
+    288 MB at 1,000 free bodies)."""
     nv = used.shape[0]
     loc = np.full(nv, -1, np.int64)
     n = 0
@@ -1880,7 +1885,13 @@ def island_mass(used, tree_lo, tree_hi, Minv, Mb, moff):
             loc[d] = n
             n += 1
     dense = Minv.shape[0] > 0
-    M = np.zeros((n, n))
+    wmax = 1
+    d = 0
+    while d < nv:
+        if loc[d] >= 0 and tree_hi[d] - tree_lo[d] > wmax:
+            wmax = tree_hi[d] - tree_lo[d]
+        d += 1
+    M = np.zeros((n, wmax))
     tlo = np.empty(n, np.int64)
     thi = np.empty(n, np.int64)
     d = 0
@@ -1904,7 +1915,7 @@ def island_mass(used, tree_lo, tree_hi, Minv, Mb, moff):
             tlo[l0 + i] = l0
             thi[l0 + i] = l0 + w
             for j in range(w):
-                M[l0 + i, l0 + j] = Bi[i, j]
+                M[l0 + i, j] = Bi[i, j]
         d = hi
     return loc, n, M, tlo, thi
 
@@ -1912,21 +1923,41 @@ def island_mass(used, tree_lo, tree_hi, Minv, Mb, moff):
 @njit
 def island_body(J, Minv, tree_lo, tree_hi, rows):
     """The body-space data of an island (rows ``rows`` of the step's J): its rows restricted to
-    the dofs they touch ``Jb`` (len(rows), n), the mass matrix ``M`` of those dofs (the inverse of
-    each tree's block of ``Minv``, pinocchio's computeMinverse with its upper triangle filled;
-    an island holds whole trees) and each local dof's tree range (tlo, thi)."""
+    the n dofs they touch, by their nonzeros ``Jb = (values, columns)`` (each (len(rows), most
+    nonzeros in a row); row a's k-th nonzero, columns increasing, at ``[a, k]``; column -1
+    past its last), the mass matrix ``M`` of those dofs by tree blocks (``island_mass``: the
+    inverse of each tree's block of ``Minv``, pinocchio's computeMinverse with its upper
+    triangle filled; an island holds whole trees) and each local dof's tree range (tlo, thi).
+    (A dense (len(rows), n) Jb was 420 MB for a rack of 1,000 balls.)"""
     nv = J.shape[1]
     used = np.zeros(nv, np.bool_)
+    kmax = 1
     for r in rows:
+        k = 0
         for d in range(nv):
             if J[r, d] != 0.0:
                 used[tree_lo[d]] = True
+                k += 1
+        if k > kmax:
+            kmax = k
     loc, n, M, tlo, thi = island_mass(used, tree_lo, tree_hi, Minv, np.zeros(0),
                                       np.zeros(0, np.int64))
-    Jb = np.zeros((rows.shape[0], n))
+    Jv = np.zeros((rows.shape[0], kmax))
+    Jc = np.full((rows.shape[0], kmax), -1, np.int64)
     for a in range(rows.shape[0]):
+        k = 0
         for d in range(nv):
             x = J[rows[a], d]
             if x != 0.0:
-                Jb[a, loc[d]] = x
-    return Jb, M, tlo, thi
+                Jv[a, k] = x
+                Jc[a, k] = loc[d]        # (loc increases with d)
+                k += 1
+    return (Jv, Jc), M, tlo, thi
+
+
+@njit
+def no_body():
+    """The body-space data of a problem below ``BODY_MIN_ROWS`` rows: no rows (``island_body``'s
+    types, for the compiled variant that carries the body-space path)."""
+    return ((np.zeros((0, 1)), np.zeros((0, 1), np.int64)), np.zeros((0, 1)),
+            np.zeros(0, np.int64), np.zeros(0, np.int64))
