@@ -81,7 +81,7 @@ that level.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -117,6 +117,23 @@ class SolverSettings:
     #                              stage 1) in one compiled call (forward._constrained_step);
     #                              False: stage by stage (ConstraintBuilder.assemble, then
     #                              solve(), whose stage 1 is the same kernel either way)
+    max_depenetration_speed: float = field(default_factory=lambda: _default_depenetration())
+    #                              m/s: the fastest push-out of a penetrating contact, its
+    #                              Baumgarte offset max(erp d / dt, -this) (constraint module
+    #                              docstring; inf: no cap). Default
+    #                              constraint.MAX_DEPENETRATION_SPEED (1 m/s) at construction;
+    #                              a value that is not a speed > 0 is refused (ValueError)
+
+    def __setattr__(self, name, value):
+        if name == "max_depenetration_speed":
+            from .constraint import check_depenetration_speed
+            value = check_depenetration_speed(value)
+        object.__setattr__(self, name, value)
+
+
+def _default_depenetration() -> float:
+    from . import constraint
+    return constraint.MAX_DEPENETRATION_SPEED
 
 
 @dataclass
