@@ -29,13 +29,13 @@ per-simulator setting passed to the kernels at each step (``sim.solver.settings`
 is not a speed > 0 is refused, ``inf`` turns the cap off); the module constant
 ``MAX_DEPENETRATION_SPEED`` is the default of new settings.
 
-Redundant contacts (``realizable_bias``, with ``SolverSettings(realizable_bias=True)``, off by
-default): where an island's stage 1 fails on these offsets, the step solves it once more with
-the offsets of its touching rows projected onto the range of those rows of J (the closest
-drift correction one generalized velocity realizes) and keeps that solution where stage 1
+Redundant contacts (``realizable_bias``, ``SolverSettings.realizable_bias``, on by default):
+where an island's stage 1 fails on these offsets, the step solves it once more with the
+offsets of its touching rows projected onto the range of those rows of J (the closest drift
+correction one generalized velocity realizes) and keeps that solution where stage 1
 then succeeds; every other step uses the offsets above. The step Jacobian includes the
-projection's derivative (``derivatives._realizable_terms``; why it is still off by default:
-README, "The steady push").
+projection's derivative (``derivatives._realizable_terms``, from the step's record of what it
+projected, ``Constraints.projected``; README, "The steady push").
 
 Restitution (Newton's impact law, ``restitution_bias``): a contact of a pair with coefficient
 ``e > 0`` whose normal velocity at the start of the step, ``u = J_N v`` (the pre-step ``v``, at
@@ -570,7 +570,7 @@ def realizable_bias(G, b, g, nc, pair, dist, skin, rest, lim_dist, isl_c, isl_l,
     """Makes the drift correction of each island realizable (in place on ``b`` and ``g = J
     v_free + b``; ``G`` the dense Delassus matrix, ``pair`` each contact's candidate pair,
     ``isl_c``/``isl_l``/``nis`` the islands of ``row_islands``; ``rest`` as ``_bias_row_ok``).
-    Returns how many islands changed. With ``SolverSettings.realizable_bias`` (off by default)
+    Returns how many islands changed. With ``SolverSettings.realizable_bias`` (on by default)
     the step applies it to an island only where stage 1 failed on the raw offsets
     (``solver_kernels.solve_stage1``'s retry, with ``project_block``, for every caller) and keeps
     the result only where stage 1 then succeeds; every other step solves the raw problem.

@@ -656,6 +656,10 @@ def _step_checks(v, v1, q1, gate, mu):
 
 _NO_MU = np.zeros(0)
 # joints whose configuration space is a vector space (``integrate(q, v) = q + v``)
+# the solver's stages in the order it tries them (SolverResult.method)
+_STAGE_RANK = {m: i for i, m in enumerate(("none", "newton", "prox+newton", "pinadmm+newton",
+                                            "ssn+newton", "admm+newton", "pgs+newton", "admm",
+                                            "pgs"))}
 _ADDITIVE_JOINTS = frozenset(
     "JointModel" + k for k in ("RX", "RY", "RZ", "PX", "PY", "PZ", "RevoluteUnaligned",
                                 "PrismaticUnaligned", "Translation"))
@@ -1556,7 +1560,11 @@ class Simulator:
             resid = max(resid, r.residual)
             converged &= bool(r.converged)
             methods.append(r.method)
-        method = max(set(methods), key=methods.count) if methods else "newton"
+        # the most common label; a tie goes to the later stage (not to the iteration order of a
+        # set of strings, which Python's per-process hash seed decides: the same step was
+        # labelled "pinadmm+newton" in one process and "ssn+newton" in another)
+        method = max(methods, key=lambda m: (methods.count(m), _STAGE_RANK.get(m, -1), m)) \
+            if methods else "newton"
         return SolverResult(lam, sigma, modes, lim_act, its, resid, converged, method)
 
     def _warm_start(self, cons: Constraints):

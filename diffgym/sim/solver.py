@@ -105,14 +105,14 @@ class SolverSettings:
     mode_tol: float = 1e-10      # tolerance of the mode conditions (relative)
     newton_budget: int = 30      # Newton iterations of the warm-started active-set stage
     pin_fallback: bool = True    # use pinocchio's ADMM (C++) as the first fallback
-    realizable_bias: bool = False  # where stage 1 fails on an island, solve it once more with
+    realizable_bias: bool = True   # where stage 1 fails on an island, solve it once more with
     #                              the drift correction of its touching rows made realizable
     #                              (constraint.realizable_bias) and keep that where stage 1 then
     #                              succeeds: redundant contacts (the steady push of DiffPush-v0)
     #                              converge in stage 1 instead of the slow later stages. The
     #                              step Jacobian includes the projection's derivative
-    #                              (derivatives._realizable_terms). Off by default until the
-    #                              whole suite has run with it on (README, "The steady push")
+    #                              (derivatives._realizable_terms; the step records what it
+    #                              projected, Constraints.projected). False: the raw offsets
     compiled: bool = True        # a step's constrained part (limits, assembly, warm start and
     #                              stage 1) in one compiled call (forward._constrained_step);
     #                              False: stage by stage (ConstraintBuilder.assemble, then
