@@ -212,3 +212,40 @@ def test_box_patches_give_realizable_offsets(scene, tmp_path):
             tilted += int(d.max() - d.min() > 1e-4)       # depths differ across a patch
     assert tilted >= 5, tilted
     assert worst < 1e-12, worst
+
+
+def test_the_step_records_what_it_projected_on_both_paths(tmp_path):
+    """The compiled step and the stage-by-stage one (``SolverSettings.compiled = False``)
+    record the same projected rows and raw offsets (``Constraints.projected``), the raw
+    offsets are the assembly's (``erp d / dt`` on the normal rows, 0 on the tangent rows), and
+    the projected offsets are the projection of the raw ones onto the range of those rows of J."""
+    xml, v0, first, _ = SCENES["bridge-thrown"]
+    (tmp_path / "s.xml").write_text(xml)
+    sim = diffgym.Simulator.from_file(str(tmp_path / "s.xml"))
+    q, v, tau = sim.q0.copy(), np.array(v0), np.zeros(sim.nv)
+    for k in range(first + 8):
+        sim._warm = None
+        q1, v1 = sim.step(q, v, tau)
+        cons = sim.cache["cons"]
+        if k >= first and cons is not None and cons.projected is not None:
+            break
+        q, v = q1, v1
+    else:
+        pytest.fail("the retry never acted")
+    proj, braw = (np.array(x) for x in cons.projected)
+    S = np.flatnonzero(proj >= 0)
+    nc = cons.nc
+    normal = S[(S < 3 * nc) & (S % 3 == 2)]
+    np.testing.assert_array_equal(braw[normal], 0.2 * cons.dist[normal // 3] / sim.dt)
+    assert not np.any(braw[S[(S < 3 * nc) & (S % 3 != 2)]])
+    JS = cons.J[S]
+    np.testing.assert_allclose(cons.b[S], JS @ np.linalg.lstsq(JS, braw[S], rcond=1e-10)[0],
+                               atol=1e-12 * np.abs(braw[S]).max())
+    sim.solver.settings.compiled = False
+    sim._warm = None
+    _, v2 = sim.step(q, v, tau)
+    rec = sim.cache["cons"].projected
+    assert rec is not None
+    np.testing.assert_array_equal(rec[0] >= 0, proj >= 0)
+    np.testing.assert_allclose(rec[1], braw, rtol=0, atol=1e-15)
+    assert np.abs(v2 - v1).max() < 1e-9
