@@ -94,6 +94,8 @@ def applies(sim, C, system) -> bool:
     cons = C["cons"]
     if cons is not None and (_restitution(cons) is not None or _closing(cons) is not None):
         return False
+    if cons is not None and getattr(cons, "projected", None) is not None:
+        return False          # (the realizable projection's terms: derivatives._realizable_terms)
     return bool(_compiled_state(sim).ok)
 
 
