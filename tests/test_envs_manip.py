@@ -150,11 +150,11 @@ def test_push_steady_push_converges_without_slow_stages():
     by the rod's side, the box sliding and turning on its face): every step converges at the
     stated tolerance in the compiled stage 1 (active set or its proximal variant), with no
     fallback stage (issue 16's bar for redundant contacts), with
-    ``SolverSettings.realizable_bias``. Without it (the default, as before) 58 of 200 steps need
-    stages 1b-4 and 3 end unconverged at 2e-7 to 5e-7 m/s (here steps 44 and 49-52);
-    measured now over these
-    130 steps: 98 newton, 32 prox+newton (200 steps: 163 / 37), 18 of them solved with the
-    realizable offsets after stage 1 failed on the raw ones (``solver_kernels.solve_stage1``)."""
+    ``SolverSettings.realizable_bias`` (on by default). Without it 58 of 200 steps needed
+    stages 1b-4 and 3 ended unconverged at 2e-7 to 5e-7 m/s (steps 44 and 49-52; measured
+    before the box-box patch points moved onto their common mid plane); measured then over
+    these 130 steps: 98 newton, 32 prox+newton (200 steps: 163 / 37), 18 of them solved with
+    the realizable offsets after stage 1 failed on the raw ones (``solver_kernels.solve_stage1``)."""
     target = np.array([0.25, 0.1])
     env = gym.make("DiffPush-v0", target=tuple(target))
     env.reset(seed=0)
@@ -163,7 +163,7 @@ def test_push_steady_push_converges_without_slow_stages():
     yaw = np.arctan2(u[1], u[0])
     start = -0.12 * u
     e.set_state(_push_state(e, rod_xy=start, rod_yaw=yaw, target=tuple(target)))
-    e.sim.solver.settings.realizable_bias = True     # (off by default: see SolverSettings)
+    e.sim.solver.settings.realizable_bias = True     # (the default; the test is about it)
     goal = target - 0.07 * u
     bad, methods = [], []
     with warnings.catch_warnings():

@@ -396,6 +396,13 @@ def test_packed_constrained_step_returns_the_arrays_of_the_solve(model):
             assert x.dtype == y.dtype and x.shape == y.shape
             np.testing.assert_array_equal(x, y)
         np.testing.assert_array_equal(lim_act, ref[12])
+        # the record of the realizable projection (per row its island or -1, the raw offsets)
+        rec, proj, braw = packed[11], ref[19], ref[20]
+        if rec is None:
+            assert proj.size == 0 or proj.max() < 0
+        else:
+            np.testing.assert_array_equal(rec[0], proj)
+            np.testing.assert_array_equal(rec[1], braw)
         assert all_ok == bool(ref[0].all())
         checked += 1
         limits += nl > 0

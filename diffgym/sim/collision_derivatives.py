@@ -735,6 +735,7 @@ def _k_polytope_pair(X, Y, n, d, radA, radB, per_point, ptol, JA, oA, JB, oB, ro
             status[:] = 6
             return
     dist = np.empty(nc_)
+    mids = np.zeros((nr, 3))
     for ir in range(nr):
         k = rows[ir]
         best = np.inf
@@ -789,8 +790,29 @@ def _k_polytope_pair(X, Y, n, d, radA, radB, per_point, ptol, JA, oA, JB, oB, ro
         yb = p + sb * n + radB * n
         dsb = _k_vD(mrb, Dp + sb * Dn - (_k_pj(JB, oB, yb) - radB * Dn))
         dd[k] = dsb - dsa
-        dp[k] = Dp + 0.5 * (_k_outer(n, dsa + dsb) + (sa + sb) * Dn)
+        dp[k] = Dp + 0.5 * (_k_outer(n, dsa + dsb) + (sa + sb) * Dn)   # its own midpoint
+        mids[ir] = p + 0.5 * (sa + sb) * n
         status[ir] = 0
+    if not per_point:
+        return
+    # the rows onto their common mid plane at the mean height hb of their midpoints m
+    # (_k_common_plane): p = m - (m . n - hb) n
+    for ir in range(nr):
+        if status[ir] != 0:
+            status[:] = status[ir]
+            return
+    hb = 0.0
+    dhb = np.zeros(nv)
+    for ir in range(nr):
+        hb += mids[ir] @ n
+        dhb += _k_vD(n, dp[rows[ir]]) + _k_vD(mids[ir], Dn)
+    hb /= nr
+    dhb /= nr
+    for ir in range(nr):
+        k = rows[ir]
+        Dm = dp[k].copy()
+        dp[k] = Dm - _k_outer(n, _k_vD(n, Dm) + _k_vD(mids[ir], Dn) - dhb) \
+            - (mids[ir] @ n - hb) * Dn
 
 
 @njit
@@ -836,9 +858,17 @@ def _k_patch_distances(XA, YB, n, P, L):
     on the plane midway between the support planes), the offsets sA, sB along n to the
     support features of A (points XA) and B (points YB): a vertex, an edge line or a face
     plane, spanned by the points; y = p + s n on the feature, s by least squares. The distance
-    is sB - sA and the contact point their midpoint p + n (sA + sB) / 2. A face on a face
-    tilted by less than the patch tolerance gets the penetration of each corner, not the
-    deepest one for all, so the distances of a box lying flat are smooth in its pose.
+    is sB - sA and the point's own midpoint p + n (sA + sB) / 2; the caller moves the points
+    it keeps onto their common mid plane (``_k_common_plane``). A face on a face tilted by
+    less than the patch tolerance gets the penetration of each corner, not the deepest one
+    for all, so the distances of a box lying flat are smooth in its pose.
+
+    (Left at their own midpoints, the points of a tilted patch sit at different heights along
+    n, 4e-4 m apart at a 6.6 mm penetration: the rotation that removes the tilt then moves
+    them tangentially by different amounts, so no motion realized both the drift correction
+    of the normal rows and sticking tangent rows (9.7e-6 m/s unrealizable). On one plane
+    normal to n the depths are affine in the in-plane position and a rigid motion realizes
+    them with every point sticking.)
     Returns (ok, distances (m,), points (m, 3)); ok False where a support feature's
     least-squares system is singular."""
     oa, ra, oka = _k_feature_row(XA, n, L)
@@ -852,6 +882,24 @@ def _k_patch_distances(XA, YB, n, P, L):
         dist[i] = sb - sa
         pts[i] = P[i] + 0.5 * (sa + sb) * n
     return oka and okb, dist, pts
+
+
+@njit
+def _k_common_plane(pts, n, keep):
+    """The kept points ``pts[keep]`` of a per-point patch (each at its own midpoint,
+    ``_k_patch_distances``) moved along n onto their common mid plane: normal n, at the mean
+    height of their midpoints. (The mean, not the support planes' midway height, which takes
+    the lowest corner and so has a kink where a patch lies flat.) Returns (len(keep), 3)."""
+    k = keep.shape[0]
+    h = 0.0
+    for j in range(k):
+        h += pts[keep[j]] @ n
+    h /= k
+    out = np.empty((k, 3))
+    for j in range(k):
+        p = pts[keep[j]]
+        out[j] = p - (p @ n - h) * n
+    return out
 
 
 @njit

@@ -56,8 +56,9 @@ import coal
 import numpy as np
 import pinocchio as pin
 
-from .collision_derivatives import (_k_world_patch_distances, box_corners, capsule_axis,
-                                    capsule_line_patch, segments_parallel, snap_pair)
+from .collision_derivatives import (_k_common_plane, _k_world_patch_distances, box_corners,
+                                    capsule_axis, capsule_line_patch, segments_parallel,
+                                    snap_pair)
 from .frames import tangent_frames
 from .pinviews import gather_placements, placement_view
 from .model import SimModel
@@ -1045,6 +1046,9 @@ class CollisionDriver:
                     dist, mid = self._patch_distances(k, gdata, n, mid)
                     per_point.add(k)
             keep = _reduce_patch(mid, self.max_points)
+            if k in per_point:            # the kept points onto their common mid plane
+                mid = mid.copy()
+                mid[keep] = _k_common_plane(mid, n, np.asarray(keep, dtype=np.int64))
             for j, i in enumerate(keep):
                 rows_pair.append(k); rows_pt.append(j)
                 rows_pos.append(mid[i] if not side else (P1[i] if side == 1 else P2[i]))

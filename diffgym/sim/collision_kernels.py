@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .collision_derivatives import (_k_cross, _k_rows_of, _k_snap_pair,
+from .collision_derivatives import (_k_common_plane, _k_cross, _k_rows_of, _k_snap_pair,
                                     _k_world_patch_distances)
 from .jit import njit
 
@@ -804,7 +804,8 @@ def poly_pair_patch(view, ga, gb, c_v, c_voff, c_rad, n, c, mid, ptol, max_point
     """The snapped patch of polytope pair (ga, gb): its points ``mid`` (coal's patch about the
     axis n) projected on the mid plane at height c along n, each point's own distance and
     contact point (``collision_derivatives._k_world_patch_distances``) and the indices of the
-    points kept (``reduce_patch``). Returns (ok, dist, points, keep); ok False where a support
+    points kept (``reduce_patch``), the kept points moved onto their common mid plane
+    (``_k_common_plane``). Returns (ok, dist, points, keep); ok False where a support
     feature's least-squares system is singular."""
     X = _core_vertices(view, ga, c_v, c_voff)
     Y = _core_vertices(view, gb, c_v, c_voff)
@@ -814,7 +815,12 @@ def poly_pair_patch(view, ga, gb, c_v, c_voff, c_rad, n, c, mid, ptol, max_point
         for a in range(3):
             P[i, a] = mid[i, a] - h * n[a]
     ok, dist, pts = _k_world_patch_distances(X, c_rad[ga], Y, c_rad[gb], n, P, ptol)
-    return ok, dist, pts, reduce_patch(pts, max_points)
+    keep = reduce_patch(pts, max_points)
+    if ok:
+        lev = _k_common_plane(pts, n, keep)
+        for j in range(keep.shape[0]):
+            pts[keep[j]] = lev[j]
+    return ok, dist, pts, keep
 
 
 @njit

@@ -18,24 +18,24 @@ velocity-level damping term (``Kd = 0``): the velocity rows are exact. ``b`` is 
 smooth around ``d = 0``, where resting contacts settle, so step derivatives there are those of
 one smooth piece; its only kink is at ``d = s``, away from resting states.
 
-Depenetration speed cap (``MAX_DEPENETRATION_SPEED``, default 1 m/s, like PhysX's / Unity's
-``maxDepenetrationVelocity``): a contact's push-out ``-erp * d / dt`` is capped at this speed,
-``b = max(erp * d / dt, -MAX_DEPENETRATION_SPEED)``. A model starting deep in the floor or in
+Depenetration speed cap (``SolverSettings.max_depenetration_speed``, default
+``MAX_DEPENETRATION_SPEED`` = 1 m/s, like PhysX's / Unity's ``maxDepenetrationVelocity``): a
+contact's push-out ``-erp * d / dt`` is capped at this speed, ``b = max(erp * d / dt, -cap)``. A model starting deep in the floor or in
 another body (a robot's reference pose with its feet 1 m below the ground: 0.2 * 1 m / 2 ms =
 100 m/s per contact) then comes out at that speed instead of being launched (Talos: 606 m/s on
 its first step). Where the cap acts, the offset no longer depends on ``d`` (its gain in the step
 Jacobian is 0). The limit applies to contact rows only (joint limits are in rad). It is a
-process-wide constant read when the kernels compile (setting
-``diffgym.sim.constraint.MAX_DEPENETRATION_SPEED`` before the first step recompiles them with the
-new value; the cache stamps the value).
+per-simulator setting passed to the kernels at each step (``sim.solver.settings``; a value that
+is not a speed > 0 is refused, ``inf`` turns the cap off); the module constant
+``MAX_DEPENETRATION_SPEED`` is the default of new settings.
 
-Redundant contacts (``realizable_bias``, with ``SolverSettings(realizable_bias=True)``, off by
-default): where an island's stage 1 fails on these offsets, the step solves it once more with
-the offsets of its touching rows projected onto the range of those rows of J (the closest
-drift correction one generalized velocity realizes) and keeps that solution where stage 1
+Redundant contacts (``realizable_bias``, ``SolverSettings.realizable_bias``, on by default):
+where an island's stage 1 fails on these offsets, the step solves it once more with the
+offsets of its touching rows projected onto the range of those rows of J (the closest drift
+correction one generalized velocity realizes) and keeps that solution where stage 1
 then succeeds; every other step uses the offsets above. The step Jacobian includes the
-projection's derivative (``derivatives._realizable_terms``; why it is still off by default:
-README, "The steady push").
+projection's derivative (``derivatives._realizable_terms``, from the step's record of what it
+projected, ``Constraints.projected``; README, "The steady push").
 
 Restitution (Newton's impact law, ``restitution_bias``): a contact of a pair with coefficient
 ``e > 0`` whose normal velocity at the start of the step, ``u = J_N v`` (the pre-step ``v``, at
@@ -89,6 +89,11 @@ class Constraints:
     # T), -1 where an impact-law contact closes but not within the step (b = dist / dt), 0
     # elsewhere
     restitution_time: np.ndarray | None = None
+    # the step's record of its realizable drift correction (SolverSettings.realizable_bias,
+    # solver_kernels.solve_stage1's retry), read by the derivatives: (per row the island whose
+    # offsets were projected, -1 for none (m,) int64; the raw offsets before the projection
+    # (m,)); None where the projection acted on no row
+    projected: tuple | None = None
 
     @property
     def m(self) -> int:
@@ -131,34 +136,34 @@ def _offset(d, dt, erp, skin):
 
 
 @njit
-def _push(d, dt, erp):
-    """The Baumgarte push-out offset ``erp d / dt`` of a contact, at least
-    ``-MAX_DEPENETRATION_SPEED``."""
-    return max(erp * d / dt, -MAX_DEPENETRATION_SPEED)
+def _push(d, dt, erp, cap=MAX_DEPENETRATION_SPEED):
+    """The Baumgarte push-out offset ``erp d / dt`` of a contact, at least ``-cap``
+    (``SolverSettings.max_depenetration_speed``)."""
+    return max(erp * d / dt, -cap)
 
 
 @njit
-def _push_gain(d, dt, erp):
+def _push_gain(d, dt, erp, cap=MAX_DEPENETRATION_SPEED):
     """d _push / d d: ``erp / dt``, 0 where the cap acts."""
-    return erp / dt if erp * d / dt > -MAX_DEPENETRATION_SPEED else 0.0
+    return erp / dt if erp * d / dt > -cap else 0.0
 
 
 @njit
-def _contact_offset(d, dt, erp, skin):
+def _contact_offset(d, dt, erp, skin, cap=MAX_DEPENETRATION_SPEED):
     """The Baumgarte / speculative offset b of a contact's signed distance d, with the
     depenetration cap."""
-    return (d - skin) / dt + erp * skin / dt if d > skin else _push(d, dt, erp)
+    return (d - skin) / dt + erp * skin / dt if d > skin else _push(d, dt, erp, cap)
 
 
 @njit
-def contact_gain(d, dt, erp, skin):
+def contact_gain(d, dt, erp, skin, cap=MAX_DEPENETRATION_SPEED):
     """d _contact_offset / d d."""
-    return 1.0 / dt if d > skin else _push_gain(d, dt, erp)
+    return 1.0 / dt if d > skin else _push_gain(d, dt, erp, cap)
 
 
 @njit
 def restitution_bias(J, b, g, v, dist, pair, pair_rest, nc, dt, erp, skin, thr, j1, j2,
-                     joint_tree, spent):
+                     joint_tree, spent, cap=MAX_DEPENETRATION_SPEED):
     """Newton's impact law on the normal rows (module docstring): for each contact k whose pair
     has ``e = pair_rest[pair[k]] > 0``, pre-step normal velocity ``u = J[3k+2] . v`` below
     ``-thr`` and that closes within the step (``u_free < 0`` and ``dist + dt min(u, u_free) <
@@ -254,7 +259,7 @@ def restitution_bias(J, b, g, v, dist, pair, pair_rest, nc, dt, erp, skin, thr, 
             continue
         r = 3 * k + 2
         nb = e * un[k] + an[k] * ((1.0 + e) * out[1, k] + 0.5 * (e - 1.0) * dt) \
-            + (_push(dist[k], dt, erp) if dist[k] < 0.0 else 0.0)
+            + (_push(dist[k], dt, erp, cap) if dist[k] < 0.0 else 0.0)
         g[r] += nb - b[r]
         b[r] = nb
     return out
@@ -357,7 +362,7 @@ def island_rows(isl_c, isl_l, nis):
 
 @njit
 def constraint_rows(pos, frames, j1, j2, dist, Jw, support, sup_ptr, sup_idx, tree_lo, lim_idx,
-                    lim_dist, lim_v, lim_sign, dt, erp, skin):
+                    lim_dist, lim_v, lim_sign, dt, erp, skin, cap=MAX_DEPENETRATION_SPEED):
     """The rows of the contacts (3 each, in their frames) and active limits over their nonzero
     columns only (at most the dofs supporting the row's two bodies; a dof supporting both
     cancels): ``Jv[r, t]`` at dof ``nz[r, t]``, ``t < nnz[r]``, the offsets ``b`` and the (at
@@ -394,7 +399,7 @@ def constraint_rows(pos, frames, j1, j2, dist, Jw, support, sup_ptr, sup_idx, tr
                                          + frames[k, 2, a] * r2)
                     nz[row, nnz[row]] = d
                     nnz[row] += 1
-        b[3 * k + 2] = _contact_offset(dist[k], dt, erp, skin)
+        b[3 * k + 2] = _contact_offset(dist[k], dt, erp, skin, cap)
     for i in range(nl):
         row = 3 * nc + i
         d = lim_v[lim_idx[i]]
@@ -416,7 +421,8 @@ def constraint_rows(pos, frames, j1, j2, dist, Jw, support, sup_ptr, sup_idx, tr
 
 @njit
 def assemble_sparse(pos, frames, j1, j2, dist, Jw, support, sup_ptr, sup_idx, tree_lo, tree_hi,
-                    joint_tree, lim_idx, lim_dist, lim_v, lim_sign, dt, erp, skin, Minv, v_free):
+                    joint_tree, lim_idx, lim_dist, lim_v, lim_sign, dt, erp, skin, Minv, v_free,
+                    cap=MAX_DEPENETRATION_SPEED):
     """The rows J (m, nv) and offsets b of the contacts (3 each) and active limits, the
     velocity-level problem ``G = J M^-1 J^T``, ``g = J v_free + b``, ``M^-1 J^T`` and the
     islands of the rows (``row_islands``).
@@ -434,7 +440,7 @@ def assemble_sparse(pos, frames, j1, j2, dist, Jw, support, sup_ptr, sup_idx, tr
     m = 3 * nc + nl
     Jv, nz, nnz, b, rt = constraint_rows(pos, frames, j1, j2, dist, Jw, support, sup_ptr,
                                          sup_idx, tree_lo, lim_idx, lim_dist, lim_v, lim_sign,
-                                         dt, erp, skin)
+                                         dt, erp, skin, cap)
     J = np.zeros((m, nv))
     for r in range(m):
         for t in range(nnz[r]):
@@ -492,13 +498,14 @@ def support_lists(support, tree_lo):
 
 @njit
 def assemble_problem(pos, frames, j1, j2, dist, Jw, support, sup_ptr, sup_idx, joint_tree, tree_lo,
-                     tree_hi, lim_idx, lim_dist, lim_v, lim_sign, dt, erp, skin, Minv, v_free):
+                     tree_hi, lim_idx, lim_dist, lim_v, lim_sign, dt, erp, skin, Minv, v_free,
+                     cap=MAX_DEPENETRATION_SPEED):
     """``assemble_sparse`` (support lists from ``support_lists``), returning (J, b, G, g,
     M^-1 J^T, M^-1 with both triangles) (``Minv``: pinocchio's computeMinverse, upper
     triangle filled)."""
     J, b, G, g, MJt = assemble_sparse(pos, frames, j1, j2, dist, Jw, support, sup_ptr, sup_idx,
                                       tree_lo, tree_hi, joint_tree, lim_idx, lim_dist, lim_v,
-                                      lim_sign, dt, erp, skin, Minv, v_free)[:5]
+                                      lim_sign, dt, erp, skin, Minv, v_free, cap)[:5]
     nv = Jw.shape[1]
     Ms = np.empty((nv, nv))                     # M^-1, both triangles
     for i in range(nv):
@@ -563,7 +570,7 @@ def realizable_bias(G, b, g, nc, pair, dist, skin, rest, lim_dist, isl_c, isl_l,
     """Makes the drift correction of each island realizable (in place on ``b`` and ``g = J
     v_free + b``; ``G`` the dense Delassus matrix, ``pair`` each contact's candidate pair,
     ``isl_c``/``isl_l``/``nis`` the islands of ``row_islands``; ``rest`` as ``_bias_row_ok``).
-    Returns how many islands changed. With ``SolverSettings.realizable_bias`` (off by default)
+    Returns how many islands changed. With ``SolverSettings.realizable_bias`` (on by default)
     the step applies it to an island only where stage 1 failed on the raw offsets
     (``solver_kernels.solve_stage1``'s retry, with ``project_block``, for every caller) and keeps
     the result only where stage 1 then succeeds; every other step solves the raw problem.
@@ -629,10 +636,28 @@ _NO_SPENT = np.zeros(0)   # restitution_bias's ``spent`` on a step's first pass
 _NO_REST = np.zeros((2, 0))   # realizable_bias's ``rest`` where no contact has restitution
 
 
-def baumgarte_gain(dist: np.ndarray, dt: float, erp: float, skin: float) -> np.ndarray:
-    """d b / d dist of contact rows (0 where the depenetration cap acts)."""
-    return np.where(dist > skin, 1.0 / dt,
-                    np.where(erp * dist / dt > -MAX_DEPENETRATION_SPEED, erp / dt, 0.0))
+def baumgarte_gain(dist: np.ndarray, dt: float, erp: float, skin: float,
+                   cap: float = MAX_DEPENETRATION_SPEED) -> np.ndarray:
+    """d b / d dist of contact rows (0 where the depenetration cap ``cap`` acts)."""
+    return np.where(dist > skin, 1.0 / dt, np.where(erp * dist / dt > -cap, erp / dt, 0.0))
+
+
+def check_depenetration_speed(value) -> float:
+    """``SolverSettings.max_depenetration_speed`` checked: a real number > 0 (m/s; ``inf``: no
+    cap), else ValueError naming the setting and the value."""
+    ok = isinstance(value, (int, float, np.integer, np.floating)) and not isinstance(value, bool)
+    if not (ok and value > 0.0):          # (NaN fails the comparison)
+        raise ValueError("SolverSettings.max_depenetration_speed must be a speed > 0 (m/s; inf: "
+                         f"no cap), got {value!r}")
+    return float(value)
+
+
+def depenetration_speed(solver) -> float:
+    """The depenetration cap (m/s) a step with ``solver`` uses: its settings'
+    ``max_depenetration_speed``, or ``MAX_DEPENETRATION_SPEED`` for a solver whose settings
+    have no such field (a user's own solver)."""
+    return float(getattr(getattr(solver, "settings", None), "max_depenetration_speed",
+                         MAX_DEPENETRATION_SPEED))
 
 
 class ConstraintBuilder:
@@ -706,12 +731,14 @@ class ConstraintBuilder:
 
     def assemble(self, Jw: np.ndarray, contacts: Contacts, limits, dt: float, Minv: np.ndarray,
                  v_free: np.ndarray, v: np.ndarray | None = None,
-                 spent: np.ndarray | None = None, drift: np.ndarray | None = None):
+                 spent: np.ndarray | None = None, cap: float = MAX_DEPENETRATION_SPEED,
+                 drift: np.ndarray | None = None):
         """Constraints and the problem (G, g, M^-1 J^T) from the world-frame joint Jacobians
         ``Jw`` (pinocchio's data.J after computeJointJacobians) in one compiled pass. ``v``: the
         pre-step velocity (Newton's impact law); ``spent``: the time already drifted per dof (a
-        later pass of ``impact_time.impact_substep``); ``drift``: (nc,) terms added to the
-        normal rows' offsets (support_drift), or None."""
+        later pass of ``impact_time.impact_substep``); ``cap``: the depenetration cap (m/s,
+        ``SolverSettings.max_depenetration_speed``); ``drift``: (nc,) terms added to the normal
+        rows' offsets (support_drift), or None."""
         lim_idx, lim_dist = limits
         nc = len(contacts)
         frames = contacts.frames
@@ -721,7 +748,7 @@ class ConstraintBuilder:
             contacts.pos, frames, self.geom_joint[contacts.geom1], self.geom_joint[contacts.geom2],
             contacts.dist, Jw, self.support, self.sup_ptr, self.sup_idx, self.joint_tree,
             self.tree_lo, self.tree_hi, lim_idx, lim_dist, self.lim_v, self.lim_sign, dt, self.erp,
-            self.skin, Minv, v_free)
+            self.skin, Minv, v_free, float(cap))
         rest = rtime = None
         pr = self.pair_restitution
         j1, j2 = self.geom_joint[contacts.geom1], self.geom_joint[contacts.geom2]
@@ -731,7 +758,8 @@ class ConstraintBuilder:
             rb = restitution_bias(
                 J, b, g, np.ascontiguousarray(v, dtype=float), contacts.dist, contacts.pair, pr,
                 nc, dt, self.erp, self.skin, self.restitution_thr(dt), j1, j2, self.joint_tree,
-                _NO_SPENT if spent is None else np.ascontiguousarray(spent, dtype=float))
+                _NO_SPENT if spent is None else np.ascontiguousarray(spent, dtype=float),
+                float(cap))
             rest, rtime = rb
         if drift is not None and nc:
             b[2:3 * nc:3] += drift
@@ -772,7 +800,7 @@ def _minv_at(Mb, moff, tree_lo, tree_hi, i, d):
 @njit
 def assemble_blocks(pos, frames, j1, j2, dist, Jw, support, sup_ptr, sup_idx, tree_lo, tree_hi,
                     joint_tree, lim_idx, lim_dist, lim_v, lim_sign, dt, erp, skin, Mb, moff,
-                    v_free):
+                    v_free, cap=MAX_DEPENETRATION_SPEED):
     """``assemble_sparse`` in storage that grows with the rows, not with rows x dofs:
 
     * J row by row over its nonzero columns: ``Jv[r, t]`` at dof ``nz[r, t]``, ``t < nnz[r]``;
@@ -790,7 +818,7 @@ def assemble_blocks(pos, frames, j1, j2, dist, Jw, support, sup_ptr, sup_idx, tr
     m = 3 * nc + lim_idx.shape[0]
     Jv, nz, nnz, b, rt = constraint_rows(pos, frames, j1, j2, dist, Jw, support, sup_ptr,
                                          sup_idx, tree_lo, lim_idx, lim_dist, lim_v, lim_sign,
-                                         dt, erp, skin)
+                                         dt, erp, skin, cap)
     tmax = 1
     for r in range(m):
         w = 0

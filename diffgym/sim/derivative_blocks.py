@@ -51,6 +51,7 @@ import numpy as np
 import pinocchio as pin
 
 from . import derivative_kernels as K
+from .constraint import depenetration_speed
 from .solver import BREAKING
 
 # dofs per kernel call at most (consecutive blocks merged up to it; a larger block is one call)
@@ -93,6 +94,8 @@ def applies(sim, C, system) -> bool:
     cons = C["cons"]
     if cons is not None and (_restitution(cons) is not None or _closing(cons) is not None):
         return False
+    if cons is not None and getattr(cons, "projected", None) is not None:
+        return False          # (the realizable projection's terms: derivatives._realizable_terms)
     return bool(_compiled_state(sim).ok)
 
 
@@ -275,7 +278,7 @@ def step_jacobian_blocks(sim, C, sparse: bool):
                      c.dist[ks], cons.dist[ks], np.ascontiguousarray(cons.frames[ks]),
                      lam[R], v1[Db], dt, ccons.erp, ccons.skin)
             lims = (cons.limits[ls], cons.limit_dist[ls], loc[st.lim_v], st.lim_sign, v[Db],
-                    np.zeros(ncb))
+                    np.zeros(ncb), depenetration_speed(sim.solver))
             no_geo = (np.zeros((0, 3, nb)), np.zeros((0, 3, nb)), np.zeros((0, nb)))
             corr, Dq, done = K.contact_terms(*cargs, False, *no_geo, *lims)
             if not done:          # pairs without a closed form in the kernel: in Python

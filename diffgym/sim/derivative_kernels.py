@@ -29,7 +29,7 @@ from __future__ import annotations
 import numpy as np
 
 from .solver_kernels import _uf_find
-from .constraint import _push_gain, contact_gain
+from .constraint import MAX_DEPENETRATION_SPEED, _push_gain, contact_gain
 from .jit import njit
 from .solver import BREAKING, STICKING
 
@@ -39,7 +39,7 @@ from .solver import BREAKING, STICKING
 def contact_terms(JT, oM, ov, fext, supp, dof_joint, parents, gjoint, static_plane, roll_radius,
                   python_geometry, gplace, geom1, geom2, pos, normal, dist, cdist, frames, lam, v1,
                   dt, erp, skin, geo_given, dp_in, dn_in, dd_in, lim_idx, lim_dist, lim_v,
-                  lim_sign, v0, rest):
+                  lim_sign, v0, rest, cap=MAX_DEPENETRATION_SPEED):
     """JT: ``data.J.T`` (nv, 6), WORLD joint Jacobian columns after
     ``computeForwardKinematicsDerivatives`` at (q, v1), as are ``oM`` and ``ov``.
 
@@ -302,9 +302,9 @@ def contact_terms(JT, oM, ov, fext, supp, dof_joint, parents, gjoint, static_pla
 
     # Dq_extra: R^T d vrel (+ dR^T vrel), Baumgarte on the normal rows
     for k in range(nc):
-        gain = contact_gain(cdist[k], dt, erp, skin)
+        gain = contact_gain(cdist[k], dt, erp, skin, cap)
         if rest[k] > 0.0:                    # impact law: b = e u + erp min(d, 0) / dt
-            gain = _push_gain(cdist[k], dt, erp) if cdist[k] < 0.0 else 0.0
+            gain = _push_gain(cdist[k], dt, erp, cap) if cdist[k] < 0.0 else 0.0
         elif rest[k] < 0.0:                  # closing, short of contact: b = d / rem (d > 0),
             gain = -1.0 / (rest[k] * dt)     # rest = -rem / dt (-1: rem = dt, gain 1 / dt)
         for i in range(3):

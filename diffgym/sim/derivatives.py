@@ -69,7 +69,7 @@ from . import support_drift as _support_drift
 from .collision_derivatives import (POLYTOPE_KINDS, capsule_pair, convex_pair,  # noqa: F401
                                     cylinder_box_pair, face_pair, polytope_pair, polytope_pairs)
 from .collision_driver import tighten_requests
-from .constraint import baumgarte_gain
+from .constraint import baumgarte_gain, depenetration_speed
 from .plane_contacts import cylinder_lowest, ellipsoid_directions
 from .pinviews import addr as _addr, gather_placements, placement_view, raw_rows as _raw_rows
 from .solver import BREAKING, STICKING
@@ -982,49 +982,17 @@ def _closing_spent(sim, C, system):
 def realizable_islands(sim, cons):
     """The islands whose drift correction the step replaced by its realizable projection
     (``SolverSettings.realizable_bias``, ``solver_kernels.solve_stage1``'s retry): a list of
-    (rows S (global indices), their raw offsets ``b_S``). Read off the step's own ``cons.b``:
-    the projected rows (``constraint._bias_row_ok``: touching contacts within the skin, limits
-    at their bound) have the Baumgarte offsets ``erp d / dt`` (normal rows, limits) and 0
-    (tangent rows) unless the projection replaced them; recomputed here with the assembly's own
-    arithmetic, an island whose rows differ from them is one the step projected."""
-    cb = sim.constraints
-    if (cons is None or cons.m < 2 or not getattr(sim.solver, "settings", None)
-            or not getattr(sim.solver.settings, "realizable_bias", False)):
+    (rows S (global indices, increasing), their raw offsets ``b_S``), read from the step's own
+    record ``cons.projected`` (per row the island whose offsets were projected, and the offsets
+    before the projection), which the step writes where it projects."""
+    rec = getattr(cons, "projected", None) if cons is not None else None
+    if rec is None:
         return []
-    from .constraint import (_bias_row_ok, _pairs_in_contact, island_rows, row_islands,
-                             _NO_REST)
-    from .solver_kernels import BODY_MIN_ROWS
-    nc = cons.nc
-    dt, erp, skin = sim.dt, cb.erp, cb.skin
-    c = cons.contacts
-    j1 = np.ascontiguousarray(cb.geom_joint[c.geom1], dtype=np.int64)
-    j2 = np.ascontiguousarray(cb.geom_joint[c.geom2], dtype=np.int64)
-    lims = np.ascontiguousarray(cons.limits, dtype=np.int64)
-    isl_c, isl_l, nis = row_islands(j1, j2, cb.joint_tree, lims, cb.lim_v, cb.tree_lo)
-    ptr, rows = island_rows(isl_c, isl_l, nis)[:2]
-    dist = np.ascontiguousarray(cons.dist, dtype=float)
-    touch = _pairs_in_contact(np.ascontiguousarray(c.pair, dtype=np.int64), dist)
-    rest = _NO_REST
-    if getattr(cons, "restitution", None) is not None:
-        rest = np.ascontiguousarray(np.vstack([cons.restitution, cons.restitution_time]),
-                                    dtype=float)
-    lim_dist = np.ascontiguousarray(cons.limit_dist, dtype=float)
-    b = cons.b
+    proj, braw = rec
     out = []
-    for s in range(int(nis)):
-        rr = rows[ptr[s]:ptr[s + 1]]
-        S = np.array([r for r in rr.tolist()
-                      if _bias_row_ok(r, nc, touch, dist, skin, rest, lim_dist)], dtype=np.int64)
-        if len(S) < 2 or len(S) >= BODY_MIN_ROWS:
-            continue
-        braw = np.zeros(len(S))
-        for a, r in enumerate(S.tolist()):
-            if r >= 3 * nc:
-                braw[a] = erp * float(lim_dist[r - 3 * nc]) / dt
-            elif r % 3 == 2:
-                braw[a] = erp * float(dist[r // 3]) / dt
-        if not np.array_equal(b[S], braw):
-            out.append((S, braw))
+    for s in np.unique(proj[proj >= 0]).tolist():
+        S = np.flatnonzero(proj == s).astype(np.int64)
+        out.append((S, np.array(braw[S], dtype=float)))
     return out
 
 
@@ -1077,7 +1045,8 @@ def _realizable_terms(sim, cons, geometry, JT=None):
     dof_joint, parents = tabs
     c = cons.contacts
     gj = cb.geom_joint
-    dt, erp = sim.dt, cb.erp
+    dt, erp, skin = sim.dt, cb.erp, cb.skin
+    cap = depenetration_speed(sim.solver)
     J = cons.J
     out = np.zeros((cons.m, nv))
     for S, braw in isl:
@@ -1114,8 +1083,9 @@ def _realizable_terms(sim, cons, geometry, JT=None):
         for a, r in enumerate(S.tolist()):
             if r < 3 * nc:
                 T1s[a] = T1[kpos[r // 3], r % 3]
-                if r % 3 == 2:
-                    db[a] = (erp / dt) * dd[r // 3]
+                if r % 3 == 2:          # (the gain of the offset: 0 where the cap acts)
+                    k = r // 3
+                    db[a] = baumgarte_gain(cons.dist[k:k + 1], dt, erp, skin, cap)[0] * dd[k]
             else:
                 lim = sim.sm.limits[int(cons.limits[r - 3 * nc])]
                 db[a, lim.idx_v] = (erp / dt) * lim.sign
@@ -1415,12 +1385,13 @@ def _step_jacobian_reference(sim, C=None, system=None) -> StepJacobian:
             if dR is not None:
                 RdV = np.einsum("kain,ka->kin", dR, vrel) + RdV
             Dq_extra[:3 * nc] = RdV.reshape(3 * nc, nv)
-            gain = baumgarte_gain(cons.dist, dt, erp, skin)
+            cap = depenetration_speed(sim.solver)
+            gain = baumgarte_gain(cons.dist, dt, erp, skin, cap)
             if rest is not None:
                 # Newton's impact law rows: b = e u(q, v) + erp min(d, 0) / dt, u = n . vrel at
                 # the pre-step v (constraint.restitution_bias): the gain of d, and e du/dq
                 gain = np.where(rest > 0.0, np.where(cons.dist < 0.0, baumgarte_gain(
-                    cons.dist, dt, erp, 0.0), 0.0), gain)
+                    cons.dist, dt, erp, 0.0, cap), 0.0), gain)
                 trees = sim.__dict__.get("_trees")
                 if trees is not None:      # per-tree groups: no whole-model Data (cubic in nv)
                     kin0 = _Kin(model, None, q, v, np.concatenate([j1s, j2s]), trees)
@@ -1681,7 +1652,8 @@ def _step_jacobian_compiled(sim, C=None, system=None) -> StepJacobian | None:
         if closing is not None:            # (< 0: closing short of contact, b = d / rem, the
             # kernel's gain 1 / rem from -rem / dt: -1 on a step's first pass)
             rest = np.where(closing, -_closing_time(sim, cons, C) / sim.dt, rest)
-        lims = (cons.limits, cons.limit_dist, st.lim_v, st.lim_sign, v, rest)
+        lims = (cons.limits, cons.limit_dist, st.lim_v, st.lim_sign, v, rest,
+                depenetration_speed(sim.solver))
         corr, Dq, done = K.contact_terms(*args, False, *st.no_geo, *lims)
         geo = None
         if not done:           # pairs without a closed form in the kernel: geometry in Python

@@ -20,6 +20,7 @@ from .collision_driver import CollisionDriver, Contacts
 from .constraint import (ConstraintBuilder, Constraints, _active_limits, assemble_problem,  # noqa: F401
                          _NO_SPENT, _bias_row_ok, _pairs_in_contact, assemble_sparse,
                          island_rows, restitution_bias)
+from .constraint import MAX_DEPENETRATION_SPEED, depenetration_speed
 from .derivatives import step_jacobian
 from .jit import ENABLED as _JIT, njit
 from .model import ModelError, SimModel
@@ -327,8 +328,9 @@ def _solve_islands(G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mo
     (their block of G is zero), so each island's problem (its contacts' rows, then its limits'
     rows, with their warm start) is solved on its own by ``solve_stage1`` and the results are
     scattered back. Returns (island_ok (nis,), lam, sigma, modes, lim_act, iterations (sum),
-    residual (max), how many islands stage 1b (the proximal iteration) solved); the rows of a
-    failed island are left at zero for the later stages.
+    residual (max), how many islands stage 1b (the proximal iteration) solved, the record of
+    the projection: per row the island whose offsets the retry projected (-1: none), and the
+    raw offsets); the rows of a failed island are left at zero for the later stages.
     An island of at least ``BODY_MIN_ROWS`` rows also gets its rows and mass matrix in body space
     (``island_body``: J, Minv and the trees' dof ranges) for its large linear Newton steps;
     ``Minv`` None: the problem has fewer rows (the step knows it from its contacts and limits),
@@ -340,22 +342,27 @@ def _solve_islands(G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mo
     m = G.shape[0]
     nl = m - 3 * nc
     touch = _pairs_in_contact(pair, dist) if realizable else np.zeros(0, np.bool_)
+    proj = np.full(m, -1, dtype=np.int64)
+    braw = b.copy()
     if nis == 1:            # (one island: its rows are all rows, in order; no copies)
         Jb, Mb, tlo, thi = _body_data(Minv, J, tree_lo, tree_hi, _NO_I, m)
         keep = np.zeros(m, np.bool_)
         if realizable:
             for r in range(m):
                 keep[r] = _bias_row_ok(r, nc, touch, dist, skin, rest, lim_dist)
-        # (b and g in place where the retry with realizable offsets succeeded)
+        # (b and g in place where the retry with realizable offsets succeeded; keep: its rows)
         ok, lam, sigma, modes, lim_act, its, res, prox = solve_stage1(
             G, g, nc, mu, lam0, modes0, found, tol, mode_tol, newton_iter, mode_rounds, budget,
             Jb, Mb, tlo, thi, b, keep)
+        for r in range(m):
+            if keep[r]:
+                proj[r] = 0
         island_ok = np.ones(1, dtype=np.bool_)
         if not ok:
             island_ok[0] = False
             return (island_ok, np.zeros(m), np.zeros(m), np.zeros(nc, dtype=np.int64),
-                    np.zeros(nl, dtype=np.bool_), its, 0.0, 0)
-        return island_ok, lam, sigma, modes, lim_act, its, res, prox
+                    np.zeros(nl, dtype=np.bool_), its, 0.0, 0, proj, braw)
+        return island_ok, lam, sigma, modes, lim_act, its, res, prox, proj, braw
     lam = np.zeros(m)
     sigma = np.zeros(m)
     modes = np.zeros(nc, dtype=np.int64)
@@ -387,6 +394,8 @@ def _solve_islands(G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mo
             for a in range(ms):
                 b[rows[r0 + a]] = bs[a]
                 g[rows[r0 + a]] = gs[a]
+                if keep[a]:
+                    proj[rows[r0 + a]] = s
         its += its_s
         nprox += prox
         if not ok:
@@ -396,7 +405,7 @@ def _solve_islands(G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mo
             res = res_s
         _island_scatter(lam, sigma, modes, lim_act, lam_s, sigma_s, modes_s, lact_s, rows, r0, ms,
                         cs, cptr[s], ncs, ls, lptr[s], nls)
-    return island_ok, lam, sigma, modes, lim_act, its, res, nprox
+    return island_ok, lam, sigma, modes, lim_act, its, res, nprox, proj, braw
 
 
 @njit
@@ -405,7 +414,8 @@ def _constrained_velocity(pos, frames, geom1, geom2, geom_joint, dist, mu, pair,
                           q, v, lim_q, lim_v, lim_bound, lim_sign, limit_margin, dt, erp, skin,
                           Minv, v_free, warm, pair_w, point_w, lam_w, modes_w, limits_w, lim_act_w,
                           tol, mode_tol, newton_iter, mode_rounds, budget, pair_rest, rest_thr,
-                          rest_spent, Mbody, realizable=False, mocap_b=None, drift=None):
+                          rest_spent, Mbody, realizable=False, cap=MAX_DEPENETRATION_SPEED,
+                          mocap_b=None, drift=None):
     """The constrained part of the step in one compiled call: the active joint limits, the
     problem and its islands (constraint.assemble_sparse), Newton's impact law on the normal rows
     of impacting contacts (constraint.restitution_bias, at the pre-step ``v``; ``pair_rest``
@@ -413,8 +423,9 @@ def _constrained_velocity(pos, frames, geom1, geom2, geom_joint, dist, mu, pair,
     stage 1 of the NCP solve per island (_solve_islands) and ``v1 = v_free + M^-1 J^T lam``.
 
     Returns (island_ok, isl_c, isl_l, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes,
-    lim_act, its, res, v1, MJt, rest, nprox) (each returned array costs a Python object: only those the step
-    keeps); an island whose stage 1 failed has ``island_ok`` False (the caller runs the later
+    lim_act, its, res, v1, MJt, rest, nprox, proj, braw) (each returned array costs a Python
+    object: only those the step keeps; ``proj``, ``braw``: the record of the realizable
+    projection, ``_solve_islands``); an island whose stage 1 failed has ``island_ok`` False (the caller runs the later
     stages on it); ``v1`` then holds only the other islands' impulses. ``Mbody``: ``Minv``
     again, or None where the problem cannot reach ``BODY_MIN_ROWS`` rows (3 per contact plus
     the limits): that variant is compiled without the body-space path, which small robots never
@@ -431,9 +442,9 @@ def _constrained_velocity(pos, frames, geom1, geom2, geom_joint, dist, mu, pair,
         lim_idx, lim_dist = np.zeros(0, dtype=np.int64), np.zeros(0)
     J, b, G, g, MJt, isl_c, isl_l, nis, rt = assemble_sparse(
         pos, frames, j1, j2, dist, Jw, support, sup_ptr, sup_idx, tree_lo, tree_hi, joint_tree,
-        lim_idx, lim_dist, lim_v, lim_sign, dt, erp, skin, Minv, v_free)
+        lim_idx, lim_dist, lim_v, lim_sign, dt, erp, skin, Minv, v_free, cap)
     rest = restitution_bias(J, b, g, v, dist, pair, pair_rest, nc, dt, erp, skin, rest_thr, j1, j2,
-                            joint_tree, rest_spent)
+                            joint_tree, rest_spent, cap)
     if mocap_b is not None and mocap_b.shape[0] == nc:
         # moving mocap geoms: their velocity at the contact point in the rows' offsets
         # (diffgym.sim.mocap; (0, 3) for every other model)
@@ -459,14 +470,14 @@ def _constrained_velocity(pos, frames, geom1, geom2, geom_joint, dist, mu, pair,
     if m == 0:
         return (np.ones(0, dtype=np.bool_), isl_c, isl_l, lim_idx, lim_dist, J, b, G, g,
                 np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.bool_),
-                0, 0.0, v1, MJt, rest, 0)
-    island_ok, lam, sigma, modes, lim_act, its, res, nprox = _solve_islands(
+                0, 0.0, v1, MJt, rest, 0, np.zeros(0, dtype=np.int64), np.zeros(0))
+    island_ok, lam, sigma, modes, lim_act, its, res, nprox, proj, braw = _solve_islands(
         G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mode_tol, newton_iter,
         mode_rounds, budget, J, Mbody, tree_lo, tree_hi, b, pair, dist, skin, rest, lim_dist,
         realizable)
     _add_impulses(v1, MJt, rt, lam, tree_hi)
     return (island_ok, isl_c, isl_l, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, lim_act,
-            its, res, v1, MJt, rest, nprox)
+            its, res, v1, MJt, rest, nprox, proj, braw)
 
 
 @njit
@@ -552,7 +563,8 @@ def _constrained_step(pos, frames, geom1, geom2, geom_joint, dist, mu, pair, poi
                       q, v, lim_q, lim_v, lim_bound, lim_sign, limit_margin, dt, erp, skin,
                       Minv, v_free, warm, pair_w, point_w, lam_w, modes_w, limits_w, lim_act_w,
                       tol, mode_tol, newton_iter, mode_rounds, budget, pair_rest, rest_thr,
-                      rest_spent, Mbody, realizable=False, mocap_b=None, drift=None):
+                      rest_spent, Mbody, realizable=False, cap=MAX_DEPENETRATION_SPEED,
+                      mocap_b=None, drift=None):
     """``_constrained_velocity`` (same arguments) and, when every island's stage 1 succeeded,
     the check of its solution at the final velocity (``_verify_velocity``), in one compiled call
     that returns only what the common step keeps, packed into three arrays: every array a
@@ -564,17 +576,19 @@ def _constrained_step(pos, frames, geom1, geom2, geom_joint, dist, mu, pair, poi
 
     Returns (all_ok, islands, nl, its, res, verify residual, verify scale, nprox, F, I,
     lim_act, J, G): ``nl`` active limits (``m = 3 nc + nl`` rows); ``F`` (float64) holds, in
-    order, lim_dist (nl), b (m), g (m), lam (m), sigma (m), v1 (nv) and the restitution pair
-    (2, nc); ``I`` (int64) lim_idx (nl) then modes (nc); ``lim_act`` (nl,)
+    order, lim_dist (nl), b (m), g (m), lam (m), sigma (m), v1 (nv), the restitution pair
+    (2, nc) and the raw offsets (m) before the realizable projection; ``I`` (int64) lim_idx
+    (nl), modes (nc), then per row the island the projection acted on (m, -1: none);
+    ``lim_act`` (nl,)
     bool. The verify pair is 0.0 unless all_ok and there are rows; nprox: islands that took
     the compiled proximal stage 1b."""
     (island_ok, isl_c, isl_l, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, lim_act,
-     its, res, v1, MJt, rest, nprox) = _constrained_velocity(
+     its, res, v1, MJt, rest, nprox, proj, braw) = _constrained_velocity(
         pos, frames, geom1, geom2, geom_joint, dist, mu, pair, point, Jw, support, sup_ptr,
         sup_idx, joint_tree, tree_lo, tree_hi, q, v, lim_q, lim_v, lim_bound, lim_sign,
         limit_margin, dt, erp, skin, Minv, v_free, warm, pair_w, point_w, lam_w, modes_w,
         limits_w, lim_act_w, tol, mode_tol, newton_iter, mode_rounds, budget, pair_rest, rest_thr,
-        rest_spent, Mbody, realizable, mocap_b, drift)
+        rest_spent, Mbody, realizable, cap, mocap_b, drift)
     all_ok = True
     for s in range(island_ok.shape[0]):
         if not island_ok[s]:
@@ -591,7 +605,7 @@ def _constrained_step(pos, frames, geom1, geom2, geom_joint, dist, mu, pair, poi
     # would double the step's largest allocations on a large island (G is m x m).
     # (written out, not a helper: a helper called with 1-d and 2-d arrays would be a kernel
     # with two signatures, compiled twice on first use)
-    F = np.empty(nl + 4 * m + nv + 2 * nc)
+    F = np.empty(nl + 5 * m + nv + 2 * nc)
     for i in range(nl):
         F[i] = lim_dist[i]
     o = nl
@@ -611,23 +625,33 @@ def _constrained_step(pos, frames, geom1, geom2, geom_joint, dist, mu, pair, poi
     else:
         for i in range(2 * nc):
             F[o + i] = 0.0
-    ints = np.empty(nl + modes.shape[0], dtype=np.int64)
+    o += 2 * nc
+    for r in range(m):
+        F[o + r] = braw[r] if braw.shape[0] == m else b[r]
+    ints = np.empty(nl + modes.shape[0] + m, dtype=np.int64)
     for i in range(nl):
         ints[i] = lim_idx[i]
     for i in range(modes.shape[0]):
         ints[nl + i] = modes[i]
+    o = nl + modes.shape[0]
+    for r in range(m):
+        ints[o + r] = proj[r] if proj.shape[0] == m else -1
     return (all_ok, island_ok.shape[0], nl, its, res, r1, vs, nprox, F, ints, lim_act, J, G)
 
 
 def _unpack_step(F, ints, J, G, nc, nl, nv):
     """Views of ``_constrained_step``'s packed arrays, with its J and G: (lim_idx, lim_dist, J,
-    b, G, g, lam, sigma, modes, v1, restitution (2, nc))."""
+    b, G, g, lam, sigma, modes, v1, restitution (2, nc), the record of the realizable
+    projection (``Constraints.projected``; None where it acted on no row))."""
     m = 3 * nc + nl
     o1 = nl + m
     o2, o3, o4 = o1 + m, o1 + 2 * m, o1 + 3 * m
     o5 = o4 + nv
-    return (ints[:nl], F[:nl], J, F[nl:o1], G, F[o1:o2], F[o2:o3], F[o3:o4], ints[nl:],
-            F[o4:o5], F[o5:o5 + 2 * nc].reshape(2, nc))
+    o6 = o5 + 2 * nc
+    proj = ints[nl + nc:nl + nc + m]
+    rec = (proj, F[o6:o6 + m]) if m and proj.max() >= 0 else None
+    return (ints[:nl], F[:nl], J, F[nl:o1], G, F[o1:o2], F[o2:o3], F[o3:o4], ints[nl:nl + nc],
+            F[o4:o5], F[o5:o6].reshape(2, nc), rec)
 
 
 @njit
@@ -654,6 +678,10 @@ def _step_checks(v, v1, q1, gate, mu):
 
 _NO_MU = np.zeros(0)
 # joints whose configuration space is a vector space (``integrate(q, v) = q + v``)
+# the solver's stages in the order it tries them (SolverResult.method)
+_STAGE_RANK = {m: i for i, m in enumerate(("none", "newton", "prox+newton", "pinadmm+newton",
+                                            "ssn+newton", "admm+newton", "pgs+newton", "admm",
+                                            "pgs"))}
 _ADDITIVE_JOINTS = frozenset(
     "JointModel" + k for k in ("RX", "RY", "RZ", "PX", "PY", "PZ", "RevoluteUnaligned",
                                 "PrismaticUnaligned", "Translation"))
@@ -1348,7 +1376,7 @@ class Simulator:
                     # (at most 3 rows a contact and one a limit: a smaller bound than
                     # BODY_MIN_ROWS takes the variant compiled without the body-space path)
                     Mk if 3 * nc + len(cb.lim_q) >= BODY_MIN_ROWS else None,
-                    bool(st.realizable_bias),
+                    bool(st.realizable_bias), depenetration_speed(solver),
                     # (moving mocap geoms: the offsets of their contacts, diffgym.sim.mocap)
                     _NO_MOCAP if self._mocap is None or not nc else
                     _mocap_rows(self._mocap.contact_bias(contacts, frames)))
@@ -1368,11 +1396,11 @@ class Simulator:
                                                         pass_velocity)
             (all_ok, nis, nl, its, resid, r1, vs, nprox, F, ints, lim_act, J, G) = out
             (lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, v1,
-             rest) = _unpack_step(F, ints, J, G, nc, nl, nv)
+             rest, projected) = _unpack_step(F, ints, J, G, nc, nl, nv)
             if G.shape[0]:
                 cons = Constraints(J, b, nc, contacts.mu, frames, contacts, lim_idx, lim_dist,
                                    contacts.dist, *(rest if len(cb.pair_restitution) else
-                                                    (None, None)))
+                                                    (None, None)), projected)
                 if all_ok:
                     res = SolverResult(lam, sigma, modes, lim_act, its, resid, True,
                                        "prox+newton" if nprox else "newton")
@@ -1399,7 +1427,8 @@ class Simulator:
 
                 def solve_pass(drift):
                     cons, G, g, MJt, Minv = cb.assemble(Jw, contacts, limits, dt, Minv0, v_free,
-                                                        v, spent, drift=drift)
+                                                        v, spent, depenetration_speed(solver),
+                                                        drift=drift)
                     if self._mocap is not None:
                         g = self._mocap_offsets(cons, g)
                     lam0, modes0 = self._warm_start(cons)
@@ -1411,7 +1440,10 @@ class Simulator:
                         g = np.array(g, dtype=np.float64)
                         cons.b = np.array(cons.b, dtype=np.float64)
                         bias = (cons.b, cb.realizable_rows(cons))
+                        braw = cons.b.copy()
                     res = self._solve(solver, G, g, cons, lam0, modes0, v, bias=bias)
+                    if bias is not None and bias[1].any():  # (solve_stage1's record, in place)
+                        cons.projected = (np.where(bias[1], 0, -1).astype(np.int64), braw)
                     return cons, G, g, MJt, Minv, res, v_free + MJt @ res.lam
                 (cons, G, g, MJt, Minv, res, v1), drift_at = support_fixed_point(
                     self, contacts, Jw, v, solve_pass, lambda o: o[6] if o[5].converged else None)
@@ -1488,7 +1520,7 @@ class Simulator:
         pre = self.__dict__.get("_toi_pass")
         cons, G0, g0, MJt0, Ms = cb.assemble(Jw, contacts, limits, dt, Minv, v_free, v,
                                              consumed_time(pre) if pre else None,
-                                             drift=drift)
+                                             depenetration_speed(self.solver), drift=drift)
         if self._mocap is not None:
             self._mocap_offsets(cons, g0)
         nc, nl = cons.nc, len(cons.limits)
@@ -1644,7 +1676,11 @@ class Simulator:
             resid = max(resid, r.residual)
             converged &= bool(r.converged)
             methods.append(r.method)
-        method = max(set(methods), key=methods.count) if methods else "newton"
+        # the most common label; a tie goes to the later stage (not to the iteration order of a
+        # set of strings, which Python's per-process hash seed decides: the same step was
+        # labelled "pinadmm+newton" in one process and "ssn+newton" in another)
+        method = max(methods, key=lambda m: (methods.count(m), _STAGE_RANK.get(m, -1), m)) \
+            if methods else "newton"
         return SolverResult(lam, sigma, modes, lim_act, its, resid, converged, method)
 
     def _warm_start(self, cons: Constraints):

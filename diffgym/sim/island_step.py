@@ -26,7 +26,7 @@ import numpy as np
 
 from .constraint import (_NO_REST, Constraints, _active_limits, assemble_blocks,
                          blocks_dense)
-from .constraint import _pairs_in_contact
+from .constraint import MAX_DEPENETRATION_SPEED, _pairs_in_contact, depenetration_speed
 from .forward import _island_bias, _island_gather, _island_scatter, _match_warm_start
 from .jit import njit
 from .solver import NCPSolver, SolverResult
@@ -134,12 +134,13 @@ def constrained_step_blocks(pos, frames, geom1, geom2, geom_joint, dist, mu, pai
                             lim_v, lim_bound, lim_sign, limit_margin, dt, erp, skin, Mb, moff,
                             v_free, warm, pair_w, point_w, lam_w, modes_w, limits_w, lim_act_w,
                             tol, mode_tol, newton_iter, mode_rounds, budget, realizable=False,
-                            drift=None):
+                            cap=MAX_DEPENETRATION_SPEED, drift=None):
     """``forward._constrained_step`` (without restitution) on per-island storage: the active
     limits, ``constraint.assemble_blocks``, the warm start, stage 1 per island, ``v1`` and the
     check of the solution at ``v1``. Returns (all_ok, lim_idx, lim_dist, lam, sigma, modes,
     lim_act, its, res, v1, verify residual, verify scale, nprox, the storage tuple of
-    assemble_blocks)."""
+    assemble_blocks, the record of the realizable projection: per row its island or -1, the
+    raw offsets (``forward._solve_islands``))."""
     nc = pos.shape[0]
     nv = Jw.shape[1]
     j1 = np.empty(nc, dtype=np.int64)
@@ -154,7 +155,7 @@ def constrained_step_blocks(pos, frames, geom1, geom2, geom_joint, dist, mu, pai
         lim_idx, lim_dist = np.zeros(0, dtype=np.int64), np.zeros(0)
     st = assemble_blocks(pos, frames, j1, j2, dist, Jw, support, sup_ptr, sup_idx, tree_lo,
                          tree_hi, joint_tree, lim_idx, lim_dist, lim_v, lim_sign, dt, erp, skin,
-                         Mb, moff, v_free)
+                         Mb, moff, v_free, cap)
     Jv, nz, nnz, b, g, rt, MJc, isl_c, isl_l, nis, ptr, rows, cptr, cs, lptr, ls, gptr, Gb = st
     if drift is not None and drift.shape[0] == nc:
         for k in range(nc):          # (support_drift: an ellipsoid's support point)
@@ -178,6 +179,8 @@ def constrained_step_blocks(pos, frames, geom1, geom2, geom_joint, dist, mu, pai
     its = 0
     res = 0.0
     nprox = 0
+    proj = np.full(m, -1, dtype=np.int64)
+    braw = b.copy()
     for s in range(nis):
         r0, r1 = ptr[s], ptr[s + 1]
         ms = r1 - r0
@@ -201,6 +204,8 @@ def constrained_step_blocks(pos, frames, geom1, geom2, geom_joint, dist, mu, pai
             for a in range(ms):
                 b[rows[r0 + a]] = bs[a]
                 g[rows[r0 + a]] = gs[a]
+                if keep[a]:
+                    proj[rows[r0 + a]] = s
         its += its_s
         nprox += prox
         if not ok:
@@ -218,7 +223,7 @@ def constrained_step_blocks(pos, frames, geom1, geom2, geom_joint, dist, mu, pai
     if all_ok and m:
         r1v, vs = verify_blocks(Jv, nz, nnz, b, ptr, rows, gptr, Gb, v1, lam, nc, mu)
     return (all_ok, island_ok, lim_idx, lim_dist, lam, sigma, modes, lim_act, its, res, v1, r1v,
-            vs, nprox, st)
+            vs, nprox, st, proj, braw)
 
 
 class _RowsJ:
@@ -274,6 +279,7 @@ class BlockConstraints(Constraints):
         self.b, self.nc, self.mu, self.frames, self.contacts = b, nc, mu, frames, contacts
         self.limits, self.limit_dist, self.dist = limits, limit_dist, dist
         self.restitution = None
+        self.projected = None
 
     def dense(self):
         """(J (m, nv), M^-1 J^T (nv, m), G (m, m)) as the dense path assembles them."""
@@ -349,14 +355,16 @@ def block_step(sim, trees, q, v, Jw, contacts, v_free):
             cb.lim_sign, cb.limit_margin, sim.dt, cb.erp, cb.skin, Mb, moff, v_free,
             w is not None, *(w if w is not None else _NO_WARM), st.tol, st.mode_tol,
             st.newton_iter, st.mode_rounds, st.newton_budget, bool(st.realizable_bias),
-            _NO_DRIFT if drift is None else drift)
+            depenetration_speed(solver), _NO_DRIFT if drift is None else drift)
     # (an ellipsoid's support point: its offsets at the step's own v1, support_drift)
     out, drift_at = fixed_point(sim, contacts, Jw, v, solve_pass,
                                 lambda o: o[10] if o[0] else None)
     (all_ok, island_ok, lim_idx, lim_dist, lam, sigma, modes, lim_act, its, resid, v1, r1, vs,
-     nprox, storage) = out
+     nprox, storage, proj, braw) = out
     cons = BlockConstraints(storage, nv, storage[3], nc, contacts.mu, frames, contacts, lim_idx,
                             lim_dist, contacts.dist)
+    if len(proj) and proj.max() >= 0:
+        cons.projected = (proj, braw)
     cons.tree_hi = cb.tree_hi
     if all_ok:
         res = SolverResult(lam, sigma, modes, lim_act, its, resid, True,

@@ -81,7 +81,7 @@ that level.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -105,18 +105,35 @@ class SolverSettings:
     mode_tol: float = 1e-10      # tolerance of the mode conditions (relative)
     newton_budget: int = 30      # Newton iterations of the warm-started active-set stage
     pin_fallback: bool = True    # use pinocchio's ADMM (C++) as the first fallback
-    realizable_bias: bool = False  # where stage 1 fails on an island, solve it once more with
+    realizable_bias: bool = True   # where stage 1 fails on an island, solve it once more with
     #                              the drift correction of its touching rows made realizable
     #                              (constraint.realizable_bias) and keep that where stage 1 then
     #                              succeeds: redundant contacts (the steady push of DiffPush-v0)
     #                              converge in stage 1 instead of the slow later stages. The
     #                              step Jacobian includes the projection's derivative
-    #                              (derivatives._realizable_terms). Off by default until the
-    #                              whole suite has run with it on (README, "The steady push")
+    #                              (derivatives._realizable_terms; the step records what it
+    #                              projected, Constraints.projected). False: the raw offsets
     compiled: bool = True        # a step's constrained part (limits, assembly, warm start and
     #                              stage 1) in one compiled call (forward._constrained_step);
     #                              False: stage by stage (ConstraintBuilder.assemble, then
     #                              solve(), whose stage 1 is the same kernel either way)
+    max_depenetration_speed: float = field(default_factory=lambda: _default_depenetration())
+    #                              m/s: the fastest push-out of a penetrating contact, its
+    #                              Baumgarte offset max(erp d / dt, -this) (constraint module
+    #                              docstring; inf: no cap). Default
+    #                              constraint.MAX_DEPENETRATION_SPEED (1 m/s) at construction;
+    #                              a value that is not a speed > 0 is refused (ValueError)
+
+    def __setattr__(self, name, value):
+        if name == "max_depenetration_speed":
+            from .constraint import check_depenetration_speed
+            value = check_depenetration_speed(value)
+        object.__setattr__(self, name, value)
+
+
+def _default_depenetration() -> float:
+    from . import constraint
+    return constraint.MAX_DEPENETRATION_SPEED
 
 
 @dataclass

@@ -1121,13 +1121,19 @@ def solve_stage1(G, g, nc, mu, lam0, modes0, has_modes, tol, mode_tol, newton_it
     corrections no motion produces, and the mode equations then have no solution). Where that
     succeeds ``b`` and ``g`` hold the projected offsets (in place) and its solution is returned;
     else they are unchanged and the first attempt's (failed) tuple is returned, the iterations
-    of both counted. Returns ``_stage1``'s tuple."""
+    of both counted. Returns ``_stage1``'s tuple. ``keep`` is the record of what the step did
+    (in place): the projected rows where the retry's solution is returned, else cleared (the
+    derivatives read it: ``Constraints.projected``)."""
     out = _stage1(G, g, nc, mu, lam0, modes0, has_modes, tol, mode_tol, newton_iter,
                   mode_rounds, budget, Jb, Mb, tlo, thi)
-    if b is None or keep is None or out[0]:
+    if b is None or keep is None:
+        return out
+    if out[0]:
+        keep[:] = False
         return out
     changed, nb = project_block(G, b, keep)
     if not changed:
+        keep[:] = False
         return out
     m = G.shape[0]
     g2 = g.copy()
@@ -1140,6 +1146,7 @@ def solve_stage1(G, g, nc, mu, lam0, modes0, has_modes, tol, mode_tol, newton_it
                    mode_rounds, budget, Jb, Mb, tlo, thi)
     its = out[5] + out2[5]
     if not out2[0]:
+        keep[:] = False
         return False, out[1], out[2], out[3], out[4], its, out[6], out[7]
     t = 0
     for a in range(m):
