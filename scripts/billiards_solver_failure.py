@@ -7,6 +7,11 @@ apart. The same (q, v) steps without error after ``sim.reset_warmstart()``, so t
 depends on the warm start. The exact mode at the same decision runs through; its trajectory
 differs by the barrier's force.
 
+Since the step's retry (``Simulator.step``: a LAPACK failure from a warm start is solved again
+from a cold start, with a SolverWarning; a second failure is a SimulationError) this prints the
+warning at step 66 and the run finishes. Which factorization fails (the compiled solver's
+``_lstsq`` on more than 32 unknowns is LAPACK dgelsd) is not yet found.
+
     python scripts/billiards_solver_failure.py
 """
 import numpy as np, traceback

@@ -149,7 +149,9 @@ def test_linalg_error_in_a_step_becomes_simulation_error_with_context(monkeypatc
     def broken(*a, **k):
         raise np.linalg.LinAlgError("Singular matrix")
     monkeypatch.setattr(pin, "computeMinverse", broken)
-    with pytest.raises(SimulationError) as info:
+    # (a warm start is there: the step is tried again from a cold start, said, then refused)
+    with pytest.warns(diffgym.SolverWarning, match="cold start"), \
+            pytest.raises(SimulationError) as info:
         sim.step(q, v, np.zeros(sim.nv))
     msg = str(info.value)
     assert "checked" in msg and "step 2" in msg and "floor/ball" in msg and "Singular" in msg
@@ -166,6 +168,68 @@ def test_linalg_error_in_the_solver_becomes_simulation_error(monkeypatch):
     sim.solver.settings.compiled = False              # (the stage-by-stage path)
     with pytest.raises(SimulationError, match="SVD did not converge.*|.*contact"):
         sim.step(sim.q0, np.zeros(sim.nv), np.zeros(sim.nv))
+
+
+def _numba_svd_failure_once(monkeypatch, times):
+    """Make the compiled constrained step raise numba's LAPACK convergence ValueError (what its
+    SVD raises when dgesdd/dgelsd do not converge) on its next ``times`` calls."""
+    from diffgym.sim import forward
+    real, calls = forward._constrained_step, []
+
+    def failing(*a):
+        calls.append(1)
+        if len(calls) <= times:
+            raise ValueError("Internal algorithm failed to converge.")
+        return real(*a)
+    monkeypatch.setattr(forward, "_constrained_step", failing)
+    return calls
+
+
+def test_lapack_failure_from_the_warm_start_is_solved_again_cold(monkeypatch):
+    """Billiards (issue 13, session 9) met numba's SVD failing to converge at a step whose
+    warm start led the solver to a bad problem; the same state steps fine from a cold start.
+    The step retries once from a cold start, says so (SolverWarning), and gives the cold step."""
+    sim = diffgym.Simulator.from_string(SPHERE)
+    z = np.zeros(sim.nv)
+    q, v = sim.step(sim.q0, z, z)
+    assert sim.warm_start_state() is not None
+    ref = diffgym.Simulator.from_string(SPHERE)
+    q_ref, v_ref = ref.step(q, v, z)              # (a cold start: a new simulator)
+    calls = _numba_svd_failure_once(monkeypatch, 1)
+    with pytest.warns(diffgym.SolverWarning, match="cold start"):
+        q1, v1 = sim.step(q, v, z)
+    assert len(calls) >= 2
+    np.testing.assert_array_equal(q1, q_ref)
+    np.testing.assert_array_equal(v1, v_ref)
+
+
+def test_lapack_failure_that_persists_becomes_simulation_error(monkeypatch):
+    sim = diffgym.Simulator.from_string(SPHERE)
+    z = np.zeros(sim.nv)
+    q, v = sim.step(sim.q0, z, z)
+    _numba_svd_failure_once(monkeypatch, 10 ** 6)
+    with pytest.warns(diffgym.SolverWarning), pytest.raises(SimulationError) as info:
+        sim.step(q, v, z)
+    msg = str(info.value)
+    assert "step 2" in msg and "floor/ball" in msg and "failed to converge" in msg
+    cold = diffgym.Simulator.from_string(SPHERE)    # no warm start: no retry, no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", diffgym.SolverWarning)
+        with pytest.raises(SimulationError, match="failed to converge"):
+            cold.step(q, v, z)
+
+
+def test_a_bad_argument_value_error_is_not_taken_for_lapack(monkeypatch):
+    from diffgym.sim import forward
+
+    def bad(*a):
+        raise ValueError("operands could not be broadcast")
+    sim = diffgym.Simulator.from_string(SPHERE)
+    z = np.zeros(sim.nv)
+    q, v = sim.step(sim.q0, z, z)
+    monkeypatch.setattr(forward, "_constrained_step", bad)
+    with pytest.raises(ValueError, match="broadcast"):
+        sim.step(q, v, z)
 
 
 def test_wrong_solution_reported_converged_is_caught():

@@ -128,6 +128,18 @@ def _label_frictionless(res: SolverResult, mu: np.ndarray):
     return dataclasses.replace(res, modes=np.where(relabel, SLIDING, modes)), modes
 
 
+# numba's LAPACK wrappers report a routine that did not converge (info > 0: an SVD, gelsd) as a
+# ValueError with this message, where numpy raises LinAlgError
+_NUMBA_LAPACK_MESSAGE = "Internal algorithm failed to converge."
+
+
+def _lapack_failure(exc: BaseException) -> bool:
+    """Whether ``exc`` is LAPACK failing on a problem (numpy's LinAlgError or numba's
+    convergence ValueError), not a bad argument."""
+    return isinstance(exc, np.linalg.LinAlgError) or (
+        type(exc) is ValueError and str(exc) == _NUMBA_LAPACK_MESSAGE)
+
+
 class SimulationError(RuntimeError):
     """The simulation produced a non-finite state (it diverged), the state exploded while the
     solver reported convergence, or the linear algebra of a step failed on a degenerate problem.
@@ -1085,6 +1097,10 @@ class Simulator:
                 tau[a.idx_v] += a.gear * c
         return tau
 
+    def _has_warm_start(self) -> bool:
+        ex = self.__dict__.get("_extra")
+        return self._warm is not None or (ex is not None and bool(ex._warm))
+
     def reset_warmstart(self) -> None:
         self._warm = None
         if self.__dict__.get("_extra") is not None:
@@ -1156,8 +1172,21 @@ class Simulator:
         diverges or its linear algebra fails on a degenerate problem."""
         self._nstep += 1
         try:
-            out = self._step(q, v, tau, jacobian)
-        except (np.linalg.LinAlgError, ZeroDivisionError, FloatingPointError) as exc:
+            try:
+                out = self._step(q, v, tau, jacobian)
+            except (np.linalg.LinAlgError, ValueError) as exc:
+                if not _lapack_failure(exc) or not self._has_warm_start():
+                    raise
+                # LAPACK gave up on the problem the warm start led to (an SVD that does not
+                # converge): the same step again from a cold start, said, never silently
+                warnings.warn(f"{self._context()}: the step's linear algebra failed "
+                              f"from the warm start ({type(exc).__name__}: {exc}); the step was "
+                              "solved again from a cold start", SolverWarning, stacklevel=2)
+                self.reset_warmstart()
+                out = self._step(q, v, tau, jacobian)
+        except (np.linalg.LinAlgError, ValueError, ZeroDivisionError, FloatingPointError) as exc:
+            if isinstance(exc, ValueError) and not _lapack_failure(exc):
+                raise
             raise SimulationError(f"{self._context()}: the step failed on a degenerate problem "
                                   f"({type(exc).__name__}: {exc})") from exc
         self._energy_budget(q, v, out[0], out[1])
