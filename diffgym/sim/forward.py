@@ -314,6 +314,26 @@ if _JIT:
 
 
 @njit
+def _island_keep(b, g, proj, bs, gs, keep, rows, r0, ms, s):
+    """Write island ``s``'s offsets back where ``solve_stage1``'s realizable retry took them
+    (``bs``, ``gs`` on the island's rows ``rows[r0:r0 + ms]``) and record the rows it projected
+    in ``proj`` (``Constraints.projected``)."""
+    for a in range(ms):
+        b[rows[r0 + a]] = bs[a]
+        g[rows[r0 + a]] = gs[a]
+        if keep[a]:
+            proj[rows[r0 + a]] = s
+
+
+@njit
+def _add_normal_offsets(b, g, extra, nc):
+    """Add ``extra[k]`` to the offset of contact k's normal row in ``b`` and ``g``."""
+    for k in range(nc):
+        b[3 * k + 2] += extra[k]
+        g[3 * k + 2] += extra[k]
+
+
+@njit
 def _island_bias(b, rows, r0, ms, nc, touch, dist, skin, rest, lim_dist, realizable):
     """The offsets of one island's rows (``rows[r0:r0 + ms]``) and which of them
     ``solve_stage1`` may make realizable where its stage 1 fails (``constraint._bias_row_ok``;
@@ -403,11 +423,7 @@ def _solve_islands(G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mo
             Gs, gs, ncs, mus, lam0s, modes0s, found, tol, mode_tol, newton_iter, mode_rounds,
             budget, Jb, Mb, tlo, thi, bs, keep)
         if realizable:          # (the realizable offsets where solve_stage1's retry took them)
-            for a in range(ms):
-                b[rows[r0 + a]] = bs[a]
-                g[rows[r0 + a]] = gs[a]
-                if keep[a]:
-                    proj[rows[r0 + a]] = s
+            _island_keep(b, g, proj, bs, gs, keep, rows, r0, ms, s)
         its += its_s
         nprox += prox
         if not ok:
@@ -468,9 +484,7 @@ def _constrained_velocity(pos, frames, geom1, geom2, geom_joint, dist, mu, pair,
                     g[3 * k + a] += x
     if drift is not None and drift.shape[0] == nc:
         # an ellipsoid's support point: the second-order term of its distance (support_drift)
-        for k in range(nc):
-            b[3 * k + 2] += drift[k]
-            g[3 * k + 2] += drift[k]
+        _add_normal_offsets(b, g, drift, nc)
     m = G.shape[0]
     found = False
     if warm:

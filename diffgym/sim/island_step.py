@@ -27,7 +27,8 @@ import numpy as np
 from .constraint import (_NO_REST, Constraints, _active_limits, assemble_blocks,
                          blocks_dense)
 from .constraint import MAX_DEPENETRATION_SPEED, _pairs_in_contact, depenetration_speed
-from .forward import _island_bias, _island_gather, _island_scatter, _match_warm_start
+from .forward import (_add_normal_offsets, _island_bias, _island_gather, _island_keep,
+                      _island_scatter, _match_warm_start)
 from .jit import njit
 from .solver import NCPSolver, SolverResult
 from .solver_kernels import (_NO_I, _NO_J, BODY_MIN_ROWS, island_mass, natres, no_body,
@@ -157,10 +158,8 @@ def constrained_step_blocks(pos, frames, geom1, geom2, geom_joint, dist, mu, pai
                          tree_hi, joint_tree, lim_idx, lim_dist, lim_v, lim_sign, dt, erp, skin,
                          Mb, moff, v_free, cap)
     Jv, nz, nnz, b, g, rt, MJc, isl_c, isl_l, nis, ptr, rows, cptr, cs, lptr, ls, gptr, Gb = st
-    if drift is not None and drift.shape[0] == nc:
-        for k in range(nc):          # (support_drift: an ellipsoid's support point)
-            b[3 * k + 2] += drift[k]
-            g[3 * k + 2] += drift[k]
+    if drift is not None and drift.shape[0] == nc:   # (support_drift: ellipsoid support points)
+        _add_normal_offsets(b, g, drift, nc)
     m = b.shape[0]
     nl = m - 3 * nc
     found = False
@@ -201,11 +200,7 @@ def constrained_step_blocks(pos, frames, geom1, geom2, geom_joint, dist, mu, pai
             Gs, gs, ncs, mus, lam0s, modes0s, found, tol, mode_tol, newton_iter, mode_rounds,
             budget, Jb, Mbd, tlo, thi, bs, keep)
         if realizable:   # (the realizable offsets where solve_stage1's retry took them)
-            for a in range(ms):
-                b[rows[r0 + a]] = bs[a]
-                g[rows[r0 + a]] = gs[a]
-                if keep[a]:
-                    proj[rows[r0 + a]] = s
+            _island_keep(b, g, proj, bs, gs, keep, rows, r0, ms, s)
         its += its_s
         nprox += prox
         if not ok:
