@@ -105,7 +105,16 @@ def test_whole_steps_match_the_dense_reference(scene, monkeypatch):
         islands += not dense
         dense.clear()
         b = D.step_jacobian(sim, compiled=False)
-        assert rel_diff(a, b) < 1e-9
+        # two exact solves of the same system agree to its conditioning times rounding: the
+        # smallest singular value the least-squares solve keeps bounds it. 1e-9 on every state
+        # here but one of the pile's (three contacts sliding at slips of 4e-11 to 4e-10 m/s,
+        # genuinely: their slip-direction rows, scaled by 1 / (1 + mu lam_N / |slip|), give
+        # singular values of 3e-11 of the largest, Jacobian entries of 1e7, and routes that
+        # agreed to 2e-11 on one CPU and to 5.4e-8 on another)
+        sv = a.diagnostics.singular_values
+        kept = sv[sv > 1e-12 * sv[0]] if sv.size else sv
+        cond = float(kept[0] / kept[-1]) if kept.size else 1.0
+        assert rel_diff(a, b) < max(1e-9, 10 * np.finfo(float).eps * cond), cond
         # the first Jacobian after the step is the later ones (once differed by 9.5e-3: coal's
         # patch about its own normal matched no closed-form candidate, and the finite-difference
         # fallback carried coal's GJK guess from one call to the next)
