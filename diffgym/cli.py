@@ -24,10 +24,18 @@ def _bench(args: argparse.Namespace) -> int:
 def _record(args: argparse.Namespace) -> int:
     from gymnasium.error import Error as GymError
 
-    from .record import main as record_main
+    from .record import check_arguments, main as record_main
+    # a bad argument (or an unknown environment id) is a usage error, rc 2; a ValueError raised
+    # while the rollout runs is a failure of the run and keeps its traceback
+    try:
+        check_arguments(args.out, steps=args.steps, actions=args.actions, width=args.width,
+                        height=args.height, max_fps=args.max_fps)
+    except ValueError as exc:
+        print(f"diffgym record: {exc}", file=sys.stderr)
+        return 2
     try:
         return record_main(args)
-    except (ValueError, GymError) as exc:
+    except GymError as exc:
         print(f"diffgym record: {exc}", file=sys.stderr)
         return 2
 

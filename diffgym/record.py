@@ -14,6 +14,25 @@ import os
 import numpy as np
 
 
+def check_arguments(path: str, *, steps: int | None = None, actions: str = "random",
+                    width: int = 320, height: int = 240, max_fps: float = 30.0) -> str:
+    """Refuses bad arguments of :func:`record` before anything runs (ValueError naming the
+    argument and its value). Returns the output file's extension."""
+    if actions not in ("random", "zero"):
+        raise ValueError(f"actions must be 'random' or 'zero', got {actions!r}")
+    if steps is not None and steps < 1:
+        raise ValueError(f"steps must be >= 1, got {steps}")
+    for name, val in (("width", width), ("height", height)):
+        if val < 1:
+            raise ValueError(f"{name} must be >= 1 pixel, got {val}")
+    if not max_fps > 0:
+        raise ValueError(f"max_fps must be > 0, got {max_fps}")
+    ext = os.path.splitext(path)[1].lower()
+    if ext not in (".gif", ".mp4", ".webm", ".mkv", ".avi", ".mov"):
+        raise ValueError(f"{path}: write a .gif or a video (.mp4, .webm, .mkv, .avi, .mov)")
+    return ext
+
+
 def record(env_id: str, path: str, *, steps: int | None = None, seed: int = 0, actions: str = "random",
            width: int = 320, height: int = 240, max_fps: float = 30.0, **env_kwargs) -> dict:
     """Roll out ``env_id`` from ``reset(seed)`` with random (seeded) or zero actions for one episode
@@ -24,13 +43,8 @@ def record(env_id: str, path: str, *, steps: int | None = None, seed: int = 0, a
     import diffgym  # noqa: F401  (registers the ids)
     from diffgym.render import write_gif, write_video
 
-    if actions not in ("random", "zero"):
-        raise ValueError(f"actions must be 'random' or 'zero', got {actions!r}")
-    if steps is not None and steps < 1:
-        raise ValueError(f"steps must be >= 1, got {steps}")
-    ext = os.path.splitext(path)[1].lower()
-    if ext not in (".gif", ".mp4", ".webm", ".mkv", ".avi", ".mov"):
-        raise ValueError(f"{path}: write a .gif or a video (.mp4, .webm, .mkv, .avi, .mov)")
+    ext = check_arguments(path, steps=steps, actions=actions, width=width, height=height,
+                          max_fps=max_fps)
     env = gym.make(env_id, render_mode="rgb_array", width=width, height=height, **env_kwargs)
     try:
         env.action_space.seed(seed)

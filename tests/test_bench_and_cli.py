@@ -3,6 +3,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 import diffgym
 from diffgym.resources import asset_path
@@ -61,3 +62,25 @@ def test_record_writes_a_gif_and_an_mp4_of_a_rollout(tmp_path, capsys):
     assert mp4.stat().st_size > 1000
     assert main(["record", "DiffHopper-v0", str(tmp_path / "x.txt")]) == 2
     assert "write a .gif or a video" in capsys.readouterr().err
+
+
+def test_record_usage_errors_and_run_failures_are_told_apart(tmp_path, capsys, monkeypatch):
+    """`diffgym record`: a bad argument or an unknown id is a usage error (rc 2, one line naming
+    it, before any simulation); a ValueError raised by the rollout itself is not mistaken for
+    one (it propagates with its traceback)."""
+    import diffgym.record as R
+    from diffgym.cli import main
+    gif = str(tmp_path / "a.gif")
+    for argv, what in ((["--steps", "0"], "steps must be >= 1, got 0"),
+                       (["--width", "0"], "width must be >= 1 pixel, got 0"),
+                       (["--max-fps", "-1"], "max_fps must be > 0, got -1.0")):
+        assert main(["record", "DiffHopper-v0", gif, *argv]) == 2
+        assert what in capsys.readouterr().err
+    assert main(["record", "DiffNoSuchEnv-v0", gif, "--steps", "1"]) == 2
+    assert "DiffNoSuchEnv" in capsys.readouterr().err
+
+    def broken(*a, **k):
+        raise ValueError("a failure inside the rollout")
+    monkeypatch.setattr(R, "record", broken)
+    with pytest.raises(ValueError, match="inside the rollout"):
+        main(["record", "DiffHopper-v0", gif, "--steps", "1"])
