@@ -360,7 +360,9 @@ class DiffEnv(gym.Env):
         if self._x is None:
             raise RuntimeError(f"{type(self).__name__}: call reset() before step()/get_state()")
 
-    def _check_action(self, action) -> tuple[np.ndarray, np.ndarray]:
+    def _check_action(self, action, inside: bool = True) -> tuple[np.ndarray, np.ndarray | None]:
+        """(the action clipped to [-1, 1], 1.0 where it was inside and 0.0 where clipped) with
+        its checks; ``inside=False`` (a plain step: only the Jacobian reads it) gives None."""
         try:
             a = np.asarray(action, dtype=float)
         except (TypeError, ValueError) as exc:
@@ -378,6 +380,8 @@ class DiffEnv(gym.Env):
                              f"{np.flatnonzero(~np.isfinite(a)).tolist()}: {a}")
         # (np.clip's Python wrapper costs more than the two ufuncs; the same values)
         clipped = _minimum(_maximum(a, -1.0), 1.0)
+        if not inside:
+            return clipped, None
         return clipped, (clipped == a).astype(float)        # (1: a inside [-1, 1])
 
     def _step(self, action, jacobian: bool):
@@ -389,7 +393,7 @@ class DiffEnv(gym.Env):
 
     def _step_body(self, action, jacobian: bool):
         self._require_reset()
-        a, inside = self._check_action(action)
+        a, inside = self._check_action(action, jacobian)
         x = self._x
         nq, nv, nd = self.nq, self.nv, self.n_diff
         n0 = nq + nv

@@ -10,6 +10,8 @@ A tree is a directory holding ``diffgym/`` with ``diffgym/envs``, ``diffgym/asse
 ``diffgym/configs`` inside it (as installed: for a ``git archive`` export, symlink ``envs``,
 ``assets`` and ``configs`` into its ``diffgym/``). Each tree runs in its own worker process
 (MuJoCo in the OLD tree's); the table gives medians over the blocks and ratios.
+``--cpu`` times each block in CPU time of its worker (``time.process_time``) instead of wall
+time: on a loaded machine a worker that waits for a core is not charged for the wait.
 """
 from __future__ import annotations
 
@@ -20,8 +22,9 @@ import subprocess
 import sys
 
 WORKER = r'''
-import sys, time, warnings
+import os, sys, time, warnings
 import numpy as np
+clock = time.process_time if os.environ.get("STEP_AB_CPU") == "1" else time.perf_counter
 warnings.simplefilter("ignore")
 from diffgym import bench
 sims, mjs, envs = {}, {}, {}
@@ -37,11 +40,11 @@ def run(sc, n, warm, jacobian=False):
     q, v = sc.q0.copy(), sc.v0.copy()
     for _ in range(warm):
         q, v = sim.step(q, v, ctrl(q, v) if ctrl else z)
-    t = time.perf_counter()
+    t = clock()
     for _ in range(n):
         out = sim.step(q, v, ctrl(q, v) if ctrl else z, jacobian=jacobian)
         q, v = out[0], out[1]
-    return (time.perf_counter() - t) / n
+    return (clock() - t) / n
 
 def sim_block(name, n):
     return run(scenario(name), n, 20)
@@ -66,10 +69,10 @@ def mj_block(name, n):
     d.qpos[:], d.qvel[:], d.ctrl[:] = qpos, qvel, ctrl
     for _ in range(20):
         mujoco.mj_step(m, d)
-    t = time.perf_counter()
+    t = clock()
     for _ in range(n):
         mujoco.mj_step(m, d)
-    return (time.perf_counter() - t) / n
+    return (clock() - t) / n
 
 def mjd_block(name, n):
     mujoco, (m, d, qpos, qvel, ctrl) = mujoco_for(name, euler=True)
@@ -79,11 +82,11 @@ def mjd_block(name, n):
     d.qpos[:], d.qvel[:], d.ctrl[:] = qpos, qvel, ctrl
     for _ in range(200):
         mujoco.mj_step(m, d)
-    t = time.perf_counter()
+    t = clock()
     for _ in range(n):
         mujoco.mjd_transitionFD(m, d, 1e-6, True, A, B, None, None)
         mujoco.mj_step(m, d)
-    return (time.perf_counter() - t) / n
+    return (clock() - t) / n
 
 def env_block(env_id, n):
     import gymnasium as gym
@@ -98,12 +101,12 @@ def env_block(env_id, n):
         envs[env_id] = (env, acts)
     env, acts = envs[env_id]
     env.reset(seed=0)
-    t = time.perf_counter()
+    t = clock()
     for i in range(n):
         _, _, te, tr, _ = env.step(acts[i % len(acts)])
         if te or tr:
             env.reset(seed=0)
-    return (time.perf_counter() - t) / n
+    return (clock() - t) / n
 
 KINDS = {"sim": sim_block, "jac": jac_block, "mj": mj_block, "mjd": mjd_block, "env": env_block}
 print("ready", flush=True)
@@ -143,10 +146,13 @@ def main() -> None:
     ap.add_argument("new")
     ap.add_argument("--blocks", type=int, default=21)
     ap.add_argument("--only", default="", help="comma-separated row labels")
+    ap.add_argument("--cpu", action="store_true", help="CPU time per block, not wall time")
     args = ap.parse_args()
     rows = [r for r in ROWS if not args.only or r[0] in args.only.split(",")]
+    if args.cpu:
+        os.environ["STEP_AB_CPU"] = "1"
     ws = {"old": worker(args.old), "new": worker(args.new)}
-    print(f"median of {args.blocks} alternating blocks; times in us per step "
+    print(f"median of {args.blocks} alternating blocks; {'CPU' if args.cpu else 'wall'} times in us per step "
           "(MuJoCo: mj_step, mjd_transitionFD + mj_step, Hopper-v5 env step)")
     for label, cmd, mjcmd in rows:
         t = {"old": [], "new": [], "mj": []}

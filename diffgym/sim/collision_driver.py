@@ -76,11 +76,16 @@ from .plane_contacts import (ANALYTIC_KINDS, CYLINDER_POINTS, ELLIPSOID_POINTS, 
 def _unpack_detect(F, I, nc, n):
     """Views of ``detect_closed_form``'s packed arrays: (cand, cand_margin, rows), rows =
     (pair, geom1, geom2, point, pos, normal, dist, mu, frames) of the n closed-form points."""
+    return I[:nc], F[:nc], _unpack_rows(F, I, nc, n)
+
+
+def _unpack_rows(F, I, nc, n):
+    """``_unpack_detect``'s rows alone (a step without narrow-phase candidates)."""
     o = nc + 2 * n
-    return (I[:nc], F[:nc], (I[nc:nc + n], I[nc + n:nc + 2 * n], I[nc + 2 * n:nc + 3 * n],
-                             I[nc + 3 * n:], F[o:o + 3 * n].reshape(n, 3),
-                             F[o + 3 * n:o + 6 * n].reshape(n, 3), F[nc:nc + n],
-                             F[nc + n:o], F[o + 6 * n:].reshape(n, 3, 3)))
+    return (I[nc:nc + n], I[nc + n:nc + 2 * n], I[nc + 2 * n:nc + 3 * n],
+            I[nc + 3 * n:], F[o:o + 3 * n].reshape(n, 3),
+            F[o + 3 * n:o + 6 * n].reshape(n, 3), F[nc:nc + n],
+            F[nc + n:o], F[o + 6 * n:].reshape(n, 3, 3))
 
 
 @dataclass
@@ -910,11 +915,12 @@ class CollisionDriver:
                  self.max_points, *self._bp, self._g_ssr, self._g_half, self._g_sphere_r))
 
     def detect(self, data: pin.Data, gdata: pin.GeometryData, dt: float,
-               v: np.ndarray | None = None) -> Contacts:
+               v: np.ndarray | None = None, Jw: np.ndarray | None = None) -> Contacts:
         """Contacts at the placements of ``data`` (forwardKinematics) and ``gdata``
         (updateGeometryPlacements). With ``v``, the speed bounds come from ``data.J``, which
-        must hold the joint Jacobians at those placements (computeJointJacobians); without,
-        from the joint velocities in ``data.v``."""
+        must hold the joint Jacobians at those placements (computeJointJacobians), read as
+        ``Jw`` when the caller has it already (``data.J.reshape(6, nv)``: the step's, one
+        conversion of data.J a step); without ``v``, from the joint velocities in ``data.v``."""
         if not self._npairs:
             return self._empty
         from_jacobian = v is not None
@@ -922,7 +928,8 @@ class CollisionDriver:
         if self._mj:
             if from_jacobian:
                 lin = ang = self._no_speed
-                Jw = data.J.reshape(6, -1)
+                if Jw is None:
+                    Jw = data.J.reshape(6, -1)
             else:
                 lin, ang = self._joint_speeds(data)
                 Jw, v = self._no_J, self._no_speed
@@ -939,7 +946,7 @@ class CollisionDriver:
                                          m0, dt, *rest)
         self.last_candidates = nc
         if not nc:
-            return Contacts(*_unpack_detect(F, I, nc, n)[2]) if n else self._empty
+            return Contacts(*_unpack_rows(F, I, nc, n)) if n else self._empty
         cand, cand_margin, rows = _unpack_detect(F, I, nc, n)
         blocks = [(rows[0], rows[3], rows[4], rows[5], rows[6], rows[8])] if len(rows[0]) else []
         if not len(cand):

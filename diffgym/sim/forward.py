@@ -34,6 +34,12 @@ from .trees import TreeGroups
 
 _add = np.add.reduce          # (ndarray.sum without its Python wrapper: the same sums)
 _minimum = np.minimum.reduce
+_maximum = np.maximum.reduce
+# (``a.dtype == _F64``, dtype to dtype, costs half of ``a.dtype == np.float64``, which converts
+# the type first; not ``is``: the arrays of kernels loaded from the disk cache carry a float64
+# dtype object of their own)
+_F64 = np.dtype(np.float64)
+_I64 = np.dtype(np.int64)
 # the solver result of a step without constraints (what sim.last reports then)
 _NO_FRAMES = np.zeros((0, 3, 3))
 _NO_MOCAP = np.zeros((0, 3))       # _constrained_step's mocap_b for a model without mocap
@@ -665,19 +671,20 @@ def _constrained_step(pos, frames, geom1, geom2, geom_joint, dist, mu, pair, poi
     return (all_ok, island_ok.shape[0], nl, its, res, r1, vs, nprox, F, ints, lim_act, J, G)
 
 
-def _unpack_step(F, ints, J, G, nc, nl, nv):
+def _unpack_step(F, ints, J, G, nc, nl, nv, rest=True):
     """Views of ``_constrained_step``'s packed arrays, with its J and G: (lim_idx, lim_dist, J,
-    b, G, g, lam, sigma, modes, v1, restitution (2, nc), the record of the realizable
-    projection (``Constraints.projected``; None where it acted on no row))."""
+    b, G, g, lam, sigma, modes, v1, restitution (2, nc) (None when ``rest`` is False: a model
+    without restitution pairs), the record of the realizable projection
+    (``Constraints.projected``; None where it acted on no row))."""
     m = 3 * nc + nl
     o1 = nl + m
     o2, o3, o4 = o1 + m, o1 + 2 * m, o1 + 3 * m
     o5 = o4 + nv
     o6 = o5 + 2 * nc
     proj = ints[nl + nc:nl + nc + m]
-    rec = (proj, F[o6:o6 + m]) if m and proj.max() >= 0 else None
+    rec = (proj, F[o6:o6 + m]) if m and _maximum(proj) >= 0 else None
     return (ints[:nl], F[:nl], J, F[nl:o1], G, F[o1:o2], F[o2:o3], F[o3:o4], ints[nl:nl + nc],
-            F[o4:o5], F[o5:o6].reshape(2, nc), rec)
+            F[o4:o5], F[o5:o6].reshape(2, nc) if rest else None, rec)
 
 
 @njit
@@ -700,6 +707,18 @@ def _step_checks(v, v1, q1, gate, mu):
                 m = mu[i]
         frictionless = m == 0.0
     return finite, _speed_jump(v, v1, gate), frictionless
+
+
+@njit
+def _step_end(q, v, v1, dt, gate, mu):
+    """``q1 = q + dt v1`` (a model whose joints all integrate additively, a step without impact
+    times: ``displacement``'s ``v1 * dt`` added to q, the same arithmetic) and ``_step_checks``
+    in one compiled call: (q1, finite, speed jump, frictionless)."""
+    q1 = np.empty(q.shape[0])
+    for i in range(q.shape[0]):
+        q1[i] = q[i] + v1[i] * dt
+    finite, jump, frictionless = _step_checks(v, v1, q1, gate, mu)
+    return q1, finite, jump, frictionless
 
 
 _NO_MU = np.zeros(0)
@@ -1225,8 +1244,10 @@ class Simulator:
         cache = self.__dict__.get("cache")
         eb = self.__dict__.get("_ebudget")
         # (bytes: a cheap exact comparison that also sees a returned array changed in place)
-        q = np.asarray(q, dtype=float)
-        v = np.asarray(v, dtype=float)
+        if type(q) is not np.ndarray or q.dtype != _F64:
+            q = np.asarray(q, dtype=float)
+        if type(v) is not np.ndarray or v.dtype != _F64:
+            v = np.asarray(v, dtype=float)
         if eb is None or q.tobytes() != eb["q1"] or v.tobytes() != eb["v1"]:
             eb = self._ebudget = {"E0": self._mech_energy(q, v), "W": 0.0, "K": 0.0, "n": 0,
                                   "n0": self._nstep}
@@ -1332,7 +1353,7 @@ class Simulator:
         qrows = self._quat_rows
         fast = False
         if (type(q) is np.ndarray and type(v) is np.ndarray and type(tau) is np.ndarray
-                and q.dtype == np.float64 and v.dtype == np.float64 and tau.dtype == np.float64
+                and q.dtype == _F64 and v.dtype == _F64 and tau.dtype == _F64
                 and q.shape == (nq,) and v.shape == (nv,) and tau.shape == (nv,)):
             q, fast = _checked_state(q, v, tau, qrows)
         if not fast:
@@ -1348,8 +1369,10 @@ class Simulator:
             pin.updateGeometryPlacements(model, data, self.geom_model, self.geom_data)
             # world-frame joint Jacobians at these placements (a copy: later calls reuse data.J)
             pin.computeJointJacobians(model, data)
-        Jw = data.J.reshape(6, nv).copy()   # (eigenpy gives a (6,) vector when nv = 1)
-        contacts = self._last_contacts = self.collision.detect(data, self.geom_data, dt, v)
+        Jd = data.J.reshape(6, nv)          # (eigenpy gives a (6,) vector when nv = 1)
+        Jw = Jd.copy()                      # (a copy: later calls reuse data.J)
+        # (detect reads data.J as it is now, passed on: one conversion of it a step)
+        contacts = self._last_contacts = self.collision.detect(data, self.geom_data, dt, v, Jd)
         # the second-order term of an ellipsoid's support point on a plane at the step's own
         # angular velocity (support_drift.fixed_point): None, or "v1" where the step has it
         drift_at = None
@@ -1368,7 +1391,7 @@ class Simulator:
 
         cb = self.constraints
         solver = self.solver
-        nc = len(contacts)
+        nc = contacts.pair.shape[0]           # (len(contacts), without its Python call)
         nis = 1
         # a later pass of impact_substep: the time each dof has drifted (impact_time)
         pre = self.__dict__.get("_toi_pass")
@@ -1439,11 +1462,12 @@ class Simulator:
                                                         pass_velocity)
             (all_ok, nis, nl, its, resid, r1, vs, nprox, F, ints, lim_act, J, G) = out
             (lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, v1,
-             rest, projected) = _unpack_step(F, ints, J, G, nc, nl, nv)
+             rest, projected) = _unpack_step(F, ints, J, G, nc, nl, nv,
+                                             len(cb.pair_restitution) > 0)
             if G.shape[0]:
                 cons = Constraints(J, b, nc, contacts.mu, frames, contacts, lim_idx, lim_dist,
-                                   contacts.dist, *(rest if len(cb.pair_restitution) else
-                                                    (None, None)), projected)
+                                   contacts.dist, *(rest if rest is not None else (None, None)),
+                                   projected)
                 if all_ok:
                     res = SolverResult(lam, sigma, modes, lim_act, its, resid, True,
                                        "prox+newton" if nprox else "newton")
@@ -1511,10 +1535,13 @@ class Simulator:
             if toi is not None and toi.interior.any() and len(pre or ()) < MAX_PASSES:
                 return impact_substep(self, q, v, tau, jacobian, toi, cons)
             toi = None if pre else toi
-        q1 = (q + displacement(toi, dt, v, v1, spent) if self.__dict__.get("_additive_q")
-              else pin.integrate(model, q, displacement(toi, dt, v, v1, spent)))
-        finite, jump, frictionless = _step_checks(v, v1, q1, self._gate,
-                                                  cons.mu if cons is not None else _NO_MU)
+        mu_c = cons.mu if cons is not None else _NO_MU
+        if toi is None and spent is None and self.__dict__.get("_additive_q"):
+            q1, finite, jump, frictionless = _step_end(q, v, v1, dt, self._gate, mu_c)
+        else:
+            q1 = (q + displacement(toi, dt, v, v1, spent) if self.__dict__.get("_additive_q")
+                  else pin.integrate(model, q, displacement(toi, dt, v, v1, spent)))
+            finite, jump, frictionless = _step_checks(v, v1, q1, self._gate, mu_c)
         if not finite:
             raise SimulationError(f"{self._context()}: the step produced a non-finite state (the "
                                   f"simulation diverged); |v| = {np.linalg.norm(v):.3g}, "
@@ -1748,7 +1775,7 @@ class Simulator:
         # (the step's own arrays: nothing writes to them afterwards)
         modes = res.modes if warm_modes is None else warm_modes
         self._warm = (c.pair, c.point, res.lam,
-                      modes if modes.dtype == np.int64 else modes.astype(np.int64),
+                      modes if modes.dtype == _I64 else modes.astype(np.int64),
                       cons.limits, res.limit_active)
         self.last = StepInfo._lazy(cons, res, self.sm, islands)
         if not res.converged and not self._warned:
