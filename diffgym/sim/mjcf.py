@@ -1150,6 +1150,7 @@ class _MJCFBuilder:
         def pose(body):          # the body frame in the world at qpos0
             return placement(body.jid) * body.placement
 
+        mocap_index = {n: i for i, n in enumerate(self.mocap_order)}
         for sec in self.root.findall("equality"):
             for el in sec:
                 a = self.attrs(el, None)
@@ -1177,26 +1178,43 @@ class _MJCFBuilder:
                     else:
                         b1 = self._body_of(a.get("body1"), what, el)
                         b2 = self._body_of(a.get("body2", "world"), what, el)
-                    for b in (b1, b2):
-                        if b.mocap is not None:
-                            raise self.err(f"{what}: {b.name!r} is (on) the mocap body "
-                                           f"{b.mocap!r}: an equality with a mocap body is not "
-                                           "supported (it would hold the pose the file gives, "
-                                           "not the one Simulator.set_mocap sets)", el)
-                    if b1.jid == b2.jid:
+                    # a side on a mocap body (MuJoCo's way to drag a body by a target the
+                    # user sets): held in the mocap body's frame, its pose read at each step
+                    # (diffgym.sim.equality, ``mocap1``/``mocap2``); a side on the world or a
+                    # mocap body has no dof, so at least one side must have joints
+                    mi = [mocap_index.get(b.mocap, -1) if b.mocap is not None else -1
+                          for b in (b1, b2)]
+                    if b1.jid == b2.jid and (b1.jid or (mi[0] < 0 and mi[1] < 0)
+                                             or mi[0] == mi[1]):
                         raise self.err(f"{what}: body1 {b1.name!r} and body2 {b2.name!r} move "
                                        "rigidly together: the constraint does nothing", el)
+                    if b1.jid == 0 and b2.jid == 0:
+                        raise self.err(f"{what}: neither body1 {b1.name!r} nor body2 "
+                                       f"{b2.name!r} has a degree of freedom (the world and "
+                                       "mocap bodies): the constraint acts on nothing", el)
+
+                    def in_mocap(b, M):
+                        """M (an SE3 in b's joint frame) in its mocap body's frame, if any."""
+                        if b.mocap is None:
+                            return M
+                        return self.bodies[b.mocap].placement.actInv(M)
+
+                    def pt_in_mocap(b, p):
+                        return p if b.mocap is None else self.bodies[b.mocap].placement.actInv(p)
+
                     if by_site and el.tag == "connect":
                         spec.connects.append(Connect(name, b1.name, b2.name, b1.jid, b2.jid,
-                                                     S1.translation.copy(),
-                                                     S2.translation.copy()))
+                                                     pt_in_mocap(b1, S1.translation.copy()),
+                                                     pt_in_mocap(b2, S2.translation.copy()),
+                                                     mi[0], mi[1]))
                         continue
                     if by_site:
                         if float(a.get("torquescale", 1)) != 1:
                             raise self.err(f"{what}: torquescale={a['torquescale']!r} is not "
                                            "supported (the weld is hard: torquescale 1)", el)
                         spec.welds.append(Weld(name, b1.name, b2.name, b1.jid, b2.jid,
-                                               S1, S2, pin.SE3.Identity(), np.zeros(3)))
+                                               in_mocap(b1, S1), in_mocap(b2, S2),
+                                               pin.SE3.Identity(), np.zeros(3), mi[0], mi[1]))
                         continue
                     P1, P2 = pose(b1), pose(b2)
                     if el.tag == "connect":
@@ -1206,9 +1224,9 @@ class _MJCFBuilder:
                             raise self.err(f"{what}: missing anchor", el)
                         pw = P1.act(anchor)
                         spec.connects.append(Connect(name, b1.name, b2.name, b1.jid, b2.jid,
-                                                     b1.placement.act(anchor),
+                                                     pt_in_mocap(b1, b1.placement.act(anchor)),
                                                      placement(b2.jid).actInv(pw) if b2.jid
-                                                     else pw))
+                                                     else pt_in_mocap(b2, pw), mi[0], mi[1]))
                     else:
                         if float(a.get("torquescale", 1)) != 1:
                             raise self.err(f"{what}: torquescale={a['torquescale']!r} is not "
@@ -1221,7 +1239,9 @@ class _MJCFBuilder:
                             qw = rp[3:] / np.linalg.norm(rp[3:])
                             rel = pin.SE3(_quat_wxyz_to_matrix(qw), rp[:3])
                         spec.welds.append(Weld(name, b1.name, b2.name, b1.jid, b2.jid,
-                                               b1.placement, b2.placement, rel, anchor))
+                                               in_mocap(b1, b1.placement),
+                                               in_mocap(b2, b2.placement), rel, anchor,
+                                               mi[0], mi[1]))
                 elif el.tag == "joint":
                     j1 = self._scalar_joint(a.get("joint1"), what)
                     j2n = a.get("joint2")
