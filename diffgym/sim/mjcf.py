@@ -7,7 +7,7 @@ subset of MJCF that rigid-body scenes use:
 * ``<include file>`` (relative to the including file; :mod:`diffgym.sim.xmlsource`), several
   ``<worldbody>``/``<actuator>``/... sections
 * ``<compiler angle eulerseq inertiafromgeom autolimits meshdir assetdir settotalmass
-  boundmass boundinertia balanceinertia exactmeshinertia>``,
+  boundmass boundinertia balanceinertia exactmeshinertia inertiagrouprange>``,
   ``<option timestep gravity>``, ``<flag contact constraint limit gravity passive spring damper>``
 * nested ``<default>`` classes and ``childclass``
 * every top-level body (several free bodies in one scene), ``hinge``/``slide``/``ball``/``free``
@@ -170,6 +170,7 @@ class _Compiler:
     boundinertia: float = 0.0
     balanceinertia: bool = False     # principal moments breaking A + B >= C set to their mean
     exactmeshinertia: bool = False   # (MuJoCo < 3.2) meshes default to inertia="exact"
+    inertiagrouprange: tuple = (0, 5)   # geoms whose group is in it give inertia from geoms
 
     def angle(self, value: float) -> float:
         return math.radians(value) if self.degree else value
@@ -268,6 +269,13 @@ class _MJCFBuilder:
                         raise self.err(f"<compiler {key}={a[key]!r}>: expected true or false",
                                        comp)
                     setattr(self.compiler, key, a[key] == "true")
+            if "inertiagrouprange" in a:
+                rg = _floats(a["inertiagrouprange"], None, "<compiler inertiagrouprange>")
+                if len(rg) != 2 or not np.all(np.isfinite(rg)) or np.any(rg != np.round(rg)) \
+                        or rg[0] > rg[1]:
+                    raise self.err(f"<compiler inertiagrouprange={a['inertiagrouprange']!r}>: "
+                                   "expected two integers lo <= hi", comp)
+                self.compiler.inertiagrouprange = (int(rg[0]), int(rg[1]))
             if "settotalmass" in a:
                 self.settotalmass = float(_floats(a["settotalmass"], 1, "<compiler settotalmass>")[0])
             if a.get("coordinate", "local") != "local":
@@ -923,6 +931,14 @@ class _MJCFBuilder:
             self.mocap_geoms.setdefault(mb, []).append((len(self.geoms) - 1,
                                                         root.actInv(placement)))
         if body.name == "world" or kind == "plane":
+            return None
+        # MuJoCo's <compiler inertiagrouprange>: only geoms whose group is in the range give
+        # mass and inertia (the others still collide)
+        lo, hi = self.compiler.inertiagrouprange
+        grp = _floats(a.get("group", "0"), 1, f"{what} group")[0]
+        if not (np.isfinite(grp) and grp == round(grp)):
+            raise self.err(f"{what}: group must be an integer, got group={a.get('group')!r}", el)
+        if not lo <= int(grp) <= hi:
             return None
         # (a zero mass or density is MuJoCo's massless geom, e.g. a visual; negative or
         # non-finite values are errors)
