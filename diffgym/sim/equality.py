@@ -10,7 +10,12 @@ rows come after the contact and joint-limit rows, one kind each:
   P(q2 - q2_0)``, one row ``v1 - P'(q2 - q2_0) v2``): ``sigma = 0``, ``lam`` free. Position drift
   is corrected as for joint limits and resting contacts: ``b = erp * phi / dt`` (Baumgarte,
   ``phi`` the position error: anchor separation, the world rotation vector
-  ``log3(R2 (R1 R_rel)^T)``, the joint-coupling residual);
+  ``log3(R2 (R1 R_rel)^T)``, the joint-coupling residual). A connect or weld side on a mocap
+  body (``mocap1``/``mocap2``: MuJoCo's way to drag a body by a target) has no dof: its pose is
+  the one ``Simulator.set_mocap`` set, and its velocity enters the offset, ``b = erp phi / dt +
+  w2 - w1`` (``w`` the mocap side's point velocity ``vel + angvel x (p - pos)``, ``angvel`` for
+  the rotation rows; zero for a side on a body); ``mocap_derivatives`` gives ``d b / d(mocap
+  pos, rot, vel, angvel)`` for ``jac.dv_dmocap`` (diffgym.sim.mocap.mocap_jacobian);
 - **dry friction** (``KIND_FRICTION``, joint ``frictionloss`` f): one row per dof ``sigma =
   v1[d]``, ``|lam| <= f dt``: sticking (``sigma = 0``) inside the box, sliding at the bound
   opposite to the velocity (``lam = -f dt sign(sigma)``);

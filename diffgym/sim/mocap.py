@@ -20,10 +20,17 @@ A jump (a reset) passes ``vel=0, angvel=0``. The speculative margins of contact 
 ``dt`` times the mocap body's largest point speed, so a fast paddle's contacts are found before
 it enters a body, as a moving body's are.
 
+**Equalities.** A connect or weld with a side on a mocap body (or a jointless body under one)
+holds the other body to the pose the user sets: :mod:`diffgym.sim.equality` reads the mocap
+side's pose in the rows' position error and its velocity (``vel + angvel x (p - pos)``, and
+``angvel`` for a weld's rotation rows) in their offsets (``ExtraRows.mocap``, this state).
+
 **Derivatives.** The step Jacobian (``jac.dq_dq`` ... ``jac.dv_dtau``) holds the mocap poses and
 velocities as parameters: the contact points and frames move with ``q`` against a fixed mocap
 geometry, and the offset ``R^T w(p)`` is differentiated with them (``d R^T w + R^T (angvel x
-dp)``). The forward step adds the offsets inside the fused compiled step (``forward.
+dp)``). ``jac.dq_dmocap`` / ``jac.dv_dmocap`` (:func:`mocap_jacobian`) are the derivatives with
+respect to the mocap parameters themselves (12 columns a body: ``pos``, ``rot``, ``vel``,
+``angvel``). The forward step adds the offsets inside the fused compiled step (``forward.
 _constrained_velocity``'s ``mocap_b``) or, on the stage-by-stage path, after assembly
 (``Simulator._mocap_offsets``); models with mocap bodies do not take the per-island storage of
 large scenes (``island_step``) nor the compiled Jacobian route (the numpy route adds the term).
