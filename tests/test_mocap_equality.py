@@ -247,3 +247,24 @@ def test_mocap_jacobian_refuses_what_it_does_not_cover():
         _, _, jac = sim.step(q, v, np.zeros(sim.nv), jacobian=True)
     assert getattr(sim.cache["cons"], "restitution", None) is not None
     assert jac.dv_dmocap is None and jac.dq_dmocap is None and "restitution" in jac.mocap_note
+
+
+def test_mocap_columns_are_those_of_their_step():
+    """The mocap columns are computed when first read, from the step they belong to: read after
+    the mocap body was moved and more steps were taken, they equal those read at once (a pickle
+    of the Jacobian, taken right after its step, holds them as values)."""
+    import pickle
+    sim = diffgym.Simulator.from_string(BALL)
+    q, v, tau = sim.q0.copy(), np.zeros(sim.nv), np.zeros(sim.nv)
+    for k in range(200):
+        a = 2.0 * sim.dt * k
+        sim.set_mocap("paddle", [-0.25 + 0.6 * sim.dt * k, 0.0, 0.1],
+                      [np.cos(a / 2), 0, 0, np.sin(a / 2)])
+        q, v, jac = sim.step(q, v, tau, jacobian=True)
+    at_once = pickle.loads(pickle.dumps(jac))
+    sim.set_mocap("paddle", [0.3, 0.2, 0.1], vel=[1, 0, 0], angvel=0)
+    for _ in range(3):
+        q, v = sim.step(q, v, tau)
+    assert np.abs(at_once.dv_dmocap).max() > 1.0 and at_once.mocap_note is None
+    np.testing.assert_array_equal(jac.dv_dmocap, at_once.dv_dmocap)
+    np.testing.assert_array_equal(jac.dq_dmocap, at_once.dq_dmocap)

@@ -260,11 +260,26 @@ class StepJacobian:
     dv_dv: np.ndarray
     dv_dtau: np.ndarray
     diagnostics: JacobianDiagnostics | None = field(default=None, repr=False, compare=False)
-    # models with mocap bodies (diffgym.sim.mocap.mocap_jacobian): d(q1, v1) / d(the mocap
-    # bodies' pos, rot, vel, angvel) (nv, 12 nm), or None with the reason in mocap_note
-    dq_dmocap: np.ndarray | None = field(default=None, repr=False, compare=False)
-    dv_dmocap: np.ndarray | None = field(default=None, repr=False, compare=False)
-    mocap_note: str | None = field(default=None, repr=False, compare=False)
+    # models with mocap bodies: the derivatives with respect to the mocap parameters, computed
+    # when first read (diffgym.sim.mocap.MocapColumns; the properties below)
+    mocap_columns: object = field(default=None, repr=False, compare=False)
+
+    @property
+    def dq_dmocap(self) -> np.ndarray | None:
+        """d q1 / d(the mocap bodies' pos, rot, vel, angvel) (nv, 12 per mocap body, file order;
+        diffgym.sim.mocap.mocap_jacobian), computed when first read; None without mocap bodies
+        or where not computed (``mocap_note`` says why)."""
+        return None if self.mocap_columns is None else self.mocap_columns.value()[0]
+
+    @property
+    def dv_dmocap(self) -> np.ndarray | None:
+        """d v1 / d(the mocap bodies' pos, rot, vel, angvel): as ``dq_dmocap``."""
+        return None if self.mocap_columns is None else self.mocap_columns.value()[1]
+
+    @property
+    def mocap_note(self) -> str | None:
+        """Why ``dq_dmocap`` / ``dv_dmocap`` are None on a model with mocap bodies, else None."""
+        return None if self.mocap_columns is None else self.mocap_columns.value()[2]
 
     @property
     def state(self) -> np.ndarray:
@@ -1224,13 +1239,11 @@ def step_jacobian(sim, compiled: bool | None = None) -> StepJacobian:
         for name in ("dq_dq", "dq_dv", "dq_dtau", "dv_dq", "dv_dv", "dv_dtau"):
             setattr(out, name, sp.csr_matrix(getattr(out, name)))
     if sim.__dict__.get("_mocap") is not None:
-        # d(q1, v1) / d(mocap pos, rot, vel, angvel) (diffgym.sim.mocap.mocap_jacobian)
-        if system is not None:
-            out.mocap_note = (f"gradient mode {mode.name!r}: the relaxed contact derivative "
-                              "does not cover the mocap parameters")
-        else:
-            from .mocap import mocap_jacobian
-            out.dq_dmocap, out.dv_dmocap, out.mocap_note = mocap_jacobian(sim, C)
+        # d(q1, v1) / d(mocap pos, rot, vel, angvel), when first read (diffgym.sim.mocap)
+        from .mocap import MocapColumns
+        out.mocap_columns = MocapColumns(sim, C, None if system is None else (
+            f"gradient mode {mode.name!r}: the relaxed contact derivative does not cover the "
+            "mocap parameters"))
     # (G made dense only if the diagnostics' margins or conditioning are read: a step kept in
     # per-island storage, island_step.BlockCache, holds it per island)
     G = C["G"] if "G" in dict.keys(C) else (lambda: C["G"])

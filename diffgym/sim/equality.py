@@ -616,7 +616,7 @@ class ExtraRows:
             corr[sl, sl] -= lam_x[i] * dax
         return Dq, corr
 
-    def mocap_derivatives(self, q, rs: RowSet, dt) -> np.ndarray:
+    def mocap_derivatives(self, q, rs: RowSet, dt, mz=None) -> np.ndarray:
         """``d b / d m`` (mx, 12 nm): the offsets of the rows with respect to the mocap bodies'
         parameters, 12 columns per body in file order: position (3), rotation (3, a world
         rotation vector: ``R <- exp(d theta) R``), ``vel`` (3), ``angvel`` (3). Only the connect
@@ -626,12 +626,20 @@ class ExtraRows:
         [p - pos]x dtheta``, ``w(p) = vel + angvel x (p - pos)``, ``dw = [angvel]x (-[p -
         pos]x dtheta) + dvel - [p - pos]x dangvel``; the weld's rotation error ``log3(E)``, ``E
         = R2 (R1 R_rel)^T``: ``Jlog3(E) E^T dtheta2`` (side 2), ``-Jlog3(E) dtheta1`` (side 1)."""
-        nm = 0 if self.mocap is None else len(self.mocap.names)
+        mz = self.mocap if mz is None else mz       # (a step's copy: diffgym.sim.mocap)
+        nm = 0 if mz is None else len(mz.names)
         D = np.zeros((rs.m, 12 * nm))
         if not self.has_mocap or not nm:
             return D
         g = self.erp / dt
-        mz = self.mocap
+        keep = self.mocap
+        self.mocap = mz                             # (_point, _frame read the poses from it)
+        try:
+            return self._mocap_derivatives(q, rs, D, g, mz)
+        finally:
+            self.mocap = keep
+
+    def _mocap_derivatives(self, q, rs, D, g, mz):
 
         def point(row, i, p, sgn):
             if i < 0:

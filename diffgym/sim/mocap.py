@@ -195,14 +195,43 @@ MOCAP_PARAMS = ("pos", "rot", "vel", "angvel")
 MOCAP_FD_EPS = 1e-7        # the collision output's central difference (collision_fd_eps)
 
 
-def _collision_fd_mocap(sim, cons, ks: np.ndarray):
+class _Snapshot:
+    """The mocap state of one step (poses, velocities; the geoms' tables shared)."""
+
+    def __init__(self, mz: "MocapState"):
+        self.names, self.bodies, self.geom_body = mz.names, mz.bodies, mz.geom_body
+        self.pos, self.R = mz.pos.copy(), mz.R.copy()
+        self.lin, self.ang = mz.lin.copy(), mz.ang.copy()
+
+
+class MocapColumns:
+    """``jac.dq_dmocap`` / ``dv_dmocap`` / ``mocap_note`` of one step, computed when first read
+    (:func:`mocap_jacobian`: a step Jacobian that does not read them costs nothing more), from
+    the step's cache and the mocap state it was taken with (a copy: ``set_mocap`` after the step
+    does not change them). Pickled as its values."""
+
+    def __init__(self, sim, C, note=None):
+        self._out = (None, None, note) if note is not None else None
+        self._args = None if note is not None else (sim, C, _Snapshot(sim._mocap))
+
+    def value(self):
+        if self._out is None:
+            sim, C, snap = self._args
+            self._out = mocap_jacobian(sim, C, snap)
+            self._args = None
+        return self._out
+
+    def __getstate__(self):
+        return {"_out": self.value(), "_args": None}
+
+
+def _collision_fd_mocap(sim, cons, ks: np.ndarray, mz, C_q):
     """(dp, dn, dd) of the contacts ks (len(ks), 3, 6 nm) etc. with respect to the poses of
     the mocap bodies (columns 6 i .. 6 i + 6: position, rotation of body i): a central
     difference of the collision output alone (coal's narrow phase on the pair, as
     ``derivatives._collision_fd``, the route of pairs without a closed form), the mocap body's
     geoms moved, everything else at the step's q."""
     from .derivatives import _collision_fd_context, _pair_output
-    mz = sim._mocap
     nm = len(mz.names)
     n = len(ks)
     dp = np.zeros((n, 3, 6 * nm))
@@ -211,8 +240,13 @@ def _collision_fd_mocap(sim, cons, ks: np.ndarray):
     if not n:
         return dp, dn, dd
     c = cons.contacts
-    gdata, nph = _collision_fd_context(sim, sim.cache["q"])
-    base = {g: pin.SE3(gdata.oMg[g]) for b in mz.bodies for g in b.geoms.tolist()}
+    gdata, nph = _collision_fd_context(sim, C_q)
+    base = {}
+    for i, b in enumerate(mz.bodies):         # (every mocap geom at the step's pose)
+        M = pin.SE3(mz.R[i].copy(), mz.pos[i].copy())
+        for g, L in zip(b.geoms.tolist(), b.local):
+            base[g] = M * L
+            gdata.oMg[g] = base[g]
     h = MOCAP_FD_EPS
     bodies = np.maximum(mz.geom_body[c.geom1[ks]], mz.geom_body[c.geom2[ks]])
     for i, b in enumerate(mz.bodies):
@@ -241,7 +275,7 @@ def _collision_fd_mocap(sim, cons, ks: np.ndarray):
     return dp, dn, dd
 
 
-def mocap_jacobian(sim, C=None):
+def mocap_jacobian(sim, C=None, mz=None):
     """``(dq_dmocap, dv_dmocap, note)``: the derivatives of the step's ``(q1, v1)`` (tangent rows,
     nv each) with respect to the mocap bodies' parameters (12 columns per body, file order:
     ``pos``, ``rot`` (a world rotation vector, ``R <- exp(dtheta) R``), ``vel``, ``angvel``; the
@@ -259,7 +293,7 @@ def mocap_jacobian(sim, C=None):
     from . import derivatives as _d
     from .constraint import baumgarte_gain, depenetration_speed
     C = sim.cache if C is None else C
-    mz = sim._mocap
+    mz = sim._mocap if mz is None else mz         # (the state of the step: a _Snapshot)
     nm = len(mz.names)
     nv, dt = sim.nv, sim.dt
     ncol = 12 * nm
@@ -284,7 +318,7 @@ def mocap_jacobian(sim, C=None):
             if np.any(np.isin(S // 3, ks) & (S < 3 * nc)):
                 return None, None, ("the realizable drift correction projected the offsets of "
                                     "a contact with a mocap geom")
-        dp6, dn6, dd6 = _collision_fd_mocap(sim, cons, ks)
+        dp6, dn6, dd6 = _collision_fd_mocap(sim, cons, ks, mz, q)
         n = len(ks)
         # the pose columns (6 per body) into the 12 of each body
         dp = np.zeros((n, 3, ncol))
@@ -297,11 +331,12 @@ def mocap_jacobian(sim, C=None):
         gj = sim.constraints.geom_joint
         g1, g2 = c.geom1[ks], c.geom2[ks]
         j1s, j2s = gj[g1], gj[g2]
+        # (a Data of its own: the columns may be read after later steps, whose kinematics
+        # the simulator's own arrays hold)
         data = sim.__dict__.get("_dmocap_data")
-        trees = sim.__dict__.get("_trees")
-        if data is None and trees is None:
+        if data is None:
             data = sim.__dict__["_dmocap_data"] = sim.model.createData()
-        kin = _d._Kin(sim.model, data, q, v1, np.concatenate([j1s, j2s]), trees)
+        kin = _d._Kin(sim.model, data, q, v1, np.concatenate([j1s, j2s]))
         p = c.pos[ks]
         R = cons.frames[ks]
         lam = res.lam[:3 * nc].reshape(nc, 3)[ks]
@@ -347,7 +382,7 @@ def mocap_jacobian(sim, C=None):
     ex = sim.__dict__.get("_extra")
     if xr is not None and xr.m and ex is not None:
         s0 = 3 * nc + len(cons.limits)
-        D[s0:] += ex.mocap_derivatives(q, xr, dt)
+        D[s0:] += ex.mocap_derivatives(q, xr, dt, mz)
     if not D.any() and not dF.any():
         return zero
     Minv = C["Minv"]
