@@ -31,7 +31,8 @@ attribute, friction, mass, inertia, size and range is checked at load.
   geom) or ``name="diffgym:restitution:GEOM"`` (one geom) ``data="e"/>``: MuJoCo loads and
   ignores them (``parse_restitution``)
 * ``<equality>`` connect/weld (by bodies and anchor, or by ``site1``/``site2``: the sites'
-  positions or frames coincide)/joint, joint ``frictionloss``, ball-joint ``range`` and
+  positions or frames coincide; a side on a mocap body follows the pose the user sets)/joint,
+  joint ``frictionloss``, ball-joint ``range`` and
   ``<tendon><fixed>`` (rows of the constraint problem: ``diffgym.sim.equality``)
 
 Configuration vectors use pinocchio's convention: a free joint is ``[x y z qx qy qz qw]``
