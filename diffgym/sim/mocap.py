@@ -191,7 +191,6 @@ class MocapState:
 # -- derivatives with respect to the mocap bodies' parameters ----------------------------------
 # 12 columns per mocap body, in file order: position (3), rotation (3: a world rotation vector,
 # R <- exp(dtheta) R), vel (3), angvel (3)
-MOCAP_PARAMS = ("pos", "rot", "vel", "angvel")
 MOCAP_FD_EPS = 1e-7        # the collision output's central difference (collision_fd_eps)
 
 
