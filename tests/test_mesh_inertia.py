@@ -275,3 +275,35 @@ def test_balanceinertia_follows_mujoco(inertia):
     with pytest.raises(diffgym.ModelError, match=r"<string>:2: .*triangle inequality.*"
                        r"balanceinertia"):
         diffgym.Simulator.from_string(xml.format("false"))
+
+
+@pytest.mark.parametrize("rng", ["0 2", "3 3", "0 5"])
+def test_inertiagrouprange_follows_mujoco(rng):
+    """``<compiler inertiagrouprange>``: only geoms whose group is in the range give a body its
+    mass and inertia (MuJoCo's body_mass / body_inertia on the same file); the others still
+    collide. A range that leaves a body without mass is refused like any massless body."""
+    xml = (f'<mujoco><compiler inertiagrouprange="{rng}"/><worldbody>\n'
+           '<body pos="0 0 1"><freejoint/><geom type="box" size="0.1 0.2 0.05" pos="0.1 0 0"/>\n'
+           '<geom type="sphere" size="0.1" pos="-0.2 0.1 0" group="3" density="3000"/>\n'
+           '<geom type="capsule" size="0.03 0.1" group="1" euler="30 0 0"/></body>\n'
+           '</worldbody></mujoco>')
+    m = mujoco.MjModel.from_xml_string(xml)
+    sim = diffgym.Simulator.from_string(xml)
+    mass, com, I = body_inertia_diffgym(sim)
+    mass_mj, com_mj, I_mj = body_inertia_mujoco(m, 1)
+    assert mass == pytest.approx(mass_mj, rel=1e-12)
+    np.testing.assert_allclose(com, com_mj, atol=1e-12)
+    np.testing.assert_allclose(I, I_mj, atol=1e-12)
+    assert len(sim.geom_model.geometryObjects) == 3          # (every geom collides)
+
+
+def test_inertiagrouprange_bad_values_refused():
+    for bad in ("2 1", "0", "0.5 3", "a b"):
+        xml = (f'<mujoco><compiler inertiagrouprange="{bad}"/><worldbody><body><freejoint/>'
+               '<geom size="0.1"/></body></worldbody></mujoco>')
+        with pytest.raises(diffgym.ModelError, match="inertiagrouprange"):
+            diffgym.Simulator.from_string(xml)
+    xml = ('<mujoco><compiler inertiagrouprange="1 2"/><worldbody><body><freejoint/>'
+           '<geom size="0.1"/></body></worldbody></mujoco>')
+    with pytest.raises(diffgym.ModelError, match="mass"):
+        diffgym.Simulator.from_string(xml)

@@ -151,12 +151,19 @@ def test_bad_mocap_bodies_refused_with_line(body, message):
     assert message in str(info.value), str(info.value)
 
 
-def test_equality_to_a_mocap_body_refused():
+def test_equality_without_a_moving_side_refused():
+    """An equality between a mocap body and the world (or two mocap bodies) acts on nothing
+    that moves: refused with the line (a mocap body's equality with a moving body is simulated:
+    tests/test_mocap_equality.py)."""
     xml = ("<mujoco><worldbody><body name='m' mocap='true'><geom size='.1'/></body>\n"
-           "<body name='b' pos='1 0 0'><freejoint/><geom size='.1'/></body></worldbody>\n"
-           "<equality><weld body1='b' body2='m'/></equality></mujoco>")
-    with pytest.raises(diffgym.ModelError, match=re.escape("<string>:3: ") + ".*mocap body 'm'"):
+           "<body name='n' mocap='true' pos='1 0 0'><geom size='.1'/></body></worldbody>\n"
+           "<equality><weld body1='n' body2='m'/></equality></mujoco>")
+    with pytest.raises(diffgym.ModelError, match=re.escape("<string>:3: ") + ".*nor body2 'm'"):
         diffgym.Simulator.from_string(xml)
+    with pytest.raises(diffgym.ModelError, match=re.escape("<string>:3: ") + ".*move rigidly"):
+        diffgym.Simulator.from_string(xml.replace("body1='n'", "body1='m'"))
+    with pytest.raises(diffgym.ModelError, match="neither body1 'world'"):
+        diffgym.Simulator.from_string(xml.replace("body1='n'", "body1='world'"))
 
 
 SCENE = """<mujoco><option timestep="0.002"/><worldbody>

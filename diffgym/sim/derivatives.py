@@ -260,6 +260,26 @@ class StepJacobian:
     dv_dv: np.ndarray
     dv_dtau: np.ndarray
     diagnostics: JacobianDiagnostics | None = field(default=None, repr=False, compare=False)
+    # models with mocap bodies: the derivatives with respect to the mocap parameters, computed
+    # when first read (diffgym.sim.mocap.MocapColumns; the properties below)
+    mocap_columns: object = field(default=None, repr=False, compare=False)
+
+    @property
+    def dq_dmocap(self) -> np.ndarray | None:
+        """d q1 / d(the mocap bodies' pos, rot, vel, angvel) (nv, 12 per mocap body, file order;
+        diffgym.sim.mocap.mocap_jacobian), computed when first read; None without mocap bodies
+        or where not computed (``mocap_note`` says why)."""
+        return None if self.mocap_columns is None else self.mocap_columns.value()[0]
+
+    @property
+    def dv_dmocap(self) -> np.ndarray | None:
+        """d v1 / d(the mocap bodies' pos, rot, vel, angvel): as ``dq_dmocap``."""
+        return None if self.mocap_columns is None else self.mocap_columns.value()[1]
+
+    @property
+    def mocap_note(self) -> str | None:
+        """Why ``dq_dmocap`` / ``dv_dmocap`` are None on a model with mocap bodies, else None."""
+        return None if self.mocap_columns is None else self.mocap_columns.value()[2]
 
     @property
     def state(self) -> np.ndarray:
@@ -763,28 +783,69 @@ def _note_fallback(sim, c, rows) -> None:
         fallback_counts[key] += 1
 
 
-def _collision_fd(sim, cons, idx, dp, dn, dd, cols=None) -> None:
-    """Central difference of the collision output alone for pairs without a closed form
-    (``cols``: the dofs of dp's columns, None: all)."""
-    model, q = sim.model, sim.cache["q"]
+def _collision_fd_context(sim, q):
+    """(GeometryData at q, the narrow phase's per-pair coal objects) of the collision output's
+    central differences (``_collision_fd``, ``mocap._collision_fd_mocap``): this function's own,
+    the simulator's kinematics arrays stay as the step left them."""
+    model = sim.model
     trees = sim.__dict__.get("_trees")
+    gdata = pin.GeometryData(sim.geom_model)
     if trees is not None:
-        # the simulator's kinematics arrays stay as the step left them: a TreeGroups of its own
         fd_trees = sim.__dict__.get("_fd_trees")
         if fd_trees is None:
             from .trees import TreeGroups
             fd_trees = sim.__dict__["_fd_trees"] = TreeGroups(model)
-        data = None
+        fd_trees.kinematics(q, np.zeros(sim.nv), jacobians=False)
+        fd_trees.geometry_placements(sim.geom_model, gdata)
     else:
         data = model.createData()
-    gdata = pin.GeometryData(sim.geom_model)
-    # the narrow phase's per-pair coal objects (diffgym.sim.pair_tables), this function's own
+        pin.framesForwardKinematics(model, data, q)
+        pin.updateGeometryPlacements(model, data, sim.geom_model, gdata)
     nph = sim.__dict__.get("_fd_narrow")
     if nph is None:
         from .collision_driver import GJK_TOLERANCE
         from .pair_tables import NarrowPhase
         nph = sim.__dict__["_fd_narrow"] = NarrowPhase(sim.geom_model, sim.sm.pairs,
                                                        GJK_TOLERANCE)
+    return gdata, nph
+
+
+def _pair_output(nph, gdata, c, k):
+    """(point, normal, distance) of contact k's pair by coal at the placements of ``gdata``: the
+    patch point nearest the step's point ``c.pos[k]``."""
+    pair = int(c.pair[k])
+    req, cres, pres = nph.slot(pair)
+    # no GJK guess carried from the last evaluation: the difference is a function of the state
+    # alone, not of which queries came before (the first Jacobian after a step otherwise
+    # differed from the later ones)
+    req.enable_cached_gjk_guess = False
+    req.security_margin = 1.0
+    req.enable_contact = True
+    nph.collide(pair, gdata)
+    nph.patch(pair, gdata)
+    if pres.numContactPatches():
+        patch = pres.getContactPatch(0)
+        m = patch.size()
+        P1 = np.array([patch.getPointShape1(t) for t in range(m)])
+        P2 = np.array([patch.getPointShape2(t) for t in range(m)])
+        nrm = np.asarray(patch.getNormal()).copy()
+    else:
+        ct = cres.getContact(0)
+        P1, P2 = ct.getNearestPoint1()[None], ct.getNearestPoint2()[None]
+        nrm = np.asarray(ct.normal).copy()
+    mid = 0.5 * (P1 + P2)
+    t = int(np.argmin(np.linalg.norm(mid - c.pos[k], axis=1)))
+    return mid[t], nrm, float(nrm @ (P2[t] - P1[t]))
+
+
+def _collision_fd(sim, cons, idx, dp, dn, dd, cols=None) -> None:
+    """Central difference of the collision output alone for pairs without a closed form
+    (``cols``: the dofs of dp's columns, None: all)."""
+    model, q = sim.model, sim.cache["q"]
+    trees = sim.__dict__.get("_trees")
+    gdata, nph = _collision_fd_context(sim, q)
+    fd_trees = sim.__dict__.get("_fd_trees") if trees is not None else None
+    data = None if trees is not None else model.createData()
     c = cons.contacts
     for a, i in enumerate(range(sim.nv) if cols is None else cols.tolist()):
         outs = []
@@ -798,33 +859,8 @@ def _collision_fd(sim, cons, idx, dp, dn, dd, cols=None) -> None:
             else:
                 pin.framesForwardKinematics(model, data, qe)
                 pin.updateGeometryPlacements(model, data, sim.geom_model, gdata)
-            out = {}
             nph.new_placements()
-            for k in idx:
-                pair = int(c.pair[k])
-                req, cres, pres = nph.slot(pair)
-                # no GJK guess carried from the last evaluation: the difference is a function
-                # of the state alone, not of which queries came before (the first Jacobian
-                # after a step otherwise differed from the later ones)
-                req.enable_cached_gjk_guess = False
-                req.security_margin = 1.0
-                req.enable_contact = True
-                nph.collide(pair, gdata)
-                nph.patch(pair, gdata)
-                if pres.numContactPatches():
-                    patch = pres.getContactPatch(0)
-                    m = patch.size()
-                    P1 = np.array([patch.getPointShape1(t) for t in range(m)])
-                    P2 = np.array([patch.getPointShape2(t) for t in range(m)])
-                    nrm = np.asarray(patch.getNormal()).copy()
-                else:
-                    ct = cres.getContact(0)
-                    P1, P2 = ct.getNearestPoint1()[None], ct.getNearestPoint2()[None]
-                    nrm = np.asarray(ct.normal).copy()
-                mid = 0.5 * (P1 + P2)
-                t = int(np.argmin(np.linalg.norm(mid - c.pos[k], axis=1)))
-                out[k] = (mid[t], nrm, float(nrm @ (P2[t] - P1[t])))
-            outs.append(out)
+            outs.append({k: _pair_output(nph, gdata, c, k) for k in idx})
         for k in idx:
             (pa, na, da), (pb, nb, db) = outs[0][k], outs[1][k]
             dp[k][:, a] = (pa - pb) / (2 * collision_fd_eps)
@@ -1202,6 +1238,12 @@ def step_jacobian(sim, compiled: bool | None = None) -> StepJacobian:
         import scipy.sparse as sp
         for name in ("dq_dq", "dq_dv", "dq_dtau", "dv_dq", "dv_dv", "dv_dtau"):
             setattr(out, name, sp.csr_matrix(getattr(out, name)))
+    if sim.__dict__.get("_mocap") is not None:
+        # d(q1, v1) / d(mocap pos, rot, vel, angvel), when first read (diffgym.sim.mocap)
+        from .mocap import MocapColumns
+        out.mocap_columns = MocapColumns(sim, C, None if system is None else (
+            f"gradient mode {mode.name!r}: the relaxed contact derivative does not cover the "
+            "mocap parameters"))
     # (G made dense only if the diagnostics' margins or conditioning are read: a step kept in
     # per-island storage, island_step.BlockCache, holds it per island)
     G = C["G"] if "G" in dict.keys(C) else (lambda: C["G"])

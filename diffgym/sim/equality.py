@@ -10,7 +10,12 @@ rows come after the contact and joint-limit rows, one kind each:
   P(q2 - q2_0)``, one row ``v1 - P'(q2 - q2_0) v2``): ``sigma = 0``, ``lam`` free. Position drift
   is corrected as for joint limits and resting contacts: ``b = erp * phi / dt`` (Baumgarte,
   ``phi`` the position error: anchor separation, the world rotation vector
-  ``log3(R2 (R1 R_rel)^T)``, the joint-coupling residual);
+  ``log3(R2 (R1 R_rel)^T)``, the joint-coupling residual). A connect or weld side on a mocap
+  body (``mocap1``/``mocap2``: MuJoCo's way to drag a body by a target) has no dof: its pose is
+  the one ``Simulator.set_mocap`` set, and its velocity enters the offset, ``b = erp phi / dt +
+  w2 - w1`` (``w`` the mocap side's point velocity ``vel + angvel x (p - pos)``, ``angvel`` for
+  the rotation rows; zero for a side on a body); ``mocap_derivatives`` gives ``d b / d(mocap
+  pos, rot, vel, angvel)`` for ``jac.dv_dmocap`` (diffgym.sim.mocap.mocap_jacobian);
 - **dry friction** (``KIND_FRICTION``, joint ``frictionloss`` f): one row per dof ``sigma =
   v1[d]``, ``|lam| <= f dt``: sticking (``sigma = 0``) inside the box, sliding at the bound
   opposite to the velocity (``lam = -f dt sign(sigma)``);
@@ -65,8 +70,10 @@ class Connect:
     body2: str            # "world" allowed
     jid1: int
     jid2: int
-    anchor1: np.ndarray   # in joint jid1's frame
-    anchor2: np.ndarray   # in joint jid2's frame
+    anchor1: np.ndarray   # in joint jid1's frame (the mocap body's frame if mocap1 >= 0)
+    anchor2: np.ndarray   # in joint jid2's frame (the mocap body's frame if mocap2 >= 0)
+    mocap1: int = -1      # side 1 on mocap body mocap1 (its pose set by the user), else -1
+    mocap2: int = -1
 
 
 @dataclass
@@ -76,10 +83,12 @@ class Weld:
     body2: str
     jid1: int
     jid2: int
-    T1: pin.SE3           # body 1 frame in joint jid1's frame
-    T2: pin.SE3           # body 2 frame in joint jid2's frame
+    T1: pin.SE3           # body 1 frame in joint jid1's frame (the mocap body's if mocap1 >= 0)
+    T2: pin.SE3           # body 2 frame in joint jid2's frame (the mocap body's if mocap2 >= 0)
     rel: pin.SE3          # target pose of body 2 in body 1's frame
     anchor: np.ndarray    # the weld point, in body 2's frame
+    mocap1: int = -1      # side 1 on mocap body mocap1 (its pose set by the user), else -1
+    mocap2: int = -1
 
 
 @dataclass
@@ -249,6 +258,11 @@ class ExtraRows:
         jids |= {j for w in spec.welds for j in (w.jid1, w.jid2)}
         self._kin = _JointKin(self.model, sorted(j for j in jids if j))
         self.erp, self.skin, self.margin = float(erp), float(skin), float(margin)
+        # the mocap bodies' state (diffgym.sim.mocap.MocapState, set by the Simulator) when a
+        # connect or weld has a side on a mocap body
+        self.mocap = None
+        self.has_mocap = any(max(c.mocap1, c.mocap2) >= 0 for c in spec.connects) or \
+            any(max(w.mocap1, w.mocap2) >= 0 for w in spec.welds)
         self._warm: dict = {}
         # a name per velocity (labels of the friction rows): the joint, [k] for multi-dof joints
         self.dof_names = []
@@ -303,8 +317,26 @@ class ExtraRows:
         self._kin.update(q)
         return self._kin
 
-    def _point(self, kin, jid, p_local):
-        """World position of a point fixed to joint jid and its (3, nv) world Jacobian."""
+    def _mocap_pose(self, i):
+        """(R, pos) of mocap body i as the user set it."""
+        mz = self.mocap
+        if mz is None:                                            # pragma: no cover
+            raise RuntimeError("an equality names a mocap body but the rows have no mocap state")
+        return mz.R[i], mz.pos[i]
+
+    def _frame(self, kin, jid, mocap, T):
+        """World pose of a frame T fixed to joint jid (or to mocap body ``mocap`` >= 0)."""
+        if mocap >= 0:
+            R, p = self._mocap_pose(mocap)
+            return pin.SE3(R.copy(), p.copy()) * T
+        return kin.oMi(jid) * T if jid else T
+
+    def _point(self, kin, jid, p_local, mocap=-1):
+        """World position of a point fixed to joint jid (or to mocap body ``mocap`` >= 0: no
+        dof, a zero Jacobian) and its (3, nv) world Jacobian."""
+        if mocap >= 0:
+            R, p = self._mocap_pose(mocap)
+            return R @ p_local + p, np.zeros((3, self.nv))
         if jid == 0:
             return p_local.copy(), np.zeros((3, self.nv))
         M = kin.oMi(jid)
@@ -312,7 +344,9 @@ class ExtraRows:
         J6 = kin.jacobian(jid, pin.WORLD)
         return p, J6[:3] - _skew(p) @ J6[3:]
 
-    def _rot(self, kin, jid):
+    def _rot(self, kin, jid, mocap=-1):
+        if mocap >= 0:
+            return self._mocap_pose(mocap)[0].copy(), np.zeros((3, self.nv))
         if jid == 0:
             return np.eye(3), np.zeros((3, self.nv))
         J6 = kin.jacobian(jid, pin.WORLD)
@@ -323,29 +357,36 @@ class ExtraRows:
         the unilateral rows to keep (None: those within reach at (q, v))."""
         spec, nv = self.spec, self.nv
         Js, ph, kinds, bounds, ids, labels = [], [], [], [], [], []
+        wb = []        # the mocap sides' velocity in the rows' offsets (0 elsewhere)
         need_kin = bool(spec.connects or spec.welds)
         data = self._kinematics(q) if need_kin else None
         for i, c in enumerate(spec.connects):
-            p1, J1 = self._point(data, c.jid1, c.anchor1)
-            p2, J2 = self._point(data, c.jid2, c.anchor2)
+            p1, J1 = self._point(data, c.jid1, c.anchor1, c.mocap1)
+            p2, J2 = self._point(data, c.jid2, c.anchor2, c.mocap2)
             Js.append(J2 - J1)
             ph.extend((p2 - p1).tolist())
+            wb.extend((self._mocap_point_velocity(c.mocap2, p2)
+                       - self._mocap_point_velocity(c.mocap1, p1)).tolist())
             kinds += [KIND_EQ] * 3
             bounds += [0.0] * 3
             ids += [("connect", i, a) for a in range(3)]
             labels += [f"connect {c.name} [{a}]" for a in "xyz"]
         for i, w in enumerate(spec.welds):
-            M1 = data.oMi(w.jid1) * w.T1 if w.jid1 else w.T1
-            M2 = data.oMi(w.jid2) * w.T2 if w.jid2 else w.T2
+            M1 = self._frame(data, w.jid1, w.mocap1, w.T1)
+            M2 = self._frame(data, w.jid2, w.mocap2, w.T2)
             a2 = w.T2.rotation @ w.anchor + w.T2.translation         # in joint 2's frame
             a1 = w.T1.act(w.rel.act(w.anchor))                       # target, joint 1's frame
-            p1, J1 = self._point(data, w.jid1, a1)
-            p2, J2 = self._point(data, w.jid2, a2)
-            R1, W1 = self._rot(data, w.jid1)
-            R2, W2 = self._rot(data, w.jid2)
+            p1, J1 = self._point(data, w.jid1, a1, w.mocap1)
+            p2, J2 = self._point(data, w.jid2, a2, w.mocap2)
+            R1, W1 = self._rot(data, w.jid1, w.mocap1)
+            R2, W2 = self._rot(data, w.jid2, w.mocap2)
             err = pin.log3(M2.rotation @ (M1.rotation @ w.rel.rotation).T)
             Js += [J2 - J1, W2 - W1]
             ph.extend((p2 - p1).tolist() + err.tolist())
+            wb.extend((self._mocap_point_velocity(w.mocap2, p2)
+                       - self._mocap_point_velocity(w.mocap1, p1)).tolist()
+                      + (self._mocap_angular_velocity(w.mocap2)
+                         - self._mocap_angular_velocity(w.mocap1)).tolist())
             kinds += [KIND_EQ] * 6
             bounds += [0.0] * 6
             ids += [("weld", i, a) for a in range(6)]
@@ -401,8 +442,21 @@ class ExtraRows:
             ids.append(rid)
             labels.append(lab)
         J = np.vstack(Js) if Js else np.zeros((0, nv))
+        wbv = np.zeros(len(ph))
+        wbv[:len(wb)] = wb
         return (J, np.array(ph, dtype=float), np.array(kinds, dtype=np.int64),
-                np.array(bounds, dtype=float), ids, labels, select)
+                np.array(bounds, dtype=float), ids, labels, select, wbv)
+
+    def _mocap_point_velocity(self, i, p):
+        """World velocity of the point p fixed to mocap body i (zero for i < 0): ``vel +
+        angvel x (p - pos)``, the ``vel``/``angvel`` of ``Simulator.set_mocap``."""
+        if i < 0:
+            return np.zeros(3)
+        mz = self.mocap
+        return mz.lin[i] + np.cross(mz.ang[i], p - mz.pos[i])
+
+    def _mocap_angular_velocity(self, i):
+        return np.zeros(3) if i < 0 else self.mocap.ang[i].copy()
 
     def _offsets(self, phi, kind, dt):
         erp, skin = self.erp, self.skin
@@ -420,14 +474,16 @@ class ExtraRows:
             # dry friction only: rows independent of (q, v), built once per dt (read-only)
             c = self.__dict__.get("_const_rows")
             if c is None or c[0] != dt:
-                J, phi, kind, bound, ids, labels, select = self._eval(q, v, dt)
+                J, phi, kind, bound, ids, labels, select, _ = self._eval(q, v, dt)
                 b = self._offsets(phi, kind, dt)
                 for x in (J, phi, kind, bound, b):
                     x.flags.writeable = False
                 c = self._const_rows = (dt, (J, b, kind, bound, ids, labels, select, phi))
             return RowSet(*c[1])
-        J, phi, kind, bound, ids, labels, select = self._eval(q, v, dt)
-        return RowSet(J, self._offsets(phi, kind, dt), kind, bound, ids, labels, select, phi)
+        J, phi, kind, bound, ids, labels, select, wb = self._eval(q, v, dt)
+        # (wb: a mocap side's velocity, which the other side must match, sigma = J v1 + b)
+        return RowSet(J, self._offsets(phi, kind, dt) + wb, kind, bound, ids, labels, select,
+                      phi)
 
     def spatial_rows(self, rs: RowSet) -> np.ndarray:
         """(mx,) bool: the rows whose impulses act as forces on bodies (connect, weld), which
@@ -520,8 +576,8 @@ class ExtraRows:
                 dw1, W1, c1 = rot_terms(w.jid1, -tq)
                 corr += c2 + c1
                 # the rotation error e = log3(E), E = R2 (R1 R_rel)^T: de = Jlog3(E) E^T (W2 - E W1)
-                M1 = data.oMi(w.jid1) * w.T1 if w.jid1 else w.T1
-                M2 = data.oMi(w.jid2) * w.T2 if w.jid2 else w.T2
+                M1 = self._frame(data, w.jid1, w.mocap1, w.T1)
+                M2 = self._frame(data, w.jid2, w.mocap2, w.T2)
                 E = M2.rotation @ (M1.rotation @ w.rel.rotation).T
                 W1 = W1 if w.jid1 else np.zeros((3, nv))
                 W2 = W2 if w.jid2 else np.zeros((3, nv))
@@ -560,6 +616,75 @@ class ExtraRows:
             corr[sl, sl] -= lam_x[i] * dax
         return Dq, corr
 
+    def mocap_derivatives(self, q, rs: RowSet, dt, mz=None) -> np.ndarray:
+        """``d b / d m`` (mx, 12 nm): the offsets of the rows with respect to the mocap bodies'
+        parameters, 12 columns per body in file order: position (3), rotation (3, a world
+        rotation vector: ``R <- exp(d theta) R``), ``vel`` (3), ``angvel`` (3). Only the connect
+        and weld rows with a mocap side depend on them (their Jacobians do not: the other side
+        is fixed to its own body), through the position error ``phi`` (``b = erp phi / dt``) and
+        the mocap side's velocity: for a point ``p = pos + R a`` of mocap body i, ``dp = dpos -
+        [p - pos]x dtheta``, ``w(p) = vel + angvel x (p - pos)``, ``dw = [angvel]x (-[p -
+        pos]x dtheta) + dvel - [p - pos]x dangvel``; the weld's rotation error ``log3(E)``, ``E
+        = R2 (R1 R_rel)^T``: ``Jlog3(E) E^T dtheta2`` (side 2), ``-Jlog3(E) dtheta1`` (side 1)."""
+        mz = self.mocap if mz is None else mz       # (a step's copy: diffgym.sim.mocap)
+        nm = 0 if mz is None else len(mz.names)
+        D = np.zeros((rs.m, 12 * nm))
+        if not self.has_mocap or not nm:
+            return D
+        g = self.erp / dt
+        keep = self.mocap
+        self.mocap = mz                             # (_point, _frame read the poses from it)
+        try:
+            return self._mocap_derivatives(q, rs, D, g, mz)
+        finally:
+            self.mocap = keep
+
+    def _mocap_derivatives(self, q, rs, D, g, mz):
+
+        def point(row, i, p, sgn):
+            if i < 0:
+                return
+            r = p - mz.pos[i]
+            Sr = _skew(r)
+            c = 12 * i
+            D[row:row + 3, c:c + 3] += sgn * g * np.eye(3)
+            D[row:row + 3, c + 3:c + 6] += sgn * (-g * Sr - _skew(mz.ang[i]) @ Sr)
+            D[row:row + 3, c + 6:c + 9] += sgn * np.eye(3)
+            D[row:row + 3, c + 9:c + 12] += sgn * (-Sr)
+
+        kin = self._kinematics(q)
+        row = 0
+        for c in self.spec.connects:
+            if max(c.mocap1, c.mocap2) >= 0:
+                p1, _ = self._point(kin, c.jid1, c.anchor1, c.mocap1)
+                p2, _ = self._point(kin, c.jid2, c.anchor2, c.mocap2)
+                point(row, c.mocap1, p1, -1.0)
+                point(row, c.mocap2, p2, 1.0)
+            row += 3
+        for w in self.spec.welds:
+            if max(w.mocap1, w.mocap2) >= 0:
+                a2 = w.T2.rotation @ w.anchor + w.T2.translation
+                a1 = w.T1.act(w.rel.act(w.anchor))
+                p1, _ = self._point(kin, w.jid1, a1, w.mocap1)
+                p2, _ = self._point(kin, w.jid2, a2, w.mocap2)
+                point(row, w.mocap1, p1, -1.0)
+                point(row, w.mocap2, p2, 1.0)
+                M1 = self._frame(kin, w.jid1, w.mocap1, w.T1)
+                M2 = self._frame(kin, w.jid2, w.mocap2, w.T2)
+                E = M2.rotation @ (M1.rotation @ w.rel.rotation).T
+                Jl = pin.Jlog3(E)
+                r3 = slice(row + 3, row + 6)
+                if w.mocap2 >= 0:
+                    c = 12 * w.mocap2
+                    D[r3, c + 3:c + 6] += g * (Jl @ E.T)
+                    D[r3, c + 9:c + 12] += np.eye(3)
+                if w.mocap1 >= 0:
+                    c = 12 * w.mocap1
+                    D[r3, c + 3:c + 6] -= g * Jl
+                    D[r3, c + 9:c + 12] -= np.eye(3)
+            row += 6
+        return D
+
     def kinematic_derivatives_fd(self, q, v1, lam_x, rs: RowSet, dt):
         """(d(J(q) v1 + b(q))/dq (mx, nv), d(J(q)^T lam_x)/dq (nv, nv)) at fixed v1, lam_x, by
         central differences of the rows' kinematics on the tangent space."""
@@ -573,8 +698,8 @@ class ExtraRows:
             out = []
             for s in (1.0, -1.0):
                 qs = pin.integrate(self.model, q, s * e)
-                J, phi, kind, _, _, _, _ = self._eval(qs, v1, dt, rs.select)
-                out.append((J @ v1 + self._offsets(phi, kind, dt), J.T @ lam_x))
+                J, phi, kind, _, _, _, _, wb = self._eval(qs, v1, dt, rs.select)
+                out.append((J @ v1 + self._offsets(phi, kind, dt) + wb, J.T @ lam_x))
             Dq[:, k] = (out[0][0] - out[1][0]) / (2 * h)
             corr[:, k] = (out[0][1] - out[1][1]) / (2 * h)
         return Dq, corr

@@ -930,6 +930,8 @@ class Simulator:
         if getattr(sm, "mocap", None):
             from .mocap import MocapState
             self._mocap = MocapState(self, sm.mocap)
+            if self._extra is not None:       # (connect / weld rows with a mocap side)
+                self._extra.mocap = self._mocap
         self.cache: dict = {}
         # the rows of q holding unit quaternions (free-flyer and spherical joints), 4 each
         rows = []

@@ -7,7 +7,7 @@ subset of MJCF that rigid-body scenes use:
 * ``<include file>`` (relative to the including file; :mod:`diffgym.sim.xmlsource`), several
   ``<worldbody>``/``<actuator>``/... sections
 * ``<compiler angle eulerseq inertiafromgeom autolimits meshdir assetdir settotalmass
-  boundmass boundinertia balanceinertia exactmeshinertia>``,
+  boundmass boundinertia balanceinertia exactmeshinertia inertiagrouprange>``,
   ``<option timestep gravity>``, ``<flag contact constraint limit gravity passive spring damper>``
 * nested ``<default>`` classes and ``childclass``
 * every top-level body (several free bodies in one scene), ``hinge``/``slide``/``ball``/``free``
@@ -31,7 +31,8 @@ attribute, friction, mass, inertia, size and range is checked at load.
   geom) or ``name="diffgym:restitution:GEOM"`` (one geom) ``data="e"/>``: MuJoCo loads and
   ignores them (``parse_restitution``)
 * ``<equality>`` connect/weld (by bodies and anchor, or by ``site1``/``site2``: the sites'
-  positions or frames coincide)/joint, joint ``frictionloss``, ball-joint ``range`` and
+  positions or frames coincide; a side on a mocap body follows the pose the user sets)/joint,
+  joint ``frictionloss``, ball-joint ``range`` and
   ``<tendon><fixed>`` (rows of the constraint problem: ``diffgym.sim.equality``)
 
 Configuration vectors use pinocchio's convention: a free joint is ``[x y z qx qy qz qw]``
@@ -170,6 +171,7 @@ class _Compiler:
     boundinertia: float = 0.0
     balanceinertia: bool = False     # principal moments breaking A + B >= C set to their mean
     exactmeshinertia: bool = False   # (MuJoCo < 3.2) meshes default to inertia="exact"
+    inertiagrouprange: tuple = (0, 5)   # geoms whose group is in it give inertia from geoms
 
     def angle(self, value: float) -> float:
         return math.radians(value) if self.degree else value
@@ -268,6 +270,13 @@ class _MJCFBuilder:
                         raise self.err(f"<compiler {key}={a[key]!r}>: expected true or false",
                                        comp)
                     setattr(self.compiler, key, a[key] == "true")
+            if "inertiagrouprange" in a:
+                rg = _floats(a["inertiagrouprange"], None, "<compiler inertiagrouprange>")
+                if len(rg) != 2 or not np.all(np.isfinite(rg)) or np.any(rg != np.round(rg)) \
+                        or rg[0] > rg[1]:
+                    raise self.err(f"<compiler inertiagrouprange={a['inertiagrouprange']!r}>: "
+                                   "expected two integers lo <= hi", comp)
+                self.compiler.inertiagrouprange = (int(rg[0]), int(rg[1]))
             if "settotalmass" in a:
                 self.settotalmass = float(_floats(a["settotalmass"], 1, "<compiler settotalmass>")[0])
             if a.get("coordinate", "local") != "local":
@@ -924,6 +933,14 @@ class _MJCFBuilder:
                                                         root.actInv(placement)))
         if body.name == "world" or kind == "plane":
             return None
+        # MuJoCo's <compiler inertiagrouprange>: only geoms whose group is in the range give
+        # mass and inertia (the others still collide)
+        lo, hi = self.compiler.inertiagrouprange
+        grp = _floats(a.get("group", "0"), 1, f"{what} group")[0]
+        if not (np.isfinite(grp) and grp == round(grp)):
+            raise self.err(f"{what}: group must be an integer, got group={a.get('group')!r}", el)
+        if not lo <= int(grp) <= hi:
+            return None
         # (a zero mass or density is MuJoCo's massless geom, e.g. a visual; negative or
         # non-finite values are errors)
         if "mass" in a:
@@ -1150,6 +1167,7 @@ class _MJCFBuilder:
         def pose(body):          # the body frame in the world at qpos0
             return placement(body.jid) * body.placement
 
+        mocap_index = {n: i for i, n in enumerate(self.mocap_order)}
         for sec in self.root.findall("equality"):
             for el in sec:
                 a = self.attrs(el, None)
@@ -1177,26 +1195,43 @@ class _MJCFBuilder:
                     else:
                         b1 = self._body_of(a.get("body1"), what, el)
                         b2 = self._body_of(a.get("body2", "world"), what, el)
-                    for b in (b1, b2):
-                        if b.mocap is not None:
-                            raise self.err(f"{what}: {b.name!r} is (on) the mocap body "
-                                           f"{b.mocap!r}: an equality with a mocap body is not "
-                                           "supported (it would hold the pose the file gives, "
-                                           "not the one Simulator.set_mocap sets)", el)
-                    if b1.jid == b2.jid:
+                    # a side on a mocap body (MuJoCo's way to drag a body by a target the
+                    # user sets): held in the mocap body's frame, its pose read at each step
+                    # (diffgym.sim.equality, ``mocap1``/``mocap2``); a side on the world or a
+                    # mocap body has no dof, so at least one side must have joints
+                    mi = [mocap_index.get(b.mocap, -1) if b.mocap is not None else -1
+                          for b in (b1, b2)]
+                    if b1.jid == b2.jid and (b1.jid or (mi[0] < 0 and mi[1] < 0)
+                                             or mi[0] == mi[1]):
                         raise self.err(f"{what}: body1 {b1.name!r} and body2 {b2.name!r} move "
                                        "rigidly together: the constraint does nothing", el)
+                    if b1.jid == 0 and b2.jid == 0:
+                        raise self.err(f"{what}: neither body1 {b1.name!r} nor body2 "
+                                       f"{b2.name!r} has a degree of freedom (the world and "
+                                       "mocap bodies): the constraint acts on nothing", el)
+
+                    def in_mocap(b, M):
+                        """M (an SE3 in b's joint frame) in its mocap body's frame, if any."""
+                        if b.mocap is None:
+                            return M
+                        return self.bodies[b.mocap].placement.actInv(M)
+
+                    def pt_in_mocap(b, p):
+                        return p if b.mocap is None else self.bodies[b.mocap].placement.actInv(p)
+
                     if by_site and el.tag == "connect":
                         spec.connects.append(Connect(name, b1.name, b2.name, b1.jid, b2.jid,
-                                                     S1.translation.copy(),
-                                                     S2.translation.copy()))
+                                                     pt_in_mocap(b1, S1.translation.copy()),
+                                                     pt_in_mocap(b2, S2.translation.copy()),
+                                                     mi[0], mi[1]))
                         continue
                     if by_site:
                         if float(a.get("torquescale", 1)) != 1:
                             raise self.err(f"{what}: torquescale={a['torquescale']!r} is not "
                                            "supported (the weld is hard: torquescale 1)", el)
                         spec.welds.append(Weld(name, b1.name, b2.name, b1.jid, b2.jid,
-                                               S1, S2, pin.SE3.Identity(), np.zeros(3)))
+                                               in_mocap(b1, S1), in_mocap(b2, S2),
+                                               pin.SE3.Identity(), np.zeros(3), mi[0], mi[1]))
                         continue
                     P1, P2 = pose(b1), pose(b2)
                     if el.tag == "connect":
@@ -1206,9 +1241,9 @@ class _MJCFBuilder:
                             raise self.err(f"{what}: missing anchor", el)
                         pw = P1.act(anchor)
                         spec.connects.append(Connect(name, b1.name, b2.name, b1.jid, b2.jid,
-                                                     b1.placement.act(anchor),
+                                                     pt_in_mocap(b1, b1.placement.act(anchor)),
                                                      placement(b2.jid).actInv(pw) if b2.jid
-                                                     else pw))
+                                                     else pt_in_mocap(b2, pw), mi[0], mi[1]))
                     else:
                         if float(a.get("torquescale", 1)) != 1:
                             raise self.err(f"{what}: torquescale={a['torquescale']!r} is not "
@@ -1221,7 +1256,9 @@ class _MJCFBuilder:
                             qw = rp[3:] / np.linalg.norm(rp[3:])
                             rel = pin.SE3(_quat_wxyz_to_matrix(qw), rp[:3])
                         spec.welds.append(Weld(name, b1.name, b2.name, b1.jid, b2.jid,
-                                               b1.placement, b2.placement, rel, anchor))
+                                               in_mocap(b1, b1.placement),
+                                               in_mocap(b2, b2.placement), rel, anchor,
+                                               mi[0], mi[1]))
                 elif el.tag == "joint":
                     j1 = self._scalar_joint(a.get("joint1"), what)
                     j2n = a.get("joint2")

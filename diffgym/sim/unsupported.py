@@ -115,8 +115,6 @@ RULES: tuple[Rule, ...] = (
          when=lambda a, c: a.get("shellinertia", "false") == "true"),
     Rule("body.gravcomp", "gravity compensation", path="body", attr="gravcomp",
          when=lambda a, c: _num(a, "gravcomp") != 0.0),
-    Rule("compiler.inertiagrouprange", "inertia from a subset of geom groups", path="compiler",
-         attr="inertiagrouprange", when=lambda a, c: _nums(a, "inertiagrouprange") not in ([], [0, 5])),
     # (anywhere: in <worldbody> as in a <body>)
     Rule("composite", "composite object", path="composite"),
     Rule("flex", "deformable object", path="flexcomp"),
@@ -159,7 +157,8 @@ RULES: tuple[Rule, ...] = (
 SUPPORTED_NOW: tuple[str, ...] = ("equality.connect", "equality.weld", "equality.joint",
                                   "tendon.fixed", "joint.ball_range", "joint.mimic",
                                   "compiler.boundmass", "compiler.boundinertia",
-                                  "body.mocap", "compiler.balanceinertia")
+                                  "body.mocap", "compiler.balanceinertia",
+                                  "compiler.inertiagrouprange")
 
 # Simulated elements a user may still leave out by name with ``ignore_unsupported`` (the loader
 # drops them and warns, :class:`UnsupportedIgnoredWarning`, as for an ignored refusal): joint dry
