@@ -28,12 +28,6 @@ every action holds the rod's starting pose, 0.2 m from the box's centre, or
 (``--samples`` random decision vectors simulated forward, the best one starts the optimizer;
 their rollouts count in the budget).
 
-The long_range methods' barrier scale is the paper's Table 3 setting of the task unless
-``--scale`` is given: its centred term is ``12 mu (1 + r^-1/2)^2`` and ours ``scale (1 +
-r^-1/2)^2``, so billiards mu = 1e-7 is scale 1.2e-6 and push mu = 1e-6 is 1.2e-5
-(:func:`paper_scale`; the mode's own default, 1e-8, is 120 times weaker than the billiards
-setting).
-
 Methods: one per gradient mode named in ``--modes`` (the simulator's ``gradient=``; gradients
 by reverse accumulation of the step Jacobians ``step_with_jacobian``), ``long_range+smooth``
 (``LongRange(rho=--rho)``: the long-range forward, its derivative through the relaxed contact
@@ -134,27 +128,13 @@ class CMAES:
         self.sigma *= math.exp((self.cs / self.damps) * (np.linalg.norm(self.ps) / self.chin - 1))
 
 
-# The paper's potential coefficient mu per task (its Table 3). Its centred term is
-# ``12 mu (1 + r^-1/2)^2`` and ours ``scale (1 + r^-1/2)^2``, so its setting is scale = 12 mu.
-PAPER_MU = {"billiards": 1e-7, "push": 1e-6}
-
-
-def paper_scale(task: str) -> float:
-    """The long_range ``scale`` of the paper's Table 3 setting for ``task`` (12 mu)."""
-    return 12.0 * PAPER_MU[task]
-
-
-def method_mode(method: str, args, task: "str | None" = None) -> "str | dict":
+def method_mode(method: str, args) -> "str | dict":
     """The gradient mode a method runs with: ``cmaes`` the exact forward (no gradients),
     ``long_range+smooth`` the long-range barrier with its derivative through the contact
-    problem relaxed at ``--rho`` (``LongRange(rho=...)``), any other name that mode. The
-    long-range scale is ``--scale``, or without it the paper's setting for ``task``
-    (:func:`paper_scale`; no task: the mode's own default)."""
+    problem relaxed at ``--rho`` (``LongRange(rho=...)``), any other name that mode."""
     if method == "cmaes":
         return "exact"
     scale = getattr(args, "scale", None)
-    if scale is None and task is not None and method in ("long_range", "long_range+smooth"):
-        scale = paper_scale(task)
     extra = {} if scale is None else {"scale": scale}
     if method == "long_range+smooth":
         return {"mode": "long_range", "rho": args.rho, **extra}
@@ -256,7 +236,7 @@ class Billiards:
 
 
 def run_billiards(method, start, seed, args, log):
-    mode = method_mode(method, args, "billiards")
+    mode = method_mode(method, args)
     spots = getattr(args, "billiards_spots", "uniform")
     task = Billiards(mode, seed, args.billiards_steps, spots)
     hist = []
@@ -379,7 +359,7 @@ class Push:
 
 
 def run_push(method, start, seed, args, log):
-    mode = method_mode(method, args, "push")
+    mode = method_mode(method, args)
     task = Push(mode, seed, getattr(args, "push_rod_distance", None))
     h = args.push_window
     A = np.tile(task.hold, (h, 1))
@@ -593,8 +573,8 @@ def add_arguments(p: argparse.ArgumentParser) -> argparse.ArgumentParser:
                         "long_range+smooth (long_range with its derivative through the relaxed "
                         "contact problem at --rho) and cmaes")
     p.add_argument("--scale", type=float, default=None,
-                   help="long_range, long_range+smooth: the barrier's scale (default: the "
-                        "paper's Table 3 setting, 12 mu: billiards 1.2e-6, push 1.2e-5)")
+                   help="long_range, long_range+smooth: the barrier's scale (default the "
+                        "mode's, 1e-8)")
     p.add_argument("--rho", type=float, default=3e-3,
                    help="long_range+smooth: the relaxation level of the contact derivative")
     p.add_argument("--seeds", type=int, default=5, help="number of task seeds")

@@ -497,20 +497,3 @@ def test_scene_tree_potential_is_exactly_differentiated_and_close_to_the_pair_su
         blended += int(np.any(hi != hj))
         sim._lr_probe = None
     assert blended > 0
-
-
-def test_trajopt_long_range_scale_defaults_to_the_papers_setting_per_task():
-    """diffgym trajopt without --scale: the paper's Table 3 mu per task, as our scale = 12 mu
-    (billiards 1.2e-6, push 1.2e-5); --scale overrides it; exact, smooth and cmaes get none."""
-    import argparse
-    from diffgym.trajopt import method_mode
-    a = argparse.Namespace(scale=None, rho=3e-3)
-    assert method_mode("long_range", a, "billiards") == {"mode": "long_range", "scale": 1.2e-6}
-    assert method_mode("long_range+smooth", a, "push") == {"mode": "long_range", "rho": 3e-3,
-                                                           "scale": 1.2e-5}
-    assert method_mode("long_range", a) == "long_range"
-    assert method_mode("exact", a, "billiards") == "exact"
-    assert method_mode("smooth", a, "push") == "smooth"
-    assert method_mode("cmaes", a, "billiards") == "exact"
-    a.scale = 1e-8
-    assert method_mode("long_range", a, "billiards") == {"mode": "long_range", "scale": 1e-8}
