@@ -55,8 +55,12 @@ class LongRange:
     """A barrier potential with global support between bodies that may touch
     (``diffgym.sim.long_range``); its force enters the forward step.
 
-    ``scale``: the potential's strength (J; the long-range paper's mu): the centred term between
-    two bounding spheres at distance r is ``scale (1 + r^-1/2)^2``.
+    ``scale``: the potential's strength (J): the centred term between two bounding spheres at
+    distance r is ``scale (1 + r^-1/2)^2``. The long-range paper's term is ``12 mu (1 +
+    r^-1/2)^2`` (its eq. 7 with its coefficient mu), so ``scale = 12 mu``: the default 1e-8 is
+    mu = 8.3e-10, below the paper's Table 3 settings (billiards mu = 1e-7, i.e. scale 1.2e-6;
+    push 1e-6, scale 1.2e-5), which move free-rolling balls at rest by centimetres
+    (``docs/issue13/billiards_s10.md``).
     ``margin``: the paper's epsilon: a node pair blends from its children's sum to its single
     centred term as its distance grows from ``d1 = R_I + R_J`` to ``(1 + margin) d1``.
     ``rho``: ``None`` (default): the Jacobian is the long-range step's own (the exact contact
