@@ -459,19 +459,37 @@ def _plot(out, task, start, curves, xlabel, grads=None):
     plt.close(fig)
 
 
+def check_args(args: argparse.Namespace) -> None:
+    """Refuses bad arguments before anything runs (ValueError naming the option and value):
+    unknown tasks, starts or modes, a mode's bad parameters, counts below 1."""
+    from .sim.gradient_modes import gradient_mode
+    if args.summarize:
+        for path in args.summarize:
+            if not os.path.isfile(path):
+                raise ValueError(f"--summarize: {path}: no such file")
+        return
+    for m in args.modes.split(","):
+        if m.strip() != "cmaes":
+            gradient_mode(method_mode(m.strip(), args))     # a clear error for an unknown mode
+    for opt, val, allowed in (("--tasks", args.tasks, ("billiards", "push")),
+                              ("--starts", args.starts, ("trivial", "sampling"))):
+        for x in val.split(","):
+            if x.strip() not in allowed:
+                raise ValueError(f"{opt}: unknown {x.strip()!r} (one of {', '.join(allowed)})")
+    for opt in ("seeds", "iters", "billiards_steps", "samples", "push_frames", "push_window",
+                "push_iters"):
+        if getattr(args, opt, 1) < 1:
+            raise ValueError(f"--{opt.replace('_', '-')} must be >= 1, got {getattr(args, opt)}")
+
+
 def main(args: argparse.Namespace) -> int:
+    check_args(args)
     if args.summarize:
         print(summarize(args.summarize))
         return 0
-    from .sim.gradient_modes import gradient_mode
-    methods = []
-    for m in args.modes.split(","):
-        m = m.strip()
-        if m != "cmaes":
-            gradient_mode(method_mode(m, args))     # a clear error for an unknown mode
-        methods.append(m)
-    tasks = args.tasks.split(",")
-    starts = args.starts.split(",")
+    methods = [m.strip() for m in args.modes.split(",")]
+    tasks = [t.strip() for t in args.tasks.split(",")]
+    starts = [t.strip() for t in args.starts.split(",")]
     seeds = list(range(args.seed0, args.seed0 + args.seeds))
     os.makedirs(args.out, exist_ok=True)
     res_path = os.path.join(args.out, "results.csv")

@@ -497,3 +497,27 @@ def test_scene_tree_potential_is_exactly_differentiated_and_close_to_the_pair_su
         blended += int(np.any(hi != hj))
         sim._lr_probe = None
     assert blended > 0
+
+
+def test_trajopt_usage_errors_are_refused_before_any_run(tmp_path, capsys, monkeypatch):
+    """`diffgym trajopt`: bad options are usage errors (rc 2, naming the option and value)
+    before anything simulates; a ValueError raised outside the per-run guard is a failure of
+    the command (it propagates), not a bad argument."""
+    from diffgym import trajopt
+    from diffgym.cli import main
+    base = ["trajopt", "--seeds", "1", "--iters", "1", "--billiards-steps", "1", "--out",
+            str(tmp_path / "tj")]
+    for argv, what in ((["--tasks", "snooker"], "--tasks: unknown 'snooker'"),
+                       (["--starts", "random"], "--starts: unknown 'random'"),
+                       (["--modes", "exakt"], "exakt"),
+                       (["--iters", "0"], "--iters must be >= 1, got 0"),
+                       (["--summarize", str(tmp_path / "none.csv")], "no such file")):
+        assert main(base + argv) == 2, argv
+        assert what in capsys.readouterr().err
+    assert not (tmp_path / "tj").exists()            # refused before the output was made
+
+    def broken(*a, **k):
+        raise ValueError("a failure while plotting")
+    monkeypatch.setattr(trajopt, "_plot", broken)
+    with pytest.raises(ValueError, match="while plotting"):
+        main(base + ["--tasks", "billiards", "--starts", "trivial", "--modes", "cmaes"])
