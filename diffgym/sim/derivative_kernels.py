@@ -326,6 +326,33 @@ def contact_terms(JT, oM, ov, fext, supp, dof_joint, parents, gjoint, static_pla
 
 
 @njit
+def frame_jacobians(JT, oM, supp, js):
+    """The joints js' Jacobians (len(js), 6, nv), LOCAL_WORLD_ALIGNED (linear part l - o x a
+    from the WORLD columns JT (nv, 6), zero off each joint's supporting dofs ``supp[j]``), and
+    their origins (len(js), 3) from ``oM`` (``derivatives._FrameKin``; the arithmetic of
+    ``contact_terms``, the bits of pinocchio's ``getJointJacobian``)."""
+    nv = JT.shape[0]
+    k = js.shape[0]
+    J = np.zeros((k, 6, nv))
+    o = np.empty((k, 3))
+    for i in range(k):
+        j = js[i]
+        o0, o1, o2 = oM[j, 9], oM[j, 10], oM[j, 11]
+        o[i, 0], o[i, 1], o[i, 2] = o0, o1, o2
+        for c in range(nv):
+            if not supp[j, c]:
+                continue
+            a0, a1, a2 = JT[c, 3], JT[c, 4], JT[c, 5]
+            J[i, 0, c] = JT[c, 0] - (o1 * a2 - o2 * a1)
+            J[i, 1, c] = JT[c, 1] - (o2 * a0 - o0 * a2)
+            J[i, 2, c] = JT[c, 2] - (o0 * a1 - o1 * a0)
+            J[i, 3, c] = a0
+            J[i, 4, c] = a1
+            J[i, 5, c] = a2
+    return J, o
+
+
+@njit
 def _kernel_geometry(k, Jl, slot, oM, supp, gjoint, static_plane, roll_radius, gplace, geom1,
                      geom2, pos, normal, dist, dp, dn, dd):
     """dp/dq, dn/dq, d dist/dq of contact k (rows of dp (nc, 3, nv), dn, dd written) for the
