@@ -72,6 +72,81 @@ def test_island_solve_of_an_inconsistent_deficient_block():
     assert np.abs(red - want).max() > 1e-6 * np.abs(want).max()
 
 
+def _g_system(rng, consistent, rank=6):
+    """A mode system whose first 12 rows are rows of G = J M^-1 J^T (sticking contacts, W's
+    rows e_k), J's rows on body 1's 6 dofs of rank ``rank`` (12 rows: redundant, G's block rank
+    deficient, as four coplanar contact points give), and 3 trivial rows (breaking contacts of
+    body 1 against body 2) whose columns those rows read; M^-1 block diagonal by body."""
+    m, nv = 15, 12
+    J = np.zeros((m, nv))
+    J[:12, :6] = rng.normal(size=(12, rank)) @ rng.normal(size=(rank, 6))
+    J[12:] = rng.normal(size=(3, nv))
+    Minv = np.zeros((nv, nv))
+    for b in (0, 6):
+        R = rng.normal(size=(6, 6))
+        Minv[b:b + 6, b:b + 6] = R @ R.T + 6 * np.eye(6)
+    G = J @ Minv @ J.T
+    A = np.eye(m)
+    A[:12] = G[:12]
+    W = np.zeros((m, m))
+    W[:12, :12] = np.eye(12)
+    JM = J @ Minv
+    WD = np.zeros((m, 3 * nv))
+    WD[:12] = rng.normal(size=(12, 3 * nv))
+    if consistent:                                       # in the range of J's rows
+        WD[:12] = J[:12] @ rng.normal(size=(nv, 3 * nv))
+    grow = np.zeros(m, dtype=bool)
+    grow[:12] = True
+    return A, W, WD, JM, J, grow
+
+
+@pytest.mark.parametrize("consistent", [True, False])
+@pytest.mark.parametrize("rank", [6, 5])
+def test_rows_of_g_solved_by_the_rows_pseudo_inverse(consistent, rank):
+    """A block of rows of G with J's rows of full column rank on the block's dofs
+    (``_rows_pinv``: M^-1 J^T G^+ = J^+) and redundant (G's block of rank 6 in 12 rows), linked
+    to trivial rows, for a right-hand side in J's range and not: the whole system's
+    minimum-norm solution, as the QR route (no row marked) gives; with J of rank 5 the block
+    is not of full column rank and the QR route runs."""
+    A, W, WD, JM, J, grow = _g_system(np.random.default_rng(7), consistent, rank)
+    want = JM.T @ np.linalg.pinv(A, rcond=1e-12) @ WD
+    YT, status = K._island_min_norm_rows(A, W, JM, J, grow)
+    assert status == 0
+    got = YT.T @ WD
+    assert np.abs(got - want).max() <= 1e-10 * np.abs(want).max()
+    YQ, status = K._island_min_norm(A, W, JM)
+    assert status == 0
+    assert np.abs(YQ.T @ WD - want).max() <= 1e-10 * np.abs(want).max()
+    X, ok = K._rows_pinv(J, np.arange(12), 12, np.arange(6), 6)
+    assert ok == (rank == 6)
+    if ok:                                              # and the block's YT is J^+'s transpose
+        assert np.abs(X - np.linalg.pinv(J[:12, :6]).T).max() <= 1e-12 * np.abs(X).max()
+    # a row of J reaching outside the block's columns: not taken as the block's pseudo-inverse
+    J2 = J.copy()
+    J2[3, 8] = 1.0
+    assert not K._rows_pinv(J2, np.arange(12), 12, np.arange(6), 6)[1]
+
+
+def test_g_rows_of_the_mode_system():
+    """``g_rows`` marks exactly the rows whose equation is G's row (A's row = G's, W's = e_k)."""
+    from diffgym.sim.solver import BREAKING, SLIDING, STICKING
+    rng = np.random.default_rng(3)
+    nc, nl = 4, 2
+    m = 3 * nc + nl
+    Jr = rng.normal(size=(m, 9))
+    G = Jr @ Jr.T
+    modes = np.array([BREAKING, STICKING, SLIDING, SLIDING])
+    mu = np.array([0.5, 0.5, 0.5, 0.0])
+    lam = np.abs(rng.normal(size=m))
+    sigma = rng.normal(size=m)
+    act = np.array([True, False])
+    A, W = K.mode_system(lam, sigma, modes, act, G, nc, mu)
+    g = K.g_rows(modes, act, nc, m)
+    want = [np.array_equal(A[k], G[k]) and np.array_equal(W[k], np.eye(m)[k]) for k in range(m)]
+    assert g.tolist() == want
+    assert g.sum() == 3 + 1 + 1 + 1                      # sticking, two normal rows, a limit
+
+
 def _rollout_states(sim, rng, steps, vscale, fscale):
     q, v = sim.q0, vscale * rng.normal(size=sim.nv)
     out = []

@@ -824,9 +824,38 @@ def polytope_pairs_kernel(verts, vrange, place, normal, scal, joints, Jall, oall
     (d, radA, radB, per-point flag, patch tolerance); joints[i] = (jA, jB) into Jall (nj, 6,
     nv) and oall (nj, 3) (joint 0: the world, zeros); its contact rows
     rows[row_start[i]:row_start[i + 1]]. status (per row): 0 done, else a ``_REASONS`` code.
-    Rows of a pair with a non-finite result are all marked 6."""
+    Rows of a pair with a non-finite result are all marked 6.
+
+    Each pair is worked out on the columns its two joints' Jacobians move (a free box: 6 of
+    nv; every other column of its rows' derivatives is zero, and the arithmetic is column by
+    column), then scattered into dp, dn, dd: the same numbers, in O(pair's dofs) instead of
+    O(nv) per vector operation."""
+    nv = Jall.shape[2]
+    cols = np.empty(nv, dtype=np.int64)
     for i in range(vrange.shape[0]):
         r0, r1 = row_start[i], row_start[i + 1]
+        jA, jB = joints[i, 0], joints[i, 1]
+        ncol = 0
+        for c in range(nv):
+            for a in range(6):
+                if Jall[jA, a, c] != 0.0 or Jall[jB, a, c] != 0.0:
+                    cols[ncol] = c
+                    ncol += 1
+                    break
+        JA = np.empty((6, ncol))
+        JB = np.empty((6, ncol))
+        for a in range(6):
+            for c in range(ncol):
+                JA[a, c] = Jall[jA, a, cols[c]]
+                JB[a, c] = Jall[jB, a, cols[c]]
+        nr = r1 - r0
+        lrows = np.arange(nr)
+        lpos = np.empty((nr, 3))
+        for a in range(nr):
+            lpos[a] = pos[rows[r0 + a]]
+        ldp = np.zeros((nr, 3, ncol))
+        ldn = np.zeros((nr, 3, ncol))
+        ldd = np.zeros((nr, ncol))
         XY = []
         for s in range(2):
             V = verts[vrange[i, 2 * s]:vrange[i, 2 * s + 1]]
@@ -836,11 +865,18 @@ def polytope_pairs_kernel(verts, vrange, place, normal, scal, joints, Jall, oall
                     W[a, b] = place[i, s, 9 + b] + place[i, s, 3 * b] * V[a, 0] \
                         + place[i, s, 3 * b + 1] * V[a, 1] + place[i, s, 3 * b + 2] * V[a, 2]
             XY.append(W)
-        jA, jB = joints[i, 0], joints[i, 1]
         st = status[r0:r1]
         _k_polytope_pair(XY[0], XY[1], normal[i], scal[i, 0], scal[i, 1], scal[i, 2],
-                         scal[i, 3] != 0.0, scal[i, 4], Jall[jA], oall[jA], Jall[jB], oall[jB],
-                         rows[r0:r1], pos, dp, dn, dd, st)
+                         scal[i, 3] != 0.0, scal[i, 4], JA, oall[jA], JB, oall[jB],
+                         lrows, lpos, ldp, ldn, ldd, st)
+        for a in range(nr):
+            k = rows[r0 + a]
+            for c in range(ncol):
+                cc = cols[c]
+                for b in range(3):
+                    dp[k, b, cc] = ldp[a, b, c]
+                    dn[k, b, cc] = ldn[a, b, c]
+                dd[k, cc] = ldd[a, c]
         finite = True
         for q in range(r0, r1):
             if status[q] == 0:

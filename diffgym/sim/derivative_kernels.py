@@ -326,6 +326,33 @@ def contact_terms(JT, oM, ov, fext, supp, dof_joint, parents, gjoint, static_pla
 
 
 @njit
+def frame_jacobians(JT, oM, supp, js):
+    """The joints js' Jacobians (len(js), 6, nv), LOCAL_WORLD_ALIGNED (linear part l - o x a
+    from the WORLD columns JT (nv, 6), zero off each joint's supporting dofs ``supp[j]``), and
+    their origins (len(js), 3) from ``oM`` (``derivatives._FrameKin``; the arithmetic of
+    ``contact_terms``, the bits of pinocchio's ``getJointJacobian``)."""
+    nv = JT.shape[0]
+    k = js.shape[0]
+    J = np.zeros((k, 6, nv))
+    o = np.empty((k, 3))
+    for i in range(k):
+        j = js[i]
+        o0, o1, o2 = oM[j, 9], oM[j, 10], oM[j, 11]
+        o[i, 0], o[i, 1], o[i, 2] = o0, o1, o2
+        for c in range(nv):
+            if not supp[j, c]:
+                continue
+            a0, a1, a2 = JT[c, 3], JT[c, 4], JT[c, 5]
+            J[i, 0, c] = JT[c, 0] - (o1 * a2 - o2 * a1)
+            J[i, 1, c] = JT[c, 1] - (o2 * a0 - o0 * a2)
+            J[i, 2, c] = JT[c, 2] - (o0 * a1 - o1 * a0)
+            J[i, 3, c] = a0
+            J[i, 4, c] = a1
+            J[i, 5, c] = a2
+    return J, o
+
+
+@njit
 def _kernel_geometry(k, Jl, slot, oM, supp, gjoint, static_plane, roll_radius, gplace, geom1,
                      geom2, pos, normal, dist, dp, dn, dd):
     """dp/dq, dn/dq, d dist/dq of contact k (rows of dp (nc, 3, nv), dn, dd written) for the
@@ -849,7 +876,99 @@ def _block_columns(JM, idx, n, cols):
 
 
 @njit
+def g_rows(modes, limit_active, nc, m):
+    """The rows of ``mode_system`` whose equation is the row of G itself (A's row = G's row,
+    W's row = e_k): a sticking contact's three rows, a sliding contact's normal row, an active
+    limit's row."""
+    g = np.zeros(m, dtype=np.bool_)
+    for i in range(nc):
+        if modes[i] == STICKING:
+            g[3 * i] = g[3 * i + 1] = g[3 * i + 2] = True
+        elif modes[i] != BREAKING:
+            g[3 * i + 2] = True
+    for jl in range(m - 3 * nc):
+        if limit_active[jl]:
+            g[3 * nc + jl] = True
+    return g
+
+
+# _rows_pinv: a block is taken as of full column rank where every pivot of the Cholesky
+# factor of J^T J keeps at least this part of its column's squared norm (the squared sine of
+# the angle between the column and the span of the earlier ones); else the QR route runs
+PINV_MIN_PIVOT = 1e-6
+
+
+@njit
+def _rows_pinv(Jc, idx, n, cols, nvc):
+    """``(X, ok)``: X (n, nvc) = J_S (J_S^T J_S)^-1 = (J_S^+)^T for J_S = Jc[idx[:n]] on the
+    columns ``cols[:nvc]``, by the Cholesky factor of J_S^T J_S; ok False (X unset) where J_S
+    has a nonzero outside those columns or is not clearly of full column rank
+    (``PINV_MIN_PIVOT``)."""
+    X = np.zeros((n, nvc))
+    if n < nvc:
+        return X, False
+    nv = Jc.shape[1]
+    loc = np.full(nv, -1, dtype=np.int64)
+    for c in range(nvc):
+        loc[cols[c]] = c
+    Js = np.zeros((n, nvc))
+    nz = np.empty(nvc, dtype=np.int64)
+    N = np.zeros((nvc, nvc))
+    for a in range(n):
+        row = idx[a]
+        cnt = 0
+        for c in range(nv):
+            x = Jc[row, c]
+            if x != 0.0:
+                lc = loc[c]
+                if lc < 0:
+                    return X, False
+                Js[a, lc] = x
+                nz[cnt] = lc
+                cnt += 1
+        for s in range(cnt):              # N += J_a^T J_a (lower triangle)
+            i = nz[s]
+            x = Js[a, i]
+            for t in range(cnt):
+                k = nz[t]
+                if k <= i:
+                    N[i, k] += x * Js[a, k]
+    L = np.zeros((nvc, nvc))
+    for k in range(nvc):                  # Cholesky N = L L^T
+        d = N[k, k]
+        for l in range(k):
+            d -= L[k, l] * L[k, l]
+        if not d > PINV_MIN_PIVOT * N[k, k]:
+            return X, False
+        lk = np.sqrt(d)
+        L[k, k] = lk
+        for i in range(k + 1, nvc):
+            s = N[i, k]
+            for l in range(k):
+                s -= L[i, l] * L[k, l]
+            L[i, k] = s / lk
+    for a in range(n):                    # X[a] = N^-1 J_a: L z = J_a, L^T x = z
+        for i in range(nvc):
+            s = Js[a, i]
+            for l in range(i):
+                s -= L[i, l] * X[a, l]
+            X[a, i] = s / L[i, i]
+        for i in range(nvc - 1, -1, -1):
+            s = X[a, i]
+            for l in range(i + 1, nvc):
+                s -= L[l, i] * X[a, l]
+            X[a, i] = s / L[i, i]
+    return X, True
+
+
+@njit
 def _island_min_norm(A, W, JM):
+    """``_island_min_norm_rows`` with no row known to be a row of G."""
+    return _island_min_norm_rows(A, W, JM, JM, np.zeros(A.shape[0], dtype=np.bool_))
+
+
+@njit
+def _island_min_norm_rows(A, W, JM, Jc, grow):
     """``(YT, status)`` with ``YT^T W D = M^-1 J^T A^+ W D`` for ``M^-1 J^T d lam`` of the mode
     system ``A d lam = -W D`` (``JM = J M^-1``), solved island by island of the active rows.
 
@@ -866,7 +985,19 @@ def _island_min_norm(A, W, JM):
     range, which rounding cannot tell near a small singular value), or a block whose rank is not
     clear, is solved within the component of the whole system it belongs to (linked through the
     dropped rows too: an exact diagonal block of A), as the dense path does. Status 1: a rank
-    that is not clear there either (the caller solves the whole system with LAPACK)."""
+    that is not clear there either (the caller solves the whole system with LAPACK).
+
+    A component whose rows are all rows of G (``grow``: ``g_rows``; ``Jc``: the rows J) with
+    J_S = J[rows] of full column rank on its columns C (and zero outside them) needs no solve of
+    the mode system: its block is G_S = J_S M_C^-1 J_S^T (M^-1 is block diagonal by trees and C
+    holds the columns M^-1 J_S^T touches), G_S^+ = (J_S^+)^T M_C J_S^+ when J_S has full column
+    rank, so M_C^-1 J_S^T G_S^+ = J_S^+ = (J_S^T J_S)^-1 J_S^T, M's weight gone (``_rows_pinv``:
+    a Cholesky factor of |C| x |C| instead of a pivoted QR of the rows' square block and its
+    complete orthogonal decomposition). This is the whole system's minimum-norm solution also
+    where G_S is rank deficient (redundant contacts, a box on its face) and reads dropped
+    columns: G_S's columns on the dropped rows, J_S M^-1 J_B^T, lie in range(J_S) = range(G_S),
+    so the least-squares solution leaves those impulses at zero, as the rows' own equations
+    ask (exact arithmetic; the QR route agrees to rounding)."""
     m = A.shape[0]
     nv = JM.shape[1]
     triv = np.zeros(m, dtype=np.bool_)
@@ -923,6 +1054,16 @@ def _island_min_norm(A, W, JM):
                 n += 1
                 link = link or linked[i]
         nb = _block_columns(JM, idx, n, cols)
+        allg = n >= nb
+        for a in range(n):
+            allg = allg and grow[idx[a]]
+        if allg:
+            Xs, ok = _rows_pinv(Jc, idx, n, cols, nb)
+            if ok:
+                for a in range(n):
+                    for c in range(nb):
+                        YT[idx[a], cols[c]] = Xs[a, c]
+                continue
         Xs, status, rank = _solve_block(A, JM, idx, n, cols, nb)
         if status != 0 or (link and rank < n):
             redo[wroot[r]] = True
@@ -960,12 +1101,14 @@ def dynamics_terms(ddq_dq, ddq_dv, Minv_u, kstiff, has_stiff, damping, damped, d
     Vv, Vt)`` and the caller finishes with the reference's LAPACK solve (numpy). ``bias_v`` (m,):
     rows whose offset b depends on the pre-step v as ``bias_v[i] J[i] v`` (Newton's impact law;
     empty: none)."""
-    if Jc.shape[0] and _all_finite(G):
+    m = Jc.shape[0]
+    if m and _all_finite(G):
         A, W = mode_system(lam, sigma, modes, limit_active, G, nc, mu)
     else:
-        A = W = np.zeros((Jc.shape[0], Jc.shape[0]))
-    return dynamics_terms_system(ddq_dq, ddq_dv, Minv_u, kstiff, has_stiff, damping, damped, dt,
-                                 Jc, G, corr, Dq, A, W, dI_dq, dI_dv, bias_v)
+        A = W = np.zeros((m, m))
+    return _dynamics_terms(ddq_dq, ddq_dv, Minv_u, kstiff, has_stiff, damping, damped, dt,
+                           Jc, G, corr, Dq, A, W, dI_dq, dI_dv, bias_v,
+                           g_rows(modes, limit_active, nc, m))
 
 
 @njit
@@ -973,6 +1116,16 @@ def dynamics_terms_system(ddq_dq, ddq_dv, Minv_u, kstiff, has_stiff, damping, da
                           Jc, G, corr, Dq, A, W, dI_dq, dI_dv, bias_v):
     """``dynamics_terms`` with the linear system ``A dlam = -W D`` given: the exact mode system
     (``mode_system``) or the relaxed one of the smooth gradient (``relaxed_system``)."""
+    return _dynamics_terms(ddq_dq, ddq_dv, Minv_u, kstiff, has_stiff, damping, damped, dt,
+                           Jc, G, corr, Dq, A, W, dI_dq, dI_dv, bias_v,
+                           np.zeros(Jc.shape[0], dtype=np.bool_))
+
+
+@njit
+def _dynamics_terms(ddq_dq, ddq_dv, Minv_u, kstiff, has_stiff, damping, damped, dt,
+                    Jc, G, corr, Dq, A, W, dI_dq, dI_dv, bias_v, grow):
+    """``dynamics_terms_system``; ``grow``: the rows of A that are rows of G (``g_rows``; none
+    for a relaxed system)."""
     nv = ddq_dq.shape[0]
     m = Jc.shape[0]
     if not (_all_finite(ddq_dq) and _all_finite(ddq_dv) and _all_finite(Minv_u)
@@ -1019,7 +1172,7 @@ def dynamics_terms_system(ddq_dq, ddq_dv, Minv_u, kstiff, has_stiff, damping, da
         # M^-1 J^T d lam with d lam = A^+ (-W D): where the pivoted QR of A^T settles the rank,
         # (A^+)^T (M^-1 J^T)^T = (A^T)^+ (J M^-1) is solved (nv right-hand sides instead of
         # 3 nv) and applied to W D; else d lam as the reference computes it (LAPACK)
-        YT, status = _island_min_norm(A, W, JM)
+        YT, status = _island_min_norm_rows(A, W, JM, Jc, grow)
         if status != 0:
             return 2, A, WD, JM, Vq, Vv, Vt
         if not _all_finite(YT):

@@ -431,16 +431,7 @@ class _FrameKin(_Kin):
         self._full = (model, data, q, v1, joints, trees)
         js = np.unique(joints)
         js = js[js != 0]
-        o = oM[js, 9:12]
-        l, a = JT[:, :3], JT[:, 3:]
-        o0, o1, o2 = o[:, 0:1], o[:, 1:2], o[:, 2:3]
-        a0, a1, a2 = a[None, :, 0], a[None, :, 1], a[None, :, 2]
-        J = np.zeros((len(js), 6, self.nv))
-        J[:, 0] = l[None, :, 0] - (o1 * a2 - o2 * a1)
-        J[:, 1] = l[None, :, 1] - (o2 * a0 - o0 * a2)
-        J[:, 2] = l[None, :, 2] - (o0 * a1 - o1 * a0)
-        J[:, 3:] = a.T[None]
-        J[np.broadcast_to(~supp[js][:, None, :], J.shape)] = 0.0     # (off the support)
+        J, o = K.frame_jacobians(JT, oM, supp, js)                 # (one compiled call)
         self.J = dict(zip(js.tolist(), J))
         self.o = dict(zip(js.tolist(), o))
 
@@ -1696,10 +1687,14 @@ def _step_jacobian_compiled(sim, C=None, system=None) -> StepJacobian | None:
             rest = np.where(closing, -_closing_time(sim, cons, C) / sim.dt, rest)
         lims = (cons.limits, cons.limit_dist, st.lim_v, st.lim_sign, v, rest,
                 depenetration_speed(sim.solver))
-        corr, Dq, done = K.contact_terms(*args, False, *st.no_geo, *lims)
+        # pairs without a closed form in the kernel: geometry in Python (the kernel would
+        # return at once, undone, without the geometry: not called for nothing)
+        python_rows = st.python_geometry[c.geom1, c.geom2]
+        done = False
+        if not python_rows.any():
+            corr, Dq, done = K.contact_terms(*args, False, *st.no_geo, *lims)
         geo = None
-        if not done:           # pairs without a closed form in the kernel: geometry in Python
-            python_rows = st.python_geometry[c.geom1, c.geom2]
+        if not done:
             gj = st.gjoint
             kin = _FrameKin(model, data, q, v1, np.concatenate([gj[c.geom1], gj[c.geom2]]),
                             trees, JT, st.oM, st.supp)
