@@ -209,3 +209,60 @@ def test_body_factor_drops_a_dof_only_rounding_couples():
     x = sk.body_pinv(Jb, M, tlo, thi, *fac[1:], r)
     ref = np.linalg.pinv(G, rcond=1e-11) @ r
     np.testing.assert_allclose(x, ref, rtol=0, atol=1e-9 * np.abs(ref).max())
+
+
+def _rack_problem(n=36, steps=3):
+    """A rack's assembled problem at a visited state: (J, G, g, rt, Minv, tree_lo, tree_hi), from
+    the step's own compiled call's arguments (constraint.assemble_sparse on them)."""
+    from diffgym.sim.constraint import assemble_sparse
+    sim = diffgym.Simulator.from_string(balls_mjcf(n))
+    got = []
+    orig = fw._constrained_step
+
+    def spy(*a):
+        got.append(a)
+        return orig(*a)
+    fw._constrained_step = spy
+    try:
+        q, v = sim.q0, np.zeros(sim.nv)
+        for _ in range(steps):
+            q, v = sim.step(q, v, np.zeros(sim.nv))
+    finally:
+        fw._constrained_step = orig
+    a = got[-1]
+    (pos, frames, geom1, geom2, geom_joint, dist, mu, pair, point, Jw, support, sup_ptr, sup_idx,
+     joint_tree, tree_lo, tree_hi) = a[:16]
+    lim_v, lim_sign, dt, erp, skin, Minv, v_free = a[19], a[21], a[23], a[24], a[25], a[26], a[27]
+    J, b, G, g, MJt, isl_c, isl_l, nis, rt = assemble_sparse(
+        pos, frames, geom_joint[geom1], geom_joint[geom2], dist, Jw, support, sup_ptr, sup_idx,
+        tree_lo, tree_hi, joint_tree, np.zeros(0, np.int64), np.zeros(0), lim_v, lim_sign, dt, erp,
+        skin, Minv, v_free)
+    return J, G, g, rt, Minv, tree_lo, tree_hi
+
+
+def test_body_data_read_by_trees_match_the_full_scans():
+    """The shortcuts of a large island's body-space data give what the full scans give, to the
+    bit: ``island_body`` reading J only on each row's trees (``rt``), and the Delassus block's
+    nonzeros (and ``G x + g``) read only where two rows share a tree (``_csr_matvec_trees``),
+    over all rows and over an active subset."""
+    J, G, g, rt, Minv, lo, hi = _rack_problem()
+    m = G.shape[0]
+    assert m >= sk.BODY_MIN_ROWS
+    rows = np.arange(m)
+    full = sk.island_body(J, Minv, lo, hi, rows)
+    fast = sk.island_body(J, Minv, lo, hi, rows, rt)
+    for x, y in zip((full[0][0], full[0][1], full[1], full[2], full[3]),
+                    (fast[0][0], fast[0][1], fast[1], fast[2], fast[3])):
+        assert x.shape == y.shape and np.array_equal(x, y)
+    rng = np.random.default_rng(0)
+    Jb, M, tlo, thi = fast
+    for act in (rows, np.sort(rng.choice(m, size=m - 40, replace=False))):
+        Gaa = np.ascontiguousarray(G[np.ix_(act, act)])
+        x = rng.normal(size=len(act))
+        out1, out2 = np.empty(len(act)), np.empty(len(act))
+        ref = sk._csr_matvec_build(Gaa, x, g[act], out1)
+        got = sk._csr_matvec_trees(Gaa, x, g[act], out2, Jb, act, tlo)
+        k = ref[0][-1]              # (entries past the last row's end: buffer capacity)
+        assert np.array_equal(ref[0], got[0]) and k > 0
+        assert np.array_equal(ref[1][:k], got[1][:k]) and np.array_equal(ref[2][:k], got[2][:k])
+        assert np.array_equal(out1, out2)

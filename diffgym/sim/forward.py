@@ -287,18 +287,19 @@ def _island_scatter(lam, sigma, modes, lim_act, lam_s, sigma_s, modes_s, lact_s,
         lim_act[ls[l0 + t]] = lact_s[t]
 
 
-def _body_data(Minv, J, tree_lo, tree_hi, rows, m):
+def _body_data(Minv, J, tree_lo, tree_hi, rows, m, rt):
     """The body-space data (``island_body``) of an island of ``m`` rows (``rows``; empty: all
     rows of J, in order) for ``solve_stage1``: the four arrays when the island has at least
     ``BODY_MIN_ROWS`` rows, empty ones when smaller, and four None when ``Minv`` is None (a
     problem known to be smaller: the compiled chain below then leaves out the body-space
     path, see ``solver_kernels._newton``). Compiled, the choice between None and arrays is
     made from ``Minv``'s type (an ``overload``), so that neither variant carries the other's
-    types."""
+    types. ``rt``: each row's trees (``assemble_sparse``; ``island_body`` reads J there only)."""
     if Minv is None:
         return None, None, None, None
     if m >= BODY_MIN_ROWS:
-        return island_body(J, Minv, tree_lo, tree_hi, rows if rows.shape[0] else np.arange(m))
+        return island_body(J, Minv, tree_lo, tree_hi, rows if rows.shape[0] else np.arange(m),
+                           rt)
     return no_body()
 
 
@@ -307,14 +308,14 @@ if _JIT:
     from numba.extending import overload as _overload
 
     @_overload(_body_data, jit_options={"nogil": True})
-    def _body_data_ol(Minv, J, tree_lo, tree_hi, rows, m):
+    def _body_data_ol(Minv, J, tree_lo, tree_hi, rows, m, rt):
         if isinstance(Minv, _types.NoneType):
-            return lambda Minv, J, tree_lo, tree_hi, rows, m: (None, None, None, None)
+            return lambda Minv, J, tree_lo, tree_hi, rows, m, rt: (None, None, None, None)
 
-        def impl(Minv, J, tree_lo, tree_hi, rows, m):
+        def impl(Minv, J, tree_lo, tree_hi, rows, m, rt):
             if m >= BODY_MIN_ROWS:
                 return island_body(J, Minv, tree_lo, tree_hi,
-                                   rows if rows.shape[0] else np.arange(m))
+                                   rows if rows.shape[0] else np.arange(m), rt)
             return no_body()
         return impl
 
@@ -361,7 +362,7 @@ def _island_bias(b, rows, r0, ms, nc, touch, dist, skin, rest, lim_dist, realiza
 @njit(inline="always")
 def _solve_islands(G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mode_tol,
                    newton_iter, mode_rounds, budget, J, Minv, tree_lo, tree_hi, b, pair, dist,
-                   skin, rest, lim_dist, realizable):
+                   skin, rest, lim_dist, realizable, rt):
     """Stage 1 of the NCP solve island by island: the rows of different islands do not couple
     (their block of G is zero), so each island's problem (its contacts' rows, then its limits'
     rows, with their warm start) is solved on its own by ``solve_stage1`` and the results are
@@ -372,7 +373,8 @@ def _solve_islands(G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mo
     An island of at least ``BODY_MIN_ROWS`` rows also gets its rows and mass matrix in body space
     (``island_body``: J, Minv and the trees' dof ranges) for its large linear Newton steps;
     ``Minv`` None: the problem has fewer rows (the step knows it from its contacts and limits),
-    and this variant is compiled without the body-space path (``_body_data``).
+    and this variant is compiled without the body-space path (``_body_data``); ``rt``: each
+    row's trees (``assemble_sparse``), where ``island_body`` reads J.
     With ``realizable`` (``SolverSettings.realizable_bias``), ``solve_stage1`` tries an island
     whose stage 1 fails once more with its drift correction made realizable (``b`` and ``g``
     updated in place where that succeeds, left as they were where not; ``pair``, ``dist``,
@@ -383,7 +385,7 @@ def _solve_islands(G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mo
     proj = np.full(m, -1, dtype=np.int64)
     braw = b.copy()
     if nis == 1:            # (one island: its rows are all rows, in order; no copies)
-        Jb, Mb, tlo, thi = _body_data(Minv, J, tree_lo, tree_hi, _NO_I, m)
+        Jb, Mb, tlo, thi = _body_data(Minv, J, tree_lo, tree_hi, _NO_I, m, rt)
         keep = np.zeros(m, np.bool_)
         if realizable:
             for r in range(m):
@@ -422,7 +424,7 @@ def _solve_islands(G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mo
                 Gs[a, c] = G[ra, rows[r0 + c]]
         gs, mus, lam0s, modes0s = _island_gather(g, mu, lam0, modes0, found, nc, rows, r0, ms,
                                                  cs, cptr[s], ncs, ls, lptr[s], nls)
-        Jb, Mb, tlo, thi = _body_data(Minv, J, tree_lo, tree_hi, rows[r0:r1], ms)
+        Jb, Mb, tlo, thi = _body_data(Minv, J, tree_lo, tree_hi, rows[r0:r1], ms, rt)
         bs, keep = _island_bias(b, rows, r0, ms, nc, touch, dist, skin, rest, lim_dist,
                                 realizable)
         ok, lam_s, sigma_s, modes_s, lact_s, its_s, res_s, prox = solve_stage1(
@@ -506,7 +508,7 @@ def _constrained_velocity(pos, frames, geom1, geom2, geom_joint, dist, mu, pair,
     island_ok, lam, sigma, modes, lim_act, its, res, nprox, proj, braw = _solve_islands(
         G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mode_tol, newton_iter,
         mode_rounds, budget, J, Mbody, tree_lo, tree_hi, b, pair, dist, skin, rest, lim_dist,
-        realizable)
+        realizable, rt)
     _add_impulses(v1, MJt, rt, lam, tree_hi)
     return (island_ok, isl_c, isl_l, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, lim_act,
             its, res, v1, MJt, rest, nprox, proj, braw)

@@ -86,6 +86,109 @@ def _csr_matvec_build(A, x, b, out):
 
 
 @njit
+def _csr_matvec_trees(A, x, b, out, Jb, act, tlo):
+    """``_csr_matvec_build`` (the same ``out`` and the same nonzeros, columns increasing) of a
+    Delassus block ``A = Ja M^-1 Ja^T`` whose rows are ``Jb[act]`` (``island_body``'s pair;
+    ``tlo``: each local dof's tree by its first dof), reading only the entries of rows that
+    share a tree: M^-1 couples only a tree's dofs, so every other entry is an exact zero
+    (``constraint.assemble_sparse`` does not compute them) and the terms it would add to
+    ``out`` (``0 * x``) change no sum. The scan of every entry cost ~0.3 ms at a 528-row rack
+    of 64 balls; this one the work of A's nonzeros."""
+    na = act.shape[0]
+    n = tlo.shape[0]
+    Jv, Jc = Jb
+    kb = Jc.shape[1]
+    # the distinct trees of each row (by root dof), and the rows of each tree (ascending)
+    roots = np.empty((na, kb), np.int64)
+    nrt = np.zeros(na, np.int64)
+    tptr = np.zeros(n + 1, np.int64)
+    for a in range(na):
+        ra = act[a]
+        k = 0
+        for t in range(kb):
+            c = Jc[ra, t]
+            if c >= 0 and Jv[ra, t] != 0.0:
+                r = tlo[c]
+                new = True
+                for u in range(k):
+                    if roots[a, u] == r:
+                        new = False
+                if new:
+                    roots[a, k] = r
+                    k += 1
+                    tptr[r + 1] += 1
+        nrt[a] = k
+    for r in range(n):
+        tptr[r + 1] += tptr[r]
+    trow = np.empty(tptr[n], np.int64)
+    fill = tptr[:n].copy()
+    for a in range(na):
+        for u in range(nrt[a]):
+            r = roots[a, u]
+            trow[fill[r]] = a
+            fill[r] += 1
+    cap = 0
+    for a in range(na):
+        for u in range(nrt[a]):
+            r = roots[a, u]
+            cap += tptr[r + 1] - tptr[r]
+    ptr = np.empty(na + 1, np.int64)
+    col = np.empty(cap, np.int64)
+    val = np.empty(cap)
+    cand = np.empty(cap if cap < na else na, np.int64)
+    mark = np.full(na, -1, np.int64)
+    k = 0
+    ptr[0] = 0
+    for a in range(na):
+        # the rows sharing a tree with row a, ascending (a merge of its trees' row lists)
+        nca = 0
+        if nrt[a] == 1:
+            r = roots[a, 0]
+            for e in range(tptr[r], tptr[r + 1]):
+                cand[nca] = trow[e]
+                nca += 1
+        elif nrt[a] == 2:
+            r0 = roots[a, 0]
+            r1 = roots[a, 1]
+            e0, f0 = tptr[r0], tptr[r0 + 1]
+            e1, f1 = tptr[r1], tptr[r1 + 1]
+            while e0 < f0 or e1 < f1:
+                if e1 >= f1 or (e0 < f0 and trow[e0] < trow[e1]):
+                    cand[nca] = trow[e0]
+                    e0 += 1
+                elif e0 >= f0 or trow[e1] < trow[e0]:
+                    cand[nca] = trow[e1]
+                    e1 += 1
+                else:
+                    cand[nca] = trow[e0]
+                    e0 += 1
+                    e1 += 1
+                nca += 1
+        elif nrt[a] > 2:
+            for u in range(nrt[a]):
+                r = roots[a, u]
+                for e in range(tptr[r], tptr[r + 1]):
+                    c = trow[e]
+                    if mark[c] != a:
+                        mark[c] = a
+                        cand[nca] = c
+                        nca += 1
+            cand[:nca] = np.sort(cand[:nca])
+        s = 0.0
+        for e in range(nca):
+            j = cand[e]
+            v = A[a, j]
+            s += v * x[j]
+            if v != 0.0:
+                col[k] = j
+                val[k] = v
+                k += 1
+        out[a] = s + b[a]
+        ptr[a + 1] = k
+    return ptr, col, val
+
+
+@njit
 def _csr_grow(col, val, k, cap):
     """CSR column and value buffers of capacity ``cap`` holding the first ``k`` entries of
     ``col``/``val`` (the rest uninitialized)."""
@@ -635,7 +738,10 @@ def _newton(G, g, nc, mu, modes, lim_act, lam, dc, vscale, max_its, anchored, mi
     # products are then the work of its nonzeros, not of na^2 entries (_csr_matvec)
     sparse = linear and Jb is not None and Jb[0].shape[0] > 0 and na >= BODY_MIN_ROWS
     if sparse:
-        sp_ptr, sp_col, sp_val = _csr_matvec_build(Gaa, x, ga, F)
+        if Jb is not None:      # (always here; None: the branch numba prunes, _newton's doc)
+            sp_ptr, sp_col, sp_val = _csr_matvec_trees(Gaa, x, ga, F, Jb, act[:na], tlo)
+        else:
+            sp_ptr, sp_col, sp_val = _csr_matvec_build(Gaa, x, ga, F)
     else:
         sp_ptr, sp_col, sp_val = np.zeros(1, np.int64), np.zeros(0, np.int64), np.zeros(0)
     if linear:
@@ -1557,10 +1663,12 @@ def body_factor_rows(Jb, act, M, tlo, thi):
     for c in range(n):
         cptr[c + 1] += cptr[c]
     crow = np.empty(cnt, np.int64)
+    cval = np.empty(cnt)        # (row crow[e]'s entry in that dof's column)
     cfill = cptr[:n].copy()
     for a in range(na):
         for s in range(nz_ptr[a], nz_ptr[a + 1]):
             crow[cfill[nz[s]]] = a
+            cval[cfill[nz[s]]] = nzv[s]
             cfill[nz[s]] += 1
     # K = Ja^T Ja row by row (each entry summed over the rows in increasing order, as a dense
     # accumulation would), its off-diagonal nonzeros as the (sorted) adjacency
@@ -1577,10 +1685,7 @@ def body_factor_rows(Jb, act, M, tlo, thi):
         nl = 0
         for e in range(cptr[c], cptr[c + 1]):
             a = crow[e]
-            x = 0.0
-            for s in range(nz_ptr[a], nz_ptr[a + 1]):
-                if nz[s] == c:
-                    x = nzv[s]
+            x = cval[e]
             for s in range(nz_ptr[a], nz_ptr[a + 1]):
                 d = nz[s]
                 if mark[d] != c:
@@ -1589,7 +1694,15 @@ def body_factor_rows(Jb, act, M, tlo, thi):
                     lst[nl] = d
                     nl += 1
                 acc[d] += x * nzv[s]
-        srt = np.sort(lst[:nl])
+        # (sorted in place by insertion: a few dozen entries, no allocation per column)
+        for t in range(1, nl):
+            d = lst[t]
+            u = t - 1
+            while u >= 0 and lst[u] > d:
+                lst[u + 1] = lst[u]
+                u -= 1
+            lst[u + 1] = d
+        srt = lst
         k0 = kptr[c]
         if k0 + nl > kcap:
             kcap = 2 * (k0 + nl)
@@ -1928,20 +2041,49 @@ def island_mass(used, tree_lo, tree_hi, Minv, Mb, moff):
 
 
 @njit
-def island_body(J, Minv, tree_lo, tree_hi, rows):
+def _row_dofs(rt, r, nv, tree_hi):
+    """The dof ranges where row r of the step's J may be nonzero: (lo1, hi1, lo2, hi2), its
+    (at most two) trees in increasing order (``rt``: each row's trees by their first dof, -1
+    where none, ``constraint.assemble_sparse``), or all nv dofs where ``rt`` is None."""
+    if rt is None:
+        return 0, nv, 0, 0
+    a = rt[r, 0]
+    b = rt[r, 1]
+    if a < 0 or (b >= 0 and b < a):
+        a, b = b, a
+    if b == a:
+        b = -1
+    if a < 0:
+        a, b = b, -1
+    if a < 0:
+        return 0, 0, 0, 0
+    if b < 0:
+        return a, tree_hi[a], 0, 0
+    return a, tree_hi[a], b, tree_hi[b]
+
+
+@njit
+def island_body(J, Minv, tree_lo, tree_hi, rows, rt=None):
     """The body-space data of an island (rows ``rows`` of the step's J): its rows restricted to
     the n dofs they touch, by their nonzeros ``Jb = (values, columns)`` (each (len(rows), most
     nonzeros in a row); row a's k-th nonzero, columns increasing, at ``[a, k]``; column -1
     past its last), the mass matrix ``M`` of those dofs by tree blocks (``island_mass``: the
     inverse of each tree's block of ``Minv``, pinocchio's computeMinverse with its upper
     triangle filled; an island holds whole trees) and each local dof's tree range (tlo, thi).
-    (A dense (len(rows), n) Jb was 420 MB for a rack of 1,000 balls.)"""
+    (A dense (len(rows), n) Jb was 420 MB for a rack of 1,000 balls.) ``rt``: each row's
+    trees (``constraint.assemble_sparse``, whose rows are nonzero only there): only those dofs
+    are read (the scan of every dof cost ~0.25 ms at a rack of 64 balls); None: all."""
     nv = J.shape[1]
     used = np.zeros(nv, np.bool_)
     kmax = 1
     for r in rows:
         k = 0
-        for d in range(nv):
+        lo1, hi1, lo2, hi2 = _row_dofs(rt, r, nv, tree_hi)
+        for d in range(lo1, hi1):
+            if J[r, d] != 0.0:
+                used[tree_lo[d]] = True
+                k += 1
+        for d in range(lo2, hi2):
             if J[r, d] != 0.0:
                 used[tree_lo[d]] = True
                 k += 1
@@ -1953,11 +2095,18 @@ def island_body(J, Minv, tree_lo, tree_hi, rows):
     Jc = np.full((rows.shape[0], kmax), -1, np.int64)
     for a in range(rows.shape[0]):
         k = 0
-        for d in range(nv):
+        lo1, hi1, lo2, hi2 = _row_dofs(rt, rows[a], nv, tree_hi)
+        for d in range(lo1, hi1):
             x = J[rows[a], d]
             if x != 0.0:
                 Jv[a, k] = x
-                Jc[a, k] = loc[d]        # (loc increases with d)
+                Jc[a, k] = loc[d]        # (loc increases with d; the trees in order)
+                k += 1
+        for d in range(lo2, hi2):
+            x = J[rows[a], d]
+            if x != 0.0:
+                Jv[a, k] = x
+                Jc[a, k] = loc[d]
                 k += 1
     return (Jv, Jc), M, tlo, thi
 
