@@ -76,20 +76,57 @@ def second_derivative(a: np.ndarray, w: np.ndarray, D: np.ndarray, grad: bool = 
     return f, ga, gw
 
 
+def _free_rotation(model, j) -> bool:
+    """Whether joint ``j`` is a free body's rotation: a spherical joint on a translation joint
+    on the world (how a ``<freejoint>`` loads: the centre moves on a straight line over a step
+    and the rotation at a constant body-frame rate, so the second-order term is exact)."""
+    if j <= 0 or model.joints[j].shortname() != "JointModelSpherical":
+        return False
+    p = model.parents[j]
+    return p > 0 and model.joints[p].shortname() == "JointModelTranslation" and model.parents[p] == 0
+
+
 class _Table:
-    """Per-simulator constants: which geoms are ellipsoids (their radii squared) and static
-    planes."""
+    """Per-simulator constants: which geoms carry the term (ellipsoids, cylinders, and capsules
+    of free bodies) with the diagonal ``D`` of their support's quadratic part (ellipsoid: radii
+    squared; cylinder: ``(r^2, r^2, 0)``, a cap's rim; capsule: 0) and the body-frame heights
+    ``z`` of their points along the geom's axis (``points``: contact point id -> z), and which
+    geoms are static planes."""
 
     def __init__(self, sim):
+        from .plane_contacts import CYLINDER_LOWEST_ID
         geoms = sim.sm.geoms
         gj = sim.constraints.geom_joint
-        self.ellipsoid = np.array([g.kind == "ellipsoid" and gj[i] != 0
-                                   for i, g in enumerate(geoms)], dtype=bool)
+        model = sim.model
+        n = len(geoms)
+        self.D = np.zeros((n, 3))
+        self.carrier = np.zeros(n, dtype=bool)
+        # per geom: (point id 0, point id 1) the ids that carry the term (-1: none) and the
+        # points' heights along the geom's z axis
+        self.ids = np.full((n, 2), -1, dtype=np.int64)
+        self.z = np.zeros((n, 2))
+        for i, g in enumerate(geoms):
+            if gj[i] == 0:
+                continue
+            if g.kind == "ellipsoid":
+                self.D[i] = np.asarray(g.size[:3], float) ** 2
+                self.ids[i, 0] = 0
+            elif g.kind == "cylinder":
+                r, h = float(g.size[0]), float(g.size[1])
+                self.D[i] = (r * r, r * r, 0.0)
+                # a cap's lowest rim point, cap 0 at -h, cap 1 at +h (plane_contacts)
+                self.ids[i] = (CYLINDER_LOWEST_ID, CYLINDER_LOWEST_ID + 1)
+                self.z[i] = (-h, h)
+            elif g.kind == "capsule" and _free_rotation(model, int(gj[i])):
+                h = float(g.size[1])
+                self.ids[i] = (0, 1)             # its two ends (plane_contacts.shape_points)
+                self.z[i] = (-h, h)
+            else:
+                continue
+            self.carrier[i] = True
         self.plane = np.array([g.kind == "plane" and gj[i] == 0 for i, g in enumerate(geoms)],
                               dtype=bool)
-        self.D = np.array([np.asarray(g.size[:3], float) ** 2 if g.kind == "ellipsoid"
-                           else np.zeros(3) for g in geoms])
-        self.active = bool(self.ellipsoid.any() and self.plane.any()
+        self.active = bool(self.carrier.any() and self.plane.any()
                            and not len(sim.constraints.pair_restitution))
 
 
@@ -101,12 +138,72 @@ def _table(sim) -> _Table:
 
 
 def _rows(t: _Table, contacts):
-    """(contact indices, ellipsoid geoms) of the support-point contacts on static planes."""
+    """(contact indices, carrier geoms, the points' heights z along the geom axis, the sign
+    turning each contact's normal into the plane's outward normal) of the contacts that carry
+    the term: a carrier's support point (ellipsoid id 0, cylinder ids 8, 9) or end (capsule
+    ids 0, 1) on a static plane."""
     g1, g2 = contacts.geom1, contacts.geom2
-    first = t.plane[g1] & t.ellipsoid[g2]
-    sel = (first | (t.plane[g2] & t.ellipsoid[g1])) & (np.asarray(contacts.point) == 0)
-    ks = np.flatnonzero(sel)
-    return ks, np.where(first[ks], g2[ks], g1[ks])
+    first = t.plane[g1] & t.carrier[g2]
+    on = first | (t.plane[g2] & t.carrier[g1])
+    ge = np.where(first, g2, g1)
+    pt = np.asarray(contacts.point)
+    ids = t.ids[ge]
+    hit0, hit1 = on & (pt == ids[:, 0]), on & (pt == ids[:, 1])
+    ks = np.flatnonzero(hit0 | hit1)
+    ge = ge[ks]
+    z = np.where(hit0[ks], t.z[ge, 0], t.z[ge, 1])
+    sign = np.where(first[ks], 1.0, -1.0)        # (normals point from geom 1 to geom 2)
+    return ks, ge, z, sign
+
+
+def _support(a, D, z, grad: int = 0):
+    """``s(a) = -z a_z + sqrt(a^T D a)`` (the support distance of a point at height z on the
+    geom's axis, plus a quadratic support where D is not 0), with ``grad`` >= 1 its gradient and
+    >= 2 its Hessian."""
+    Da = D * a
+    quad = bool(D.any())
+    q = float(np.sqrt(a @ Da)) if quad else 0.0
+    s = -z * a[2] + q
+    if not grad:
+        return s
+    g = Da / q if quad else np.zeros(3)
+    g[2] -= z
+    if grad < 2:
+        return s, g
+    H = (np.diag(D) / q - np.outer(Da, Da) / q ** 3) if quad else np.zeros((3, 3))
+    return s, g, H
+
+
+def offset(a, w, D, z, dt: float, grad: bool = False):
+    """The normal row's offset (m/s) that makes it the exact distance after the step: a plane's
+    outward normal ``a`` and the rate ``w`` in the geom's frame, the geom turning by ``E =
+    exp(dt w)`` over the step (its centre on a straight line: a free body), so its normal in
+    the geom's frame ends at ``E^T a``; the row predicts the support distance's change to first
+    order, ``dt g(a).(a x w)`` (``g = grad s``, the velocity of the support point), and misses
+
+        b = -(s(E^T a) - s(a) - dt g(a).(a x w)) / dt,
+
+    of which the leading term is ``-dt s''/2`` (``second_derivative``). With ``grad`` also
+    ``d b / d a`` and ``d b / d w`` (closed form: ``d(E^T a) = dt E^T [a]x Jr(-dt w) dw``, Jr
+    pinocchio's Jexp3)."""
+    import pinocchio as pin
+    E = pin.exp3(dt * w)
+    a1 = E.T @ a
+    u1 = np.cross(a, w)
+    if not grad:
+        s0, g0 = _support(a, D, z, 1)
+        return -(_support(a1, D, z) - s0 - dt * float(g0 @ u1)) / dt
+    s0, g0, H0 = _support(a, D, z, 2)
+    s1, g1 = _support(a1, D, z, 1)
+    b = -(s1 - s0 - dt * float(g0 @ u1)) / dt
+    Eg1 = E @ g1
+    ga = -(Eg1 - g0 - dt * (H0 @ u1 + np.cross(w, g0))) / dt
+    gw = -(Eg1 @ _skew(a) @ pin.Jexp3(-dt * w)) + np.cross(g0, a)
+    return b, ga, gw
+
+
+def _skew(x):
+    return np.array([[0.0, -x[2], x[1]], [x[2], 0.0, -x[0]], [-x[1], x[0], 0.0]])
 
 
 def drift(sim, contacts, Jw: np.ndarray, v: np.ndarray):
@@ -116,17 +213,17 @@ def drift(sim, contacts, Jw: np.ndarray, v: np.ndarray):
     t = _table(sim)
     if not t.active or not len(contacts):
         return None
-    ks, ge = _rows(t, contacts)
+    ks, ge, z, sign = _rows(t, contacts)
     if not len(ks):
         return None
     out = np.zeros(len(contacts))
     gj = sim.constraints.geom_joint
     sup = sim.constraints.support
-    half = -0.5 * sim.dt
-    for k, g in zip(ks.tolist(), ge.tolist()):
+    dt = sim.dt
+    for i, (k, g) in enumerate(zip(ks.tolist(), ge.tolist())):
         R = sim.geom_data.oMg[g].rotation
         omega = Jw[3:] @ np.where(sup[gj[g]], v, 0.0)
-        out[k] = half * second_derivative(R.T @ contacts.normal[k], R.T @ omega, t.D[g])
+        out[k] = offset(R.T @ (sign[i] * contacts.normal[k]), R.T @ omega, t.D[g], z[i], dt)
     return out
 
 
@@ -181,7 +278,7 @@ def jacobian_terms(sim, cons, q, v):
     if cons is None or not t.active or not cons.nc:
         return None
     c = cons.contacts
-    ks, ge = _rows(t, c)
+    ks, ge, z, sign = _rows(t, c)
     if not len(ks):
         return None
     from .derivatives import _Kin
@@ -198,19 +295,19 @@ def jacobian_terms(sim, cons, q, v):
         kin = _Kin(model, data, q, v, js)
         # (the geoms' placements at q: the step's own, sim.geom_data)
     J, _, omega, dV = kin.stacked(js)
-    half = -0.5 * sim.dt
+    dt = sim.dt
     Bq = np.zeros((len(ks), nv))
     Bv = np.zeros((len(ks), nv))
     for i, (k, g) in enumerate(zip(ks.tolist(), ge.tolist())):
         R = sim.geom_data.oMg[g].rotation
-        n = c.normal[k]
+        n = sign[i] * c.normal[k]
         Jang = J[i, 3:]
         a, w = R.T @ n, R.T @ omega[i]
-        _, ga, gw = second_derivative(a, w, t.D[g], grad=True)
+        _, ga, gw = offset(a, w, t.D[g], z[i], dt, grad=True)
         da = R.T @ np.cross(n[:, None], Jang, axis=0)
         dw = R.T @ (dV[i, 3:] + np.cross(omega[i][:, None], Jang, axis=0))
-        Bq[i] = half * (ga @ da + gw @ dw)
-        Bv[i] = half * (gw @ (R.T @ Jang))
+        Bq[i] = ga @ da + gw @ dw
+        Bv[i] = gw @ (R.T @ Jang)
     return ks, Bq, Bv
 
 
