@@ -276,6 +276,10 @@ def drift(sim, contacts, Jw: np.ndarray, v: np.ndarray):
 
 # passes of the step's constrained part at most, for the offsets at the step's own v1
 MAX_PASSES = 40
+# the offsets agree with those at the step's v1 once they differ by less than this fraction of
+# the solver's tolerance (m/s; a row's offset moves v1 by about as much as it changes, so the
+# step is then as exact as the solver makes it) or by rounding
+AGREE = 1e-2
 
 
 def fixed_point(sim, contacts, Jw, v, solve, velocity):
@@ -292,6 +296,8 @@ def fixed_point(sim, contacts, Jw, v, solve, velocity):
     F = prepare(sim, contacts, Jw)
     if F is None:
         return solve(None), None
+    settings = getattr(sim.solver, "settings", None)
+    agree = AGREE * float(getattr(settings, "tol", 0.0))
     x = F(v)
     out = solve(x)
     X, R = [], []                   # (the last iterates' F(x) and residuals F(x) - x)
@@ -301,7 +307,7 @@ def fixed_point(sim, contacts, Jw, v, solve, velocity):
             break
         fx = F(v1)
         r = fx - x
-        if np.max(np.abs(r)) <= 1e-14 * (1.0 + np.max(np.abs(fx))):
+        if np.max(np.abs(r)) <= max(1e-14 * (1.0 + np.max(np.abs(fx))), agree):
             return out, "v1"
         X.append(fx)
         R.append(r)
