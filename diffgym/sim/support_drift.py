@@ -1,14 +1,14 @@
-"""Second-order drift of a curved support point: an ellipsoid rolling on a static plane.
+"""The drift of a curved support point over a step: ellipsoids, cylinder rims and capsule ends
+on a static plane.
 
 A contact row is first order in the step: ``sigma_N = J_N v1 + b`` moves the contact point as a
 material point of the body, ``d(q1) = d + dt J_N v1 + O(dt^2)``. For a body-fixed point (a box
-corner, a sphere's or capsule's rolling centre offset by its radius) the second-order term is
-the centripetal one, which lifts the lowest points off the plane: never a penetration. An
-ellipsoid's contact is its support point, which slides over the surface as the body turns: its
-distance to the plane is ``d = n . c - h - s``, ``s = sqrt(n^T E n)``, ``E = R diag(r^2) R^T``,
-and for a rotation at a constant body-frame rate (a free body's step ``R1 = R exp(dt w)``, a
-revolute joint's) the step misses ``-dt^2 s'' / 2`` of it, where, in the geom's frame
-(``a = R^T n``, ``w = R^T omega``, ``D = diag(r^2)``),
+corner) the second-order term is the centripetal one, which lifts the lowest points off the
+plane. An ellipsoid's contact is its support point, which slides over the surface as the body
+turns: its distance to the plane is ``d = n . c - h - s``, ``s = sqrt(n^T E n)``, ``E = R
+diag(r^2) R^T``, and for a rotation at a constant body-frame rate (a free body's step ``R1 = R
+exp(dt w)``, a revolute joint's) the step misses ``-dt^2 s'' / 2`` of it, where, in the geom's
+frame (``a = R^T n``, ``w = R^T omega``, ``D = diag(r^2)``),
 
     u1 = a x w (= a'),  u2 = w x (w x a) (= a''),
     s'' = (u1^T D u1 + a^T D u2) / s - (a^T D u1)^2 / s^3.
@@ -17,25 +17,37 @@ At 30 Hz an ellipsoid with radii 0.07 and 0.19 m rocking at 8 rad/s misses about
 step; the Baumgarte correction catches up one fifth of a penetration per step, so the body
 rolled about 1-2 mm deep into the floor (the drop benchmark's ellipsoid failures).
 
-The normal row of each such contact (the ellipsoid's point 0 against a static plane) gets
-``b += -dt s''(omega1) / 2`` at the step's own angular velocity ``omega1`` (``fixed_point``: the
-constrained part is solved again with the offsets at the last solution's velocity until they
-agree to rounding, Anderson-accelerated, a few passes). The term at the pre-step velocity
-alone is wrong where the contact changes the spin: a flat ellipsoid landing at 15 rad/s got a
-53 mm push-out it did not need and kept rocking. The problem's rows and its Delassus operator
-are unchanged (only offsets). Where the passes do not agree (MAX_PASSES) or a pass needs the
-later solver stages, the step is taken without the term (the first-order rows). ``s''`` is even
-in ``n`` and in ``omega``. Models with restitution keep the first-order rows (the impact law's
-rows carry their own offsets; ``drift`` returns None there). The geom's centre is taken to move
-on a straight line and its body-frame rate to be constant over the step: exact for a free body
-(translation and ball joint), the leading term on a chain of joints.
+The same holds for a cylinder cap's lowest rim point (``plane_contacts`` ids 8, 9: ``s = -z a_z
++ r sqrt(a_x^2 + a_y^2)``, z = -h, +h the cap, the quadratic part with ``D = (r^2, r^2, 0)``;
+bench_drops #197) and for a capsule end on a free body (``s = -z a_z + r``: a material point,
+but an upper end swinging down over its arc falls below its linearized path: bench_drops #211,
+a capsule at 10 Hz, 12 mm into the floor). At 10 Hz a body turns by a radian in a step, where
+the second-order term is not enough (#5, a capsule end at 11 rad/s: still 12 mm): the row gets
+the exact rest, ``b = -(s(E^T a) - s(a) - dt g(a).(a x w)) / dt`` (``offset``: ``E = exp(dt
+w)``, ``g = grad s``; its leading term is ``-dt s''/2``), which makes it the distance after the
+step's own rotation. Capsules are taken on free bodies only (a ``<freejoint>``: translation and
+ball joints, where the turn is exactly ``exp(dt w)`` and the centre moves on a line), so robot
+links keep their first-order rows; ellipsoids and cylinders on any joint.
+
+The normal row of each such contact gets that ``b`` at the step's own angular velocity
+``omega1`` (``fixed_point``: the constrained part is solved again with the offsets at the last
+solution's velocity until they agree to rounding or to ``AGREE`` times the solver's tolerance,
+Anderson-accelerated, a few passes). The term at the pre-step velocity alone is wrong where the
+contact changes the spin: a flat ellipsoid landing at 15 rad/s got a 53 mm push-out it did not
+need and kept rocking. The problem's rows and its Delassus operator are unchanged (only
+offsets). Where the passes do not agree (MAX_PASSES) or a pass needs the later solver stages,
+the step is taken without the term (the first-order rows). Models with restitution keep the
+first-order rows (the impact law's rows carry their own offsets; ``prepare`` returns None
+there). The geom's centre is taken to move on a straight line and its body-frame rate to be
+constant over the step: exact for a free body (translation and ball joint), the leading term
+on a chain of joints.
 
 Its derivative (``correct_jacobian``): ``b = b(q, v1)``; ``d b / d q`` at fixed ``v1`` through
 the geom's rotation (``d a = R^T (n x J_w)``, ``d w = R^T (d omega / dq + omega x J_w)``) and
-``d b / d v1 = -dt/2 d s''/d w R^T J_w``, with ``J_w`` the geom's angular velocity Jacobian;
-they enter the step's velocity through the response ``P = M^-1 J^T d lam / d b`` of the step's
-mode system, the same for both Jacobian routes (as the impact law's gravity term,
-``derivatives._impact_gravity``): ``d v1 = (I - P B_v)^-1 (X + P B_q d q)``.
+``d b / d v1 = d b/d w R^T J_w`` (``offset``'s closed-form gradients), with ``J_w`` the geom's
+angular velocity Jacobian; they enter the step's velocity through the response ``P = M^-1 J^T d
+lam / d b`` of the step's mode system, the same for both Jacobian routes (as the impact law's
+gravity term, ``derivatives._impact_gravity``): ``d v1 = (I - P B_v)^-1 (X + P B_q d q)``.
 """
 from __future__ import annotations
 
