@@ -125,13 +125,14 @@ def test_support_drift_offset_exact_rotation():
     its leading term -dt s''/2 at small dt, and its closed-form gradients against central
     differences."""
     import pinocchio as pin
-    from diffgym.sim.support_drift import offset, second_derivative
+    from diffgym.sim.support_drift import MAX_TURN, offset, second_derivative
     rng = np.random.default_rng(5)
     for D, z in [(rng.uniform(0.03, 0.2, 3) ** 2, 0.0), (np.array([0.07, 0.07, 0.0]) ** 2, 0.09),
                  (np.zeros(3), -0.12)]:
         a = rng.normal(size=3)
         a /= np.linalg.norm(a)
         w = rng.normal(size=3) * 6.0
+        w *= min(1.0, 0.9 * MAX_TURN / (0.1 * np.linalg.norm(w)))    # (exact below MAX_TURN)
 
         def s(x):           # support distance, directly: lowest point of the cap's disc + ellipsoid
             q = np.sqrt(x @ (D * x)) if D.any() else 0.0
@@ -154,13 +155,22 @@ def test_support_drift_offset_exact_rotation():
             fw = (offset(a, w + u, D, z, dt) - offset(a, w - u, D, z, dt)) / (2 * e)
             assert abs(ga[i] - fa) < 1e-6 * (1 + abs(fa))
             assert abs(gw[i] - fw) < 1e-6 * (1 + abs(fw))
+        # past MAX_TURN a step: the offset of that turn about the same axis, and its gradients
+        big = w * (3.0 * MAX_TURN / (dt * np.linalg.norm(w)))
+        assert offset(a, big, D, z, dt) == pytest.approx(offset(a, big / 3.0, D, z, dt), rel=1e-12)
+        _, ga, gw = offset(a, big, D, z, dt, grad=True)
+        for i in range(3):
+            u = np.eye(3)[i] * e
+            fw = (offset(a, big + u, D, z, dt) - offset(a, big - u, D, z, dt)) / (2 * e)
+            assert abs(gw[i] - fw) < 1e-6 * (1 + abs(fw))
 
 
-@pytest.mark.parametrize("index", [211, 197])
+@pytest.mark.parametrize("index", [197])
 def test_capsule_and_cylinder_drift_step_jacobians(index):
-    """The exact-rotation offset on a free capsule's ends (drop 211, 10 Hz, 12 mm deep without
-    it) and a cylinder cap's lowest rim point (drop 197, 30 Hz, 16 mm) keeps both runs under
-    the bench's bound, and the step Jacobians along the rollout match central differences."""
+    """The exact-rotation offset on a cylinder cap's lowest rim point (drop 197, 30 Hz, 16 mm
+    deep without it and without the other cap's speculative row) keeps the run under the
+    bench's bound, and the step Jacobians along the rollout match central differences. (A free
+    capsule's ends, drop 211, are off: support_drift.CAPSULE_ENDS.)"""
     from diffgym import gradcheck
     from diffgym.sim.forward import Simulator
     sc = bench_drops.make_scene(0, index)

@@ -19,13 +19,14 @@ rolled about 1-2 mm deep into the floor (the drop benchmark's ellipsoid failures
 
 The same holds for a cylinder cap's lowest rim point (``plane_contacts`` ids 8, 9: ``s = -z a_z
 + r sqrt(a_x^2 + a_y^2)``, z = -h, +h the cap, the quadratic part with ``D = (r^2, r^2, 0)``;
-bench_drops #197) and for a capsule end on a free body (``s = -z a_z + r``: a material point,
+bench_drops #197) and, where ``CAPSULE_ENDS`` (off: see there), for a capsule end on a free body (``s = -z a_z + r``: a material point,
 but an upper end swinging down over its arc falls below its linearized path: bench_drops #211,
 a capsule at 10 Hz, 12 mm into the floor). At 10 Hz a body turns by a radian in a step, where
 the second-order term is not enough (#5, a capsule end at 11 rad/s: still 12 mm): the row gets
 the exact rest, ``b = -(s(E^T a) - s(a) - dt g(a).(a x w)) / dt`` (``offset``: ``E = exp(dt
 w)``, ``g = grad s``; its leading term is ``-dt s''/2``), which makes it the distance after the
-step's own rotation. Capsules are taken on free bodies only (a ``<freejoint>``: translation and
+step's own rotation, up to a turn of ``MAX_TURN`` a step (the offset is periodic in the
+turn). Capsules would be taken on free bodies only (a ``<freejoint>``: translation and
 ball joints, where the turn is exactly ``exp(dt w)`` and the centre moves on a line), so robot
 links keep their first-order rows; ellipsoids and cylinders on any joint.
 
@@ -131,7 +132,7 @@ class _Table:
                 # a cap's lowest rim point, cap 0 at -h, cap 1 at +h (plane_contacts)
                 self.ids[i] = (CYLINDER_LOWEST_ID, CYLINDER_LOWEST_ID + 1)
                 self.z[i] = (-h, h)
-            elif g.kind == "capsule" and _free_rotation(model, int(gj[i])):
+            elif g.kind == "capsule" and CAPSULE_ENDS and _free_rotation(model, int(gj[i])):
                 h = float(g.size[1])
                 self.ids[i] = (0, 1)             # its two ends (plane_contacts.shape_points)
                 self.z[i] = (-h, h)
@@ -188,6 +189,13 @@ def _support(a, D, z, grad: int = 0):
     return s, g, H
 
 
+# the turn over a step that the offset follows at most (rad): the exact offset is periodic in
+# the turn, so past it a faster spin could make a row's offset whatever the solve needs (a
+# capsule at 10 Hz, bench_drops #3185, spun itself up from 27 to 550 rad/s in 6 steps); beyond
+# it the offset is that of this turn about the same axis (continuous, flat in the rate)
+MAX_TURN = 1.0
+
+
 @njit
 def _offsets(a, w, D, z, dt):
     """``offset``'s value for k rows at once: ``a``, ``w``, ``D`` (k, 3), ``z`` (k,) (the turn
@@ -198,6 +206,10 @@ def _offsets(a, w, D, z, dt):
     for i in range(k):
         a0, a1_, a2 = a[i, 0], a[i, 1], a[i, 2]
         w0, w1, w2 = w[i, 0], w[i, 1], w[i, 2]
+        tw = dt * np.sqrt(w0 * w0 + w1 * w1 + w2 * w2)
+        if tw > MAX_TURN:                 # (the turn saturates: see MAX_TURN)
+            f = MAX_TURN / tw
+            w0, w1, w2 = w0 * f, w1 * f, w2 * f
         d0, d1, d2 = D[i, 0], D[i, 1], D[i, 2]
         zi = z[i]
         p0, p1, p2 = -dt * w0, -dt * w1, -dt * w2
@@ -247,6 +259,14 @@ def offset(a, w, D, z, dt: float, grad: bool = False):
                        np.asarray(D, float).reshape(1, 3), np.array([float(z)]), float(dt))[0])
     if not grad:
         return b
+    w = np.asarray(w, float)
+    tw = dt * float(np.sqrt(w @ w))
+    Sat = None
+    if tw > MAX_TURN:                    # (saturated turn: d w_eff / d w = f (I - u u^T))
+        f = MAX_TURN / tw
+        u = w / np.sqrt(w @ w)
+        Sat = f * (np.eye(3) - np.outer(u, u))
+        w = w * f
     E = pin.exp3(dt * w)
     a1 = E.T @ a
     u1 = np.cross(a, w)
@@ -255,6 +275,8 @@ def offset(a, w, D, z, dt: float, grad: bool = False):
     Eg1 = E @ g1
     ga = -(Eg1 - g0 - dt * (H0 @ u1 + np.cross(w, g0))) / dt
     gw = -(Eg1 @ _skew(a) @ pin.Jexp3(-dt * w)) + np.cross(g0, a)
+    if Sat is not None:
+        gw = gw @ Sat
     return b, ga, gw
 
 
@@ -301,6 +323,12 @@ def drift(sim, contacts, Jw: np.ndarray, v: np.ndarray):
     f = prepare(sim, contacts, Jw)
     return None if f is None else f(v)
 
+
+# a free capsule's ends carry the term too: off. With it, drops #211 and #5 (capsules at 10 Hz,
+# 12-13 mm deep) stay under 1 mm, but at 10 Hz a tumbling capsule's offsets at its own v1 can
+# feed the spin (#3185: 27 -> 550 rad/s in 6 steps with the exact turn; 30 mm deep with the
+# turn saturated at MAX_TURN, against 8 mm without the term)
+CAPSULE_ENDS = False
 
 # passes of the step's constrained part at most, for the offsets at the step's own v1
 MAX_PASSES = 40
