@@ -47,9 +47,10 @@ def test_random_drops_fail_nothing(shape):
 def test_random_drops_of_curved_shapes_and_pairs_converge_and_lose_energy():
     """Cylinders, ellipsoids and pairs of primitives: every step converges (and passes the
     independent check), the energy never grows, no exception. (Their penetration is not yet
-    within the benchmark's bounds at every rate: an ellipsoid's support point on a plane carries
-    its second-order term (support_drift), but a cylinder's rim and a point sliding across a
-    tumbling body's face still dip at second order in the rotation per step; see bench_drops.)"""
+    within the benchmark's bounds at every rate: an ellipsoid's support point, a cylinder cap's
+    lowest rim point and a free capsule's ends on a plane carry the rest of the step's rotation
+    (support_drift), but a point sliding across a tumbling body's face, a cylinder's single
+    point on a box edge and box-box feature switches still dip; see bench_drops.)"""
     idx = [i for i in range(60) if bench_drops.SHAPES[i % 6] in ("cylinder", "ellipsoid", "pair")][:15]
     for i in idx:
         r = bench_drops.run_scene(bench_drops.make_scene(7, i))

@@ -132,6 +132,12 @@ def test_points_and_geometry_derivatives(scene, pose):
     ids = c.point[rows]
     # (on a plane a tilted cap also offers body-fixed rim samples within the step's margin)
     main = np.asarray(rows)[ids < CYLINDER_RIM_ID]
+    # (on a plane a cylinder touching it also keeps both caps' lowest rim points: the other
+    # cap's, out of the margin, is a speculative row for a swing within the step)
+    far = main[c.dist[main] > 2e-4]
+    if scene == "plane" and kind == "lowest":
+        assert len(far) == 2 - npts and np.all(np.isin(c.point[far], (8, 9))), (c.point, c.dist)
+        main = main[c.dist[main] <= 2e-4]
     assert len(main) == npts, c.point
     assert np.all(c.point[main] < 8) if kind == "flat" else np.all(c.point[main] >= 8), ids
     assert np.all(np.abs(c.dist[main] + 2e-5) < 2e-4), c.dist[main]        # the rim points' heights
