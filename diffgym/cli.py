@@ -125,7 +125,7 @@ def _compile(args: argparse.Namespace) -> int:
 
 
 def _trajopt(args: argparse.Namespace) -> int:
-    from .trajopt import check_args, main as trajopt_main
+    from .trajopt import check_args, run as trajopt_run
     # a bad argument is a usage error, rc 2; a ValueError raised while the optimizations run
     # (a failure of the run, not of the command line) keeps its traceback
     try:
@@ -133,7 +133,7 @@ def _trajopt(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"diffgym trajopt: {exc}", file=sys.stderr)
         return 2
-    return trajopt_main(args)
+    return trajopt_run(args)
 
 
 def main(argv: list[str] | None = None) -> int:

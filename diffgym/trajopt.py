@@ -484,6 +484,11 @@ def check_args(args: argparse.Namespace) -> None:
 
 def main(args: argparse.Namespace) -> int:
     check_args(args)
+    return run(args)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The benchmark of arguments already checked (``check_args``)."""
     if args.summarize:
         print(summarize(args.summarize))
         return 0
