@@ -738,7 +738,7 @@ class ExtraRows:
         whose reduced stage 1 fails has its reduced problem solved here from stage 2 on, and the
         kernel resumes with that result; ``delegate``: every round's reduced problem is solved
         here by ``solver.solve``."""
-        from .equality_kernels import mixed_solve
+        from .equality_kernels import mixed_prox, mixed_solve
         st = solver.settings
         f64 = np.float64
         G = np.ascontiguousarray(G, dtype=f64)
@@ -758,14 +758,32 @@ class ExtraRows:
         inj = (False, np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool), 0, 0.0,
                False, True)
         later = solver if delegate else _LaterStages(solver)
+        xmode_in, modes_in, has_in = xmode, modes0, has
+        prox_its = -1                # (-1: the proximal-point solve has not run)
         for _ in range(62):          # (at most one call per round, 60 rounds, and the first)
             out = mixed_solve(G, g, nc, nl, mu, kind, bound, xmode, lam0, modes0, has,
                               float(st.tol), float(st.mode_tol), int(st.newton_iter),
                               int(st.mode_rounds), int(st.newton_budget), *state, *inj,
                               bool(delegate), cold, restarted)
             ok, lam, sigma, modes, lact, xmode, its, resid, conv, elim, stt = out
-            if ok:
+            if ok and (conv or delegate or prox_its >= 0):
                 break
+            if not delegate and prox_its < 0:
+                # a round's reduced stage 1 failed, or the rounds ended unconverged: the
+                # proximal-point solve of the whole problem (its compiled rounds only), and the
+                # later stages (Python) only where it fails (equality_kernels.mixed_prox)
+                px = mixed_prox(G, g, nc, nl, mu, kind, bound, xmode_in, modes_in, has_in,
+                                float(st.tol), float(st.mode_tol), int(st.newton_iter),
+                                int(st.mode_rounds), int(st.newton_budget), cold)
+                prox_its = int(px[6])
+                if px[0]:
+                    ok, lam, sigma, modes, lact, xmode, its, resid = px
+                    its = int(its) + int(out[6])
+                    self._warm = {rs.ids[i]: int(x) for i, x in enumerate(xmode.tolist())}
+                    return (lam, sigma, modes, np.concatenate([lact, xmode == 0]), its,
+                            float(resid), True, "mixedprox", xmode)
+                if ok:
+                    break
             rnd, its0, seen, nseen, Gs, gs, lam0, modes0, has, restarted = stt
             r = self._solve_reduced(later, Gs, gs, np.diagonal(G)[:3 * nc + nl].copy(), nc, nl,
                                     mu, lam0 if len(lam0) else None, modes0 if has else None)
@@ -777,6 +795,8 @@ class ExtraRows:
             method_r = r.method
         else:                                                    # pragma: no cover
             raise RuntimeError("equality_kernels.mixed_solve did not finish its rounds")
+        if prox_its > 0:
+            its = int(its) + prox_its
         ids = rs.ids
         self._warm = {ids[i]: int(x) for i, x in enumerate(xmode.tolist())}
         active = np.concatenate([lact, xmode == 0])
