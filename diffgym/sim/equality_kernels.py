@@ -413,6 +413,7 @@ PROX_RHO0 = 1e-4        # the first proximal weight, relative to the mean diagon
 PROX_RHO_MIN = 1e-10    # its smallest value (lowered while the residual falls slowly)
 PROX_RHO_MAX = 1e-1     # its largest (raised where a subproblem is not solved)
 PROX_OUTER = 300        # proximal-point iterations at most
+PROX_STALL = 100        # ... and none once this many have not lowered the best residual
 
 
 @njit
@@ -478,9 +479,10 @@ def mixed_prox(G, g, nc, nl, mu, kind, bound, xmode_in, modes0, has_modes, tol, 
     which exists there: projected Gauss-Seidel on the whole problem reaches a residual of 2e-14
     after 4 million sweeps. ``rho`` starts at ``PROX_RHO0`` times the mean diagonal of G, is
     divided by 4 while the residual falls by less than 0.3 an iteration and multiplied by 10
-    where a subproblem is not solved (at most ``PROX_RHO_MAX``: then it fails). An
-    inconsistent problem (no solution: e.g. the connected box of
-    tests/test_rows_contacts.py with friction above its Painleve bound) fails here."""
+    where a subproblem is not solved (at most ``PROX_RHO_MAX``: then it fails); it stops after
+    ``PROX_STALL`` iterations without a new lowest residual. An inconsistent problem (no
+    solution: e.g. the connected box of tests/test_rows_contacts.py with friction above its
+    Painleve bound) fails here: its iterates' impulses grow without bound."""
     m = G.shape[0]
     s0 = 3 * nc + nl
     mx = m - s0
@@ -500,7 +502,11 @@ def mixed_prox(G, g, nc, nl, mu, kind, bound, xmode_in, modes0, has_modes, tol, 
     modes = np.zeros(nc, np.int64)
     lact = np.zeros(nl, np.bool_)
     sigma = np.zeros(m)
-    for _ in range(PROX_OUTER):
+    best = np.inf
+    kbest = 0
+    for k in range(PROX_OUTER):
+        if k - kbest > PROX_STALL:
+            break
         rho = rr * scale
         for i in range(m):
             Gr[i, i] = G[i, i] + rho
@@ -529,7 +535,39 @@ def mixed_prox(G, g, nc, nl, mu, kind, bound, xmode_in, modes0, has_modes, tol, 
         r2, sigma = mixed_residual(G, g, nc, nl, mu, kind, bound, lam)
         if r2 <= tol:
             return True, lam, sigma, modes, lact, xmode, its, r2
+        if r2 < best:
+            best = r2
+            kbest = k
         if r2 > 0.3 * r:
             rr = rr / 4.0 if rr / 4.0 > PROX_RHO_MIN else PROX_RHO_MIN
         r = r2
     return False, lam, sigma, modes, lact, xmode, its, r
+
+
+@njit
+def mixed_soft(G, g, nc, nl, mu, kind, bound, xmode_in, modes0, has_modes, tol, mode_tol,
+               newton_iter, mode_rounds, budget, xmode_cold):
+    """The answer of a step whose mixed problem no stage solved (``ExtraRows.solve``; it is
+    reported unconverged): the solution of the problem of ``G + rho I`` (``rho = PROX_RHO0``
+    times the mean diagonal of G; every row made slightly compliant: its impulses are unique)
+    by ``mixed_solve``'s compiled rounds, from zero impulses. Where the problem has no solution
+    (the Painleve-type inconsistency of rigid rows and Coulomb friction), its velocities are
+    within O(rho) of their limit as ``rho -> 0`` (the impulses growing like ``1 / rho`` in the
+    null space of the rows, which moves nothing) instead of an iterative stage's last iterate.
+    Returns (ok, lam, modes, limit_active, xmode, iterations)."""
+    m = G.shape[0]
+    s0 = 3 * nc + nl
+    mx = m - s0
+    scale = 0.0
+    for i in range(m):
+        scale += G[i, i]
+    rho = PROX_RHO0 * (scale / m if m else 1.0)
+    Gr = G.copy()
+    for i in range(m):
+        Gr[i, i] += rho
+    out = mixed_solve(Gr, g, nc, nl, mu, kind, bound, xmode_in, np.zeros(0), modes0, has_modes,
+                      tol, mode_tol, newton_iter, mode_rounds, budget, 0, 0,
+                      np.zeros((61, mx), np.int64), 0, False, np.zeros(0),
+                      np.zeros(0, np.int64), np.zeros(0, np.bool_), 0, 0.0, False, True, False,
+                      xmode_cold, False)
+    return out[0] and out[8], out[1], out[3], out[4], out[5], out[6]
