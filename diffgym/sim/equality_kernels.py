@@ -480,7 +480,10 @@ def mixed_prox(G, g, nc, nl, mu, kind, bound, xmode_in, modes0, has_modes, tol, 
     after 4 million sweeps. ``rho`` starts at ``PROX_RHO0`` times the mean diagonal of G, is
     divided by 4 while the residual falls by less than 0.3 an iteration and multiplied by 10
     where a subproblem is not solved (at most ``PROX_RHO_MAX``: then it fails); it stops after
-    ``PROX_STALL`` iterations without a new lowest residual. An inconsistent problem (no
+    ``PROX_STALL`` iterations without a new lowest residual. Once within ``tol``, the original
+    problem's rounds run once more from that solution's modes and impulses, and their solution
+    is returned where they converge to a residual no larger (impulses unique: the exact
+    solution, not one within ``tol``). An inconsistent problem (no
     solution: e.g. the connected box of tests/test_rows_contacts.py with friction above its
     Painleve bound) fails here: its iterates' impulses grow without bound."""
     m = G.shape[0]
@@ -534,6 +537,18 @@ def mixed_prox(G, g, nc, nl, mu, kind, bound, xmode_in, modes0, has_modes, tol, 
         has = True
         r2, sigma = mixed_residual(G, g, nc, nl, mu, kind, bound, lam)
         if r2 <= tol:
+            # the original problem's rounds from this solution's modes and impulses: where they
+            # converge (impulses unique), the exact solution instead of one within tol
+            ex = mixed_solve(G, g, nc, nl, mu, kind, bound, xmode, lam[:s0].copy(), m0, True,
+                             tol, mode_tol, newton_iter, mode_rounds, budget, 0, 0,
+                             np.zeros((61, mx), np.int64), 0, False, np.zeros(0),
+                             np.zeros(0, np.int64), np.zeros(0, np.bool_), 0, 0.0, False, True,
+                             False, xmode_cold, False)
+            its += ex[6]
+            if ex[0] and ex[8]:
+                r3, s3 = mixed_residual(G, g, nc, nl, mu, kind, bound, ex[1])
+                if r3 <= r2:
+                    return True, ex[1], s3, ex[3], ex[4], ex[5], its, r3
             return True, lam, sigma, modes, lact, xmode, its, r2
         if r2 < best:
             best = r2
