@@ -74,7 +74,7 @@ def test_talos_after_its_fall_converges(monkeypatch):
     iterations a step). Every step now converges at the solver's tolerance, no step reaches
     the later stages, and the steps solved by ``mixedprox`` satisfy the whole problem: their
     natural residual, computed here from its definition on the problem the step solved, is
-    within the tolerance."""
+    within the tolerance, and the step Jacobian there matches central differences."""
     solved = []
     orig = ExtraRows.solve
 
@@ -90,11 +90,15 @@ def test_talos_after_its_fall_converges(monkeypatch):
     tol = sim.solver.settings.tol
     zero = np.zeros(sim.nv)
     bad = []
+    at = None
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         for k in range(1150):
+            q0, v0 = q, v
             q, v = sim.step(q, v, zero)
             last = sim.last
+            if at is None and k > 1000 and last.method == "mixedprox+rows":
+                at = (q0, v0)
             if not last.converged or last.method not in ("newton+rows", "mixedprox+rows",
                                                          "elimination+rows"):
                 bad.append((k, last.method, last.converged, last.residual))
@@ -104,6 +108,18 @@ def test_talos_after_its_fall_converges(monkeypatch):
     for G, g, nc, nl, mu, kind, bound, lam in solved:
         assert (kind == KIND_FRICTION).sum() == 20
         assert _natural_residual(G, g, nc, nl, mu, kind, bound, lam) <= tol
+    # the step Jacobian at the first such step after 2 s, against central differences in tau
+    # (measured: within 4.1e-10 of entries up to 0.08)
+    q0, v0 = at
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        jac = sim.step(q0, v0, zero, jacobian=True)[2]
+        h = 1e-6
+        for j in range(sim.nv):
+            e = np.zeros(sim.nv)
+            e[j] = h
+            fd = (sim.step(q0, v0, e)[1] - sim.step(q0, v0, -e)[1]) / (2 * h)
+            assert np.abs(fd - jac.dv_dtau[:, j]).max() <= 2e-9, j
 
 
 BOX = """<mujoco><option timestep="0.01"/><worldbody>
