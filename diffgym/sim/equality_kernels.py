@@ -414,6 +414,7 @@ PROX_RHO_MIN = 1e-10    # its smallest value (lowered while the residual falls s
 PROX_RHO_MAX = 1e-1     # its largest (raised where a subproblem is not solved)
 PROX_OUTER = 300        # proximal-point iterations at most
 PROX_STALL = 100        # ... and none once this many have not lowered the best residual
+PROX_POLISH = 1e3       # iterates within this many tol try the original problem's rounds
 
 
 @njit
@@ -480,10 +481,12 @@ def mixed_prox(G, g, nc, nl, mu, kind, bound, xmode_in, modes0, has_modes, tol, 
     after 4 million sweeps. ``rho`` starts at ``PROX_RHO0`` times the mean diagonal of G, is
     divided by 4 while the residual falls by less than 0.3 an iteration and multiplied by 10
     where a subproblem is not solved (at most ``PROX_RHO_MAX``: then it fails); it stops after
-    ``PROX_STALL`` iterations without a new lowest residual. Once within ``tol``, the original
-    problem's rounds run once more from that solution's modes and impulses, and their solution
-    is returned where they converge to a residual no larger (impulses unique: the exact
-    solution, not one within ``tol``). An inconsistent problem (no
+    ``PROX_STALL`` iterations without a new lowest residual. Once within ``PROX_POLISH tol``,
+    the original problem's rounds run from each new set of modes (with the iterate's
+    impulses), and their
+    solution is returned where they converge within ``tol`` and no further than the iterate
+    (the modes right and the impulses unique: the exact solution, not one within ``tol``; it
+    also ends the slow tail of iterations that stall a little above ``tol``). An inconsistent problem (no
     solution: e.g. the connected box of tests/test_rows_contacts.py with friction above its
     Painleve bound) fails here: its iterates' impulses grow without bound."""
     m = G.shape[0]
@@ -507,6 +510,9 @@ def mixed_prox(G, g, nc, nl, mu, kind, bound, xmode_in, modes0, has_modes, tol, 
     sigma = np.zeros(m)
     best = np.inf
     kbest = 0
+    tried = False                # (the modes of the last polish: tried once per set of modes)
+    px = np.zeros(mx, np.int64)
+    pm = np.zeros(nc + nl, np.int64)
     for k in range(PROX_OUTER):
         if k - kbest > PROX_STALL:
             break
@@ -536,9 +542,21 @@ def mixed_prox(G, g, nc, nl, mu, kind, bound, xmode_in, modes0, has_modes, tol, 
             m0[nc + j] = 1 if lact[j] else 0
         has = True
         r2, sigma = mixed_residual(G, g, nc, nl, mu, kind, bound, lam)
-        if r2 <= tol:
-            # the original problem's rounds from this solution's modes and impulses: where they
-            # converge (impulses unique), the exact solution instead of one within tol
+        fresh = not tried
+        if not fresh:
+            for i in range(mx):
+                if xmode[i] != px[i]:
+                    fresh = True
+            for i in range(nc + nl):
+                if m0[i] != pm[i]:
+                    fresh = True
+        if r2 <= PROX_POLISH * tol and (fresh or r2 <= tol):
+            tried = True
+            px = xmode.copy()
+            pm = m0.copy()
+            # the original problem's rounds from this iterate's modes and impulses: where they
+            # converge (the modes right, the impulses unique), the exact solution instead of
+            # one within tol (and, near it, the end of a slow tail of iterations)
             ex = mixed_solve(G, g, nc, nl, mu, kind, bound, xmode, lam[:s0].copy(), m0, True,
                              tol, mode_tol, newton_iter, mode_rounds, budget, 0, 0,
                              np.zeros((61, mx), np.int64), 0, False, np.zeros(0),
@@ -547,8 +565,9 @@ def mixed_prox(G, g, nc, nl, mu, kind, bound, xmode_in, modes0, has_modes, tol, 
             its += ex[6]
             if ex[0] and ex[8]:
                 r3, s3 = mixed_residual(G, g, nc, nl, mu, kind, bound, ex[1])
-                if r3 <= r2:
+                if r3 <= tol and r3 <= r2:
                     return True, ex[1], s3, ex[3], ex[4], ex[5], its, r3
+        if r2 <= tol:
             return True, lam, sigma, modes, lact, xmode, its, r2
         if r2 < best:
             best = r2
