@@ -178,17 +178,27 @@ def test_go1_with_its_joint_friction_has_exact_step_jacobians():
     assert rep.ok, str(rep)
 
 
-def test_go1_joint_friction_mixed_solve_satisfies_the_problem(monkeypatch):
+@pytest.mark.parametrize("prox", [True, False])
+def test_go1_joint_friction_mixed_solve_satisfies_the_problem(monkeypatch, prox):
     """The mixed solve of the friction rows (diffgym.sim.equality_kernels, its one
     implementation) on the Go1 with its URDF joint friction landing under a PD with random
     torques: every step's solution satisfies the problem's conditions checked from their
     definitions (tests/mixed_oracle.py), the rows stick and slide, some rounds' reduced problems
-    need the later solver stages (the kernel's resume path), the run with
+    defeat stage 1 (then the mixed proximal solve, ``mixed_prox``, solves the step; with it
+    failing, ``prox`` False, the later solver stages do: the kernel's resume path), the run with
     ``SolverSettings(compiled=False)`` (reduced NCPs through NCPSolver.solve) gives the same
     trajectory, and the step Jacobians agree at visited states."""
+    from diffgym.sim import equality_kernels as ek
     from diffgym.sim.equality import ExtraRows
     from diffgym.resources import asset_path
+    if not prox:
+        def failing(G, g, nc, nl, mu, kind, bound, xmode, *a):
+            m = G.shape[0]
+            return (False, np.zeros(m), np.zeros(m), np.zeros(nc, np.int64),
+                    np.zeros(nl, bool), xmode, 0, np.inf)
+        monkeypatch.setattr(ek, "mixed_prox", failing)
     resumed = []
+    proxed = []
     orig = ExtraRows._solve_reduced
 
     def counted(*a, **k):
@@ -211,6 +221,7 @@ def test_go1_joint_friction_mixed_solve_satisfies_the_problem(monkeypatch):
             mp.setattr(ExtraRows, "_solve_reduced", staticmethod(counted))
             q0, v0 = sims[0].step(q0, v0, tau)
         modes.update(sims[0].last.constraint_modes)
+        proxed.append(sims[0].last.method == "mixedprox+rows")
         assert sims[0].last.converged and step_conditions(sims[0]) < 1e-9
     q1, v1 = traj[0][0]
     for t in range(60):
@@ -220,7 +231,7 @@ def test_go1_joint_friction_mixed_solve_satisfies_the_problem(monkeypatch):
     for (qa, va), (qb, vb) in zip(traj[0], traj[1]):
         assert np.allclose(qa, qb, rtol=0, atol=1e-9) and np.allclose(va, vb, rtol=0, atol=1e-7)
     assert {"sticking", "sliding"} <= modes
-    assert resumed
+    assert (any(proxed) and not resumed) if prox else (resumed and not any(proxed))
     for t in (15, 45):
         q, v = traj[0][t]
         ja = sims[0].step(q, v, taus[t], jacobian=True)[2]

@@ -39,7 +39,25 @@ equalities and are eliminated (Schur complement, minimum-norm where redundant, e
 loop's out-of-plane rows); sliding friction rows and inactive unilateral rows hold fixed
 impulses; the remaining contact / joint-limit problem is the ordinary NCP, solved by the
 simulator's :class:`~diffgym.sim.solver.NCPSolver`. Rows violating their mode's inequality switch
-mode and the solve repeats (usually 1-3 rounds).
+mode and the solve repeats (usually 1-3 rounds). Where a round's reduced problem defeats stage 1
+or the rounds end unconverged, the whole problem is solved by proximal-point iterations
+(``equality_kernels.mixed_prox``, method ``"mixedprox"``: each iteration the problem of ``G +
+rho I``, whose impulses are unique, by the same compiled rounds) until its natural residual is
+within the tolerance; the later stages (ADMM, PGS: Python) only where that fails. (Sticking
+joint-friction rows weld links into rigid groups: a robot lying on the ground then touches it
+at several points of one group, the reduced problem is rank deficient and its impulses are not
+unique; Talos after its fall, tests/test_rows_contacts.py.)
+
+**Problems without a solution.** Rigid equality rows, rigid contacts and Coulomb friction can
+admit no impulses at all (Painleve): a box on the floor connected at a point above it and
+dragged sideways needs a normal impulse ``N (w - mu h) = 0.25 m v`` at its leading edge (``w``
+its half-width, ``h`` the point's height above the floor), which has no solution ``N >= 0`` for
+``mu >= w / h``. Such a step is reported, not hidden: ``converged=False`` and a
+``SolverWarning`` (method ``"soft"``), and its answer is defined: the solution of the problem
+with every row made slightly compliant, ``G + rho I`` (``equality_kernels.mixed_soft``), whose
+velocities are within O(rho) of their limit as ``rho -> 0`` while its impulses grow like ``1 /
+rho`` along rows that move nothing (there the reported impulses are not physical), instead of
+an iterative stage's last iterate (tests/test_rows_contacts.py).
 
 **Derivatives.** The mode system of :mod:`diffgym.sim.derivatives` takes these rows as it takes
 joint limits: equality modes ``d sigma = 0`` (bilateral, sticking, active), fixed-impulse modes
@@ -738,7 +756,7 @@ class ExtraRows:
         whose reduced stage 1 fails has its reduced problem solved here from stage 2 on, and the
         kernel resumes with that result; ``delegate``: every round's reduced problem is solved
         here by ``solver.solve``."""
-        from .equality_kernels import mixed_solve
+        from .equality_kernels import mixed_prox, mixed_residual, mixed_soft, mixed_solve
         st = solver.settings
         f64 = np.float64
         G = np.ascontiguousarray(G, dtype=f64)
@@ -758,14 +776,32 @@ class ExtraRows:
         inj = (False, np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=bool), 0, 0.0,
                False, True)
         later = solver if delegate else _LaterStages(solver)
+        xmode_in, modes_in, has_in = xmode, modes0, has
+        prox_its = -1                # (-1: the proximal-point solve has not run)
         for _ in range(62):          # (at most one call per round, 60 rounds, and the first)
             out = mixed_solve(G, g, nc, nl, mu, kind, bound, xmode, lam0, modes0, has,
                               float(st.tol), float(st.mode_tol), int(st.newton_iter),
                               int(st.mode_rounds), int(st.newton_budget), *state, *inj,
                               bool(delegate), cold, restarted)
             ok, lam, sigma, modes, lact, xmode, its, resid, conv, elim, stt = out
-            if ok:
+            if ok and (conv or delegate or prox_its >= 0):
                 break
+            if not delegate and prox_its < 0:
+                # a round's reduced stage 1 failed, or the rounds ended unconverged: the
+                # proximal-point solve of the whole problem (its compiled rounds only), and the
+                # later stages (Python) only where it fails (equality_kernels.mixed_prox)
+                px = mixed_prox(G, g, nc, nl, mu, kind, bound, xmode_in, modes_in, has_in,
+                                float(st.tol), float(st.mode_tol), int(st.newton_iter),
+                                int(st.mode_rounds), int(st.newton_budget), cold)
+                prox_its = int(px[6])
+                if px[0]:
+                    ok, lam, sigma, modes, lact, xmode, its, resid = px
+                    its = int(its) + int(out[6])
+                    self._warm = {rs.ids[i]: int(x) for i, x in enumerate(xmode.tolist())}
+                    return (lam, sigma, modes, np.concatenate([lact, xmode == 0]), its,
+                            float(resid), True, "mixedprox", xmode)
+                if ok:
+                    break
             rnd, its0, seen, nseen, Gs, gs, lam0, modes0, has, restarted = stt
             r = self._solve_reduced(later, Gs, gs, np.diagonal(G)[:3 * nc + nl].copy(), nc, nl,
                                     mu, lam0 if len(lam0) else None, modes0 if has else None)
@@ -777,6 +813,22 @@ class ExtraRows:
             method_r = r.method
         else:                                                    # pragma: no cover
             raise RuntimeError("equality_kernels.mixed_solve did not finish its rounds")
+        if prox_its > 0:
+            its = int(its) + prox_its
+        if not delegate and not conv:
+            # no stage solved it (a problem without a solution, e.g. rigid rows and Coulomb
+            # friction in a Painleve-type inconsistency): the slightly compliant problem's
+            # solution (equality_kernels.mixed_soft), reported unconverged
+            sf = mixed_soft(G, g, nc, nl, mu, kind, bound, xmode_in, modes_in, has_in,
+                            float(st.tol), float(st.mode_tol), int(st.newton_iter),
+                            int(st.mode_rounds), int(st.newton_budget), cold)
+            its = int(its) + int(sf[5])
+            if sf[0]:
+                lam, modes, lact, xmode = sf[1], sf[2], sf[3], sf[4]
+                resid, sigma = mixed_residual(G, g, nc, nl, mu, kind, bound, lam)
+                self._warm = {rs.ids[i]: int(x) for i, x in enumerate(xmode.tolist())}
+                return (lam, sigma, modes, np.concatenate([lact, xmode == 0]), its,
+                        float(resid), False, "soft", xmode)
         ids = rs.ids
         self._warm = {ids[i]: int(x) for i, x in enumerate(xmode.tolist())}
         active = np.concatenate([lact, xmode == 0])

@@ -19,7 +19,7 @@ from __future__ import annotations
 import numpy as np
 
 from .jit import njit
-from .solver_kernels import solve_stage1
+from .solver_kernels import natres, solve_stage1
 
 KIND_EQ, KIND_FRICTION, KIND_LIMIT = 0, 1, 2       # (diffgym.sim.equality's KIND_*)
 _EMPTY_F = np.zeros(0)
@@ -406,3 +406,202 @@ def mixed_solve(G, g, nc, nl, mu, kind, bound, xmode_in, lam0, modes0, has_modes
         elim = True
     return (True, lam, sigma, res_modes, res_act, xmode, its, resid, conv, elim,
             (last, its, seen, nseen, Gs, gs, cur_lam0, cur_modes0, cur_has, restarted))
+
+
+# -- the proximal-point mixed solve (issue 15: Talos after its fall) -------------------------
+PROX_RHO0 = 1e-4        # the first proximal weight, relative to the mean diagonal of G
+PROX_RHO_MIN = 1e-10    # its smallest value (lowered while the residual falls slowly)
+PROX_RHO_MAX = 1e-1     # its largest (raised where a subproblem is not solved)
+PROX_OUTER = 300        # proximal-point iterations at most
+PROX_STALL = 100        # ... and none once this many have not lowered the best residual
+PROX_POLISH = 1e3       # iterates within this many tol try the original problem's rounds
+
+
+@njit
+def mixed_residual(G, g, nc, nl, mu, kind, bound, lam):
+    """(natural-map residual of the whole mixed problem at ``lam``, in velocity units; sigma):
+    the contact / joint-limit rows' as ``solver_kernels.natres``, the new rows' by their kind
+    (bilateral ``|sigma|``; dry friction ``G_ii |lam - clip(lam - sigma / G_ii, -bound,
+    bound)|``; unilateral as a joint limit)."""
+    m = G.shape[0]
+    s0 = 3 * nc + nl
+    sigma = G @ lam + g
+    dmax = 1.0
+    for i in range(m):
+        if G[i, i] > dmax:
+            dmax = G[i, i]
+    dG = np.empty(m)
+    for i in range(m):
+        dG[i] = G[i, i] if G[i, i] > 1e-12 * dmax else 1e-12 * dmax
+    res = 0.0
+    if s0:
+        dc = np.empty(nc)
+        for c in range(nc):
+            dc[c] = (dG[3 * c] + dG[3 * c + 1] + dG[3 * c + 2]) / 3.0
+        res = natres(lam[:s0].copy(), sigma[:s0].copy(), nc, mu, dc, dG[:s0].copy())
+    for i in range(m - s0):
+        a = s0 + i
+        d = dG[a]
+        li = lam[a]
+        if kind[i] == KIND_EQ:
+            e = abs(sigma[a])
+        else:
+            t = li - sigma[a] / d
+            if kind[i] == KIND_FRICTION:
+                if t > bound[i]:
+                    t = bound[i]
+                elif t < -bound[i]:
+                    t = -bound[i]
+            elif t < 0.0:
+                t = 0.0
+            e = abs(d * (li - t))
+        if e > res or e != e:
+            res = e
+    return res, sigma
+
+
+@njit
+def mixed_prox(G, g, nc, nl, mu, kind, bound, xmode_in, modes0, has_modes, tol, mode_tol,
+               newton_iter, mode_rounds, budget, xmode_cold):
+    """The mixed problem by proximal-point iterations on all its rows: each iteration solves
+    the problem of ``G + rho I`` and ``g - rho lam_k`` by ``mixed_solve`` (its compiled rounds
+    only), warm-started by the previous one, until the whole problem's natural residual at
+    ``lam_k`` (``mixed_residual``) is within ``tol``. Returns (ok, lam, sigma, modes,
+    limit_active, xmode, iterations, residual) with the modes of the last subproblem.
+
+    Why: where the rows' modes make the reduced contact problem rank deficient (Talos after its
+    fall: sticking joint-friction rows weld links into rigid groups touching the ground at
+    several points; 39 reduced rows of rank 26), its impulses are not unique. Stage 1's
+    active-set Newton then fails on it (even from the right modes, unless started at an exact
+    solution), the later stages reach 1e-7 m/s only, and the rounds switch friction rows on the
+    impulses one of many solutions happened to have. With ``rho > 0`` every subproblem has
+    unique impulses (its matrix is positive definite), the rounds and stage 1 solve it, and the
+    iterates converge to a solution of the original problem (the proximal-point method),
+    which exists there: projected Gauss-Seidel on the whole problem reaches a residual of 2e-14
+    after 4 million sweeps. ``rho`` starts at ``PROX_RHO0`` times the mean diagonal of G, is
+    divided by 4 while the residual falls by less than 0.3 an iteration and multiplied by 10
+    where a subproblem is not solved (at most ``PROX_RHO_MAX``: then it fails); it stops after
+    ``PROX_STALL`` iterations without a new lowest residual. Once within ``PROX_POLISH tol``,
+    the original problem's rounds run from each new set of modes (with the iterate's
+    impulses), and their
+    solution is returned where they converge within ``tol`` and no further than the iterate
+    (the modes right and the impulses unique: the exact solution, not one within ``tol``; it
+    also ends the slow tail of iterations that stall a little above ``tol``). An inconsistent problem (no
+    solution: e.g. the connected box of tests/test_rows_contacts.py with friction above its
+    Painleve bound) fails here: its iterates' impulses grow without bound."""
+    m = G.shape[0]
+    s0 = 3 * nc + nl
+    mx = m - s0
+    scale = 0.0
+    for i in range(m):
+        scale += G[i, i]
+    scale = scale / m if m else 1.0
+    rr = PROX_RHO0
+    lam = np.zeros(m)
+    xmode = xmode_in.copy()
+    m0 = modes0.copy()
+    has = has_modes
+    its = 0
+    r = np.inf
+    Gr = G.copy()
+    gr = np.empty(m)
+    modes = np.zeros(nc, np.int64)
+    lact = np.zeros(nl, np.bool_)
+    sigma = np.zeros(m)
+    best = np.inf
+    kbest = 0
+    tried = False                # (the modes of the last polish: tried once per set of modes)
+    px = np.zeros(mx, np.int64)
+    pm = np.zeros(nc + nl, np.int64)
+    for k in range(PROX_OUTER):
+        if k - kbest > PROX_STALL:
+            break
+        rho = rr * scale
+        for i in range(m):
+            Gr[i, i] = G[i, i] + rho
+            gr[i] = g[i] - rho * lam[i]
+        out = mixed_solve(Gr, gr, nc, nl, mu, kind, bound, xmode, lam[:s0].copy(), m0, has,
+                          tol, mode_tol, newton_iter, mode_rounds, budget, 0, 0,
+                          np.zeros((61, mx), np.int64), 0, False, np.zeros(0),
+                          np.zeros(0, np.int64), np.zeros(0, np.bool_), 0, 0.0, False, True, False,
+                          xmode_cold, False)
+        its += out[6]
+        if not (out[0] and out[8]):
+            if rr >= PROX_RHO_MAX:
+                break
+            rr *= 10.0
+            continue
+        lam = out[1]
+        modes = out[3]
+        lact = out[4]
+        xmode = out[5]
+        m0 = np.empty(nc + nl, np.int64)
+        for c in range(nc):
+            m0[c] = modes[c]
+        for j in range(nl):
+            m0[nc + j] = 1 if lact[j] else 0
+        has = True
+        r2, sigma = mixed_residual(G, g, nc, nl, mu, kind, bound, lam)
+        fresh = not tried
+        if not fresh:
+            for i in range(mx):
+                if xmode[i] != px[i]:
+                    fresh = True
+            for i in range(nc + nl):
+                if m0[i] != pm[i]:
+                    fresh = True
+        if r2 <= PROX_POLISH * tol and (fresh or r2 <= tol):
+            tried = True
+            px = xmode.copy()
+            pm = m0.copy()
+            # the original problem's rounds from this iterate's modes and impulses: where they
+            # converge (the modes right, the impulses unique), the exact solution instead of
+            # one within tol (and, near it, the end of a slow tail of iterations)
+            ex = mixed_solve(G, g, nc, nl, mu, kind, bound, xmode, lam[:s0].copy(), m0, True,
+                             tol, mode_tol, newton_iter, mode_rounds, budget, 0, 0,
+                             np.zeros((61, mx), np.int64), 0, False, np.zeros(0),
+                             np.zeros(0, np.int64), np.zeros(0, np.bool_), 0, 0.0, False, True,
+                             False, xmode_cold, False)
+            its += ex[6]
+            if ex[0] and ex[8]:
+                r3, s3 = mixed_residual(G, g, nc, nl, mu, kind, bound, ex[1])
+                if r3 <= tol and r3 <= r2:
+                    return True, ex[1], s3, ex[3], ex[4], ex[5], its, r3
+        if r2 <= tol:
+            return True, lam, sigma, modes, lact, xmode, its, r2
+        if r2 < best:
+            best = r2
+            kbest = k
+        if r2 > 0.3 * r:
+            rr = rr / 4.0 if rr / 4.0 > PROX_RHO_MIN else PROX_RHO_MIN
+        r = r2
+    return False, lam, sigma, modes, lact, xmode, its, r
+
+
+@njit
+def mixed_soft(G, g, nc, nl, mu, kind, bound, xmode_in, modes0, has_modes, tol, mode_tol,
+               newton_iter, mode_rounds, budget, xmode_cold):
+    """The answer of a step whose mixed problem no stage solved (``ExtraRows.solve``; it is
+    reported unconverged): the solution of the problem of ``G + rho I`` (``rho = PROX_RHO0``
+    times the mean diagonal of G; every row made slightly compliant: its impulses are unique)
+    by ``mixed_solve``'s compiled rounds, from zero impulses. Where the problem has no solution
+    (the Painleve-type inconsistency of rigid rows and Coulomb friction), its velocities are
+    within O(rho) of their limit as ``rho -> 0`` (the impulses growing like ``1 / rho`` in the
+    null space of the rows, which moves nothing) instead of an iterative stage's last iterate.
+    Returns (ok, lam, modes, limit_active, xmode, iterations)."""
+    m = G.shape[0]
+    s0 = 3 * nc + nl
+    mx = m - s0
+    scale = 0.0
+    for i in range(m):
+        scale += G[i, i]
+    rho = PROX_RHO0 * (scale / m if m else 1.0)
+    Gr = G.copy()
+    for i in range(m):
+        Gr[i, i] += rho
+    out = mixed_solve(Gr, g, nc, nl, mu, kind, bound, xmode_in, np.zeros(0), modes0, has_modes,
+                      tol, mode_tol, newton_iter, mode_rounds, budget, 0, 0,
+                      np.zeros((61, mx), np.int64), 0, False, np.zeros(0),
+                      np.zeros(0, np.int64), np.zeros(0, np.bool_), 0, 0.0, False, True, False,
+                      xmode_cold, False)
+    return out[0] and out[8], out[1], out[3], out[4], out[5], out[6]

@@ -147,7 +147,10 @@ class SolverResult:
     converged: bool
     method: str                  # "none", "newton", "prox+newton", "pinadmm+newton", "ssn+newton",
     #                              "admm+newton", "pgs+newton", "admm", "pgs" ("+unverified": the
-    #                              step's check of the final velocity failed, converged=False)
+    #                              step's check of the final velocity failed, converged=False);
+    #                              with equality/friction rows (ExtraRows.solve, sim.last gets
+    #                              "+rows") also "elimination", "mixedprox" (converged) and
+    #                              "soft" (no stage solved it: converged=False)
 
 
 def project_cone(x: np.ndarray, mu: np.ndarray) -> np.ndarray:
