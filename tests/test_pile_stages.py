@@ -13,7 +13,33 @@ has negative normal impulses at some corners of a patch (the impulses are an aff
 exact solution is another point of it), so the active-set mode tests switch correct modes
 away, and almost every active set on the way contains sliding corners. Those tests are marked
 ``xfail(strict=True)``: they fail today, and pass (then the mark must go) once stage 1 handles
-it."""
+it.
+
+Session 11 (h-piles2, ``scripts/pile_stage1_diagnosis.py``) checked that explanation on the 30
+island problems stage 1 fails on along these rollouts (3-box stack and column of four, 20 steps)
+and found it is not the main cause:
+- Of 783 active-set rounds whose Newton point violates a mode condition, 163 meet the
+  velocity-side conditions (breaking contacts not approaching, sliding ones slipping), and only
+  3 have an impulse with the same velocity that meets the impulse-side ones (normal impulses
+  >= 0, sticking friction in the cone, sliding friction on the cone opposite the slip: a linear
+  program over the equivalent impulses). Moving within the equivalent impulses would accept
+  3 rounds of 783: the Newton points have the wrong VELOCITY, not only the wrong impulses.
+- Newton on the modes of the later stages' solution, from zero impulses (the active set's first
+  run), reaches that solution's velocity on 4 of 30 problems (elsewhere up to 0.25 m/s off):
+  with sliding corners on a redundant face the mode equations are nonlinear and have other
+  solutions (the friction wrench changes with how the normal impulses are shared).
+- The velocity is not unique: with 4x its Newton budget stage 1 converges on 11 of the 30, and
+  on 10 of those its solution (natural residual <= 9e-12) and the later stages' (<= 1e-13)
+  differ in contact velocity by 8e-5 to 4.4e-3 m/s. Both solve the discrete Coulomb problem;
+  which one a step returns depends on the solver's path.
+Tried and dropped there, replayed on those 30 problems (stage 1 at its budget of 30 Newton
+iterations solves 0 of them): friction equations that fix the branch (``lam_T = -mu lam_N s_T /
+|s_T|`` instead of ``||lam_T|| = mu lam_N`` with ``lam_T`` parallel to the slip) 3 of 30, and
+compiled along the rollout of the 3-box stack 47 slow steps of 60 against 36; minimum-norm
+steps in every round 1 of 30 (12 against 9 at a budget of 120); with the branch-fixed equations,
+stage 1b's proximal weight 1e-3 with 30 outer iterations 5 of 30 (1e-1: 0). Larger budgets
+along the rollouts (120 or 300 Newton iterations, 24 or 60 rounds): the 3-box stack 13 / 5 slow
+steps of 60, the column of four 39 / 10, 16 boxes 59 / 44, at 1.5-3.7x the CPU time a step."""
 import subprocess
 import sys
 import warnings
