@@ -32,3 +32,17 @@ def test_inconsistent_normal_rows_break_a_contact(index):
     breaks first (solver_kernels._separating_row): the other three carry its load."""
     r, info = _run(index)
     assert r.nonconv_steps == 0 and not r.fails, info
+
+
+@pytest.mark.parametrize("index", [119, 575, 971, 1877])
+def test_corners_over_a_box_face_get_rows(index):
+    """#119 (box + box, 100 Hz): the upper box touches the lower one edge on edge (one contact
+    point, 0.9 mm apart) while a corner of its edge hangs 2 mm over the lower box's face; within
+    the step it turned about the contact and that corner went 10 mm into the face (19 mm at
+    worst). #575 (box + box, 10 Hz, 13 mm) and #971 (capsule + box, 20 Hz, 34 mm) the same with
+    a corner and a capsule's end; #1877 (box + box, 30 Hz, 15 mm) with an edge leaving the face
+    over its boundary. Every box corner and capsule end within the pair's margin over a face of
+    a box, and the point where an edge from one leaves the face, now has a row
+    (collision_kernels.poly_margin_rows)."""
+    r, info = _run(index)
+    assert not r.fails, info
