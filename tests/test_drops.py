@@ -46,3 +46,23 @@ def test_corners_over_a_box_face_get_rows(index):
     (collision_kernels.poly_margin_rows)."""
     r, info = _run(index)
     assert not r.fails, info
+
+
+def test_bench_runs_chosen_ids_and_lists_every_failure(capsys):
+    """``python -m diffgym.bench_drops --ids ... --list-all``: only those runs, every failing
+    one listed (the default report lists the first 15)."""
+    import argparse
+
+    from diffgym import bench_drops
+    args = bench_drops.add_arguments(argparse.ArgumentParser()).parse_args(
+        ["--ids", "2213", "1", "--list-all"])
+    assert bench_drops.main(args) == 0
+    out = capsys.readouterr().out
+    assert "2 runs," in out and "failing runs:" in out
+    results, _ = bench_drops.run(0, ids=[2213, 1])
+    assert [r.scene.index for r in results] == [2213, 1]
+    bad = [r for r in results if r.fails]
+    assert all(f"#{r.scene.index} " in out for r in bad)
+    with pytest.raises(SystemExit):
+        bench_drops.main(bench_drops.add_arguments(argparse.ArgumentParser()).parse_args(
+            ["--ids", "-1"]))
