@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .collision_derivatives import (_k_common_plane, _k_cross, _k_rows_of, _k_snap_pair,
+from .collision_derivatives import (MARGIN_SIDE, MARGIN_VERTEX_ID, _k_common_plane, _k_cross,
+                                    _k_rows_of, _k_snap_pair,
                                     _k_world_patch_distances)
 from .jit import njit
 
@@ -957,3 +958,179 @@ def poly_patches(view, pairs, ks, axes, heights, mids, off, c_v, c_voff, c_rad, 
             nrm[r] = axes[i]
             r += 1
     return True, pair[:r], point[:r], pos[:r], nrm[:r], dist[:r]
+
+
+# (point ids of the margin-vertex rows of a polytope pair, ``poly_margin_rows``: a vertex i of
+# geom 1 over a face of geom 2 is MARGIN_VERTEX_ID + i, a vertex of geom 2 over a face of geom 1
+# MARGIN_VERTEX_ID + MARGIN_SIDE + i, stable from step to step for the warm start; defined in
+# collision_derivatives)
+
+
+@njit
+def _near_rows(x, n, at, r0, r1, tol):
+    """Whether the point x is within tol, across the normal n, of one of the points at[r0:r1]."""
+    for r in range(r0, r1):
+        w = x - at[r]
+        w = w - (w @ n) * n
+        if w @ w <= tol * tol:
+            return True
+    return False
+
+
+@njit
+def poly_margin_rows(view, pairs, ks, normals, margins, deepest, off, at, ptol, max_points,
+                     isbox, half, c_v, c_voff, c_rad):
+    """Speculative rows of the polytope pairs ``ks`` (their contact normal ``normals[i]``, from
+    geom 1 to geom 2, and margin ``margins[i]``) at the points of one geom over a face of the
+    other where that one is a box (the reference). A point is a vertex of the other's core (a
+    box corner, a capsule's axis end with its radius) that lies over a face of the box (its box
+    coordinates within the half sizes on the face's two axes, and outside it, or least deep, on
+    the third), or the point where an edge from such a vertex (a box edge, a capsule's axis)
+    leaves the face over its boundary; nearer to the face than the margin, it gives a row: the
+    face's normal (from geom 1 to geom 2), the distance along it, the midpoint of the point's
+    surface point and its projection on the face plane. A point already in the contact (within
+    ``ptol`` across the normal of one of the pair's contact rows ``at[off[i]:off[i + 1]]``), a
+    vertex in its patch (two rows or more, and the vertex within the patch tolerance ``ptol`` of
+    its support plane along the contact normal: the patch's reduction may have left it out)
+    gives none, nor an edge between two such; at most ``max_points`` per side, the nearest
+    first. (Two edges crossing: the contact is one point of each, and their other points
+    within the patch tolerance of the support plane are not in it.) A point deeper in the face than the pair's
+    contact rows (``deepest``: the least of their distances; the separating-axis distance is the
+    least translation that separates the pair) by more than ``ptol`` gives none: it went into
+    the box through another face (an edge leaving the face downwards, through the box).
+
+    Coal's patch holds the support sets along the contact normal only. A box standing on an
+    edge or a corner over another box's face, two boxes touching edge on edge, a capsule tilted
+    over a box face: the contact is one point, and within the step the body turns about it and
+    a far corner or end, which no row holds, goes into the face (bench_drops #119, 100 Hz: two
+    boxes edge on edge 0.9 mm apart, then a corner 10 mm deep in one step)."""
+    nk = ks.shape[0]
+    cap = 2 * nk * max(max_points, 1)
+    pair = np.empty(cap, dtype=np.int64)
+    point = np.empty(cap, dtype=np.int64)
+    pos = np.empty((cap, 3))
+    nrm = np.empty((cap, 3))
+    dist = np.empty(cap)
+    m = 0
+    R = np.empty((3, 3))
+    for i in range(nk):
+        k = ks[i]
+        n = normals[i]
+        m0 = m
+        for side in range(2):
+            # side 0: vertices of geom 1 over a face of geom 2; side 1: of geom 2 over geom 1's
+            gR = pairs[k, 1] if side == 0 else pairs[k, 0]
+            gI = pairs[k, 0] if side == 0 else pairs[k, 1]
+            if not isbox[gR]:
+                continue
+            s = 1.0 if side == 0 else -1.0
+            Iv = _core_vertices(view, gI, c_v, c_voff)
+            r_inc = c_rad[gI]
+            for r in range(3):
+                for c in range(3):
+                    R[r, c] = view[gR, 3 * c + r]
+            t = view[gR, 9:12]
+            h = half[gR]
+            top = -np.inf
+            for j in range(Iv.shape[0]):
+                top = max(top, s * (Iv[j] @ n))
+            nI = Iv.shape[0]
+            # each incident vertex in the box frame: the face it lies over (-1: beyond an edge
+            # of every face) and its side, its distance to that face, whether it is in the patch
+            Lc = np.empty((nI, 3))
+            face = np.full(nI, -1, dtype=np.int64)
+            sgn = np.empty(nI)
+            gapv = np.empty(nI)
+            inpatch = np.zeros(nI, dtype=np.bool_)
+            for j in range(nI):
+                w = Iv[j] - t
+                for a in range(3):
+                    Lc[j, a] = R[0, a] * w[0] + R[1, a] * w[1] + R[2, a] * w[2]
+                c = 0
+                for a in range(1, 3):
+                    if abs(Lc[j, a]) - h[a] > abs(Lc[j, c]) - h[c]:
+                        c = a
+                over = True
+                for a in range(3):
+                    if a != c and abs(Lc[j, a]) > h[a]:
+                        over = False
+                if not over:
+                    continue
+                sc = 1.0 if Lc[j, c] >= 0.0 else -1.0
+                face[j], sgn[j] = c, sc
+                gapv[j] = abs(Lc[j, c]) - h[c] - r_inc
+                # in the contact's patch or at its single point
+                inpatch[j] = (off[i + 1] - off[i] >= 2 and top - s * (Iv[j] @ n) <= ptol) \
+                    or _near_rows(Iv[j], n, at, off[i], off[i + 1], ptol)
+            # candidates: vertices over a face (id j), and the points where an edge from a
+            # vertex over a face leaves it (id 1000 (1 + j) + o): the edge crosses the face's
+            # boundary there, at the height the row holds (bench_drops #1499: a corner on a
+            # face, the next corner of its edge 4 cm beyond the face's edge, the edge between
+            # them 12 mm into the face's edge after one step at 100 Hz)
+            ncand = 0
+            cg = np.empty(nI * 4)
+            cid = np.empty(nI * 4, dtype=np.int64)
+            cx = np.empty((nI * 4, 3))
+            cfc = np.empty(nI * 4, dtype=np.int64)
+            csg = np.empty(nI * 4)
+            isbox_inc = nI == 8 and isbox[gI]
+            for j in range(nI):
+                c = face[j]
+                if c < 0:
+                    continue
+                if gapv[j] < margins[i] and gapv[j] > deepest[i] - ptol and not inpatch[j]:
+                    cg[ncand], cid[ncand], cfc[ncand], csg[ncand] = gapv[j], j, c, sgn[j]
+                    cx[ncand] = Iv[j]
+                    ncand += 1
+                for o in range(nI):
+                    if o == j:
+                        continue
+                    if isbox_inc:
+                        x = j ^ o
+                        if x != 1 and x != 2 and x != 4:
+                            continue
+                    elif nI != 2:
+                        continue
+                    if face[o] == c and sgn[o] == sgn[j]:
+                        continue                        # (the whole edge over the face)
+                    if inpatch[j] and inpatch[o]:
+                        continue                        # (an edge of the patch: coal clips it)
+                    tt = 2.0
+                    for a in range(3):
+                        if a == c:
+                            continue
+                        if abs(Lc[o, a]) > h[a]:
+                            lim = h[a] if Lc[o, a] > 0.0 else -h[a]
+                            ta = (lim - Lc[j, a]) / (Lc[o, a] - Lc[j, a])
+                            tt = min(tt, ta)
+                    if not (tt > 0.0 and tt < 1.0):
+                        continue
+                    lcx = Lc[j, c] + tt * (Lc[o, c] - Lc[j, c])
+                    g_ = sgn[j] * lcx - h[c] - r_inc
+                    if not (g_ < margins[i] and g_ > deepest[i] - ptol):
+                        continue
+                    xc = Iv[j] + tt * (Iv[o] - Iv[j])
+                    if _near_rows(xc, n, at, off[i], off[i + 1], ptol):
+                        continue                        # (a corner of the patch)
+                    cg[ncand], cid[ncand], cfc[ncand], csg[ncand] = g_, 1000 * (1 + j) + o, c, sgn[j]
+                    cx[ncand] = xc
+                    ncand += 1
+            order = np.argsort(cg[:ncand], kind="mergesort")
+            kept = 0
+            for q in range(ncand):
+                if kept == max(max_points, 1):
+                    break
+                j = order[q]
+                if side == 1 and _near_rows(cx[j], n, pos, m0, m, ptol):
+                    continue            # (an edge crossing seen from both sides: one row)
+                kept += 1
+                c = cfc[j]
+                pair[m] = k
+                point[m] = MARGIN_VERTEX_ID + side * MARGIN_SIDE + cid[j]
+                for b in range(3):
+                    mb = csg[j] * R[b, c]
+                    pos[m, b] = cx[j, b] - (r_inc + 0.5 * cg[j]) * mb
+                    nrm[m, b] = -s * mb
+                dist[m] = cg[j]
+                m += 1
+    return pair[:m].copy(), point[:m].copy(), pos[:m].copy(), nrm[:m].copy(), dist[:m].copy()
