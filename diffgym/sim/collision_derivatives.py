@@ -981,6 +981,14 @@ def _k_world_patch_distances(X, radA, Y, radB, n, P, ptol):
     return _k_patch_distances(XA, YB, n, P, L)
 
 
+@njit(inline="always")
+def _dot3(a, b):
+    """``a @ b`` of two 3-vectors written out: the same sum in the same order as the BLAS
+    ddot numba calls for ``@`` (((a0 b0 + a1 b1) + a2 b2), checked equal bit for bit), without
+    the call (the snap's axis loop makes ~300 of them a box pair)."""
+    return a[0] * b[0] + a[1] * b[1] + a[2] * b[2]
+
+
 @njit
 def _k_snap_pair(XA, radA, FA, EA, XB, radB, FB, EB, n, d, tol):
     """snap_pair: (ok, axis, distance, mid-plane height)."""
@@ -996,20 +1004,21 @@ def _k_snap_pair(XA, radA, FA, EA, XB, radB, FB, EB, n, d, tol):
     for i in range(EA.shape[0]):
         for j in range(EB.shape[0]):
             cr = _k_cross(EA[i], EB[j])
-            nc = np.sqrt(cr @ cr)
+            nc = np.sqrt(_dot3(cr, cr))
             if nc > 1e-6:
                 M[m] = cr / nc
                 m += 1
     best, fbest, cbest = -1, -np.inf, 0.0
     for i in range(m):
-        if M[i] @ n < 0.0:                           # oriented along coal's normal
-            M[i] = -M[i]
+        Mi = M[i]
+        if _dot3(Mi, n) < 0.0:                       # oriented along coal's normal
+            M[i] = -Mi
         top = -np.inf
         for a in range(XA.shape[0]):
-            top = max(top, M[i] @ XA[a])
+            top = max(top, _dot3(Mi, XA[a]))
         bot = np.inf
         for b in range(XB.shape[0]):
-            bot = min(bot, M[i] @ XB[b])
+            bot = min(bot, _dot3(Mi, XB[b]))
         top += radA
         bot -= radB
         if best < 0 or bot - top > fbest:
