@@ -49,8 +49,8 @@ _NO_MOCAP = np.zeros((0, 3))       # _constrained_step's mocap_b for a model wit
 
 def _mocap_rows(bb):
     return _NO_MOCAP if bb is None else np.ascontiguousarray(bb, dtype=np.float64)
-_NO_RT = np.zeros((0, 2), dtype=np.int64)   # _verify_velocity's rt where rows' trees are not known
 _NO_DRIFT = np.zeros(0)   # _constrained_step's ``drift`` where no contact has one (support_drift)
+_NO_RT = np.zeros((0, 2), dtype=np.int64)   # _verify_velocity's rt: rows' trees unknown
 _NO_WARM = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0),
             np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.bool_))
 _NO_RESULT = SolverResult(np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64),
@@ -464,11 +464,12 @@ def _constrained_velocity(pos, frames, geom1, geom2, geom_joint, dist, mu, pair,
     Returns (island_ok, isl_c, isl_l, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes,
     lim_act, its, res, v1, MJt, rest, nprox, proj, braw, rt) (each returned array costs a Python
     object: only those the step keeps; ``proj``, ``braw``: the record of the realizable
-    projection, ``_solve_islands``; ``rt``: each row's trees, ``assemble_sparse``); an island whose stage 1 failed has ``island_ok`` False (the caller runs the later
-    stages on it); ``v1`` then holds only the other islands' impulses. ``Mbody``: ``Minv``
-    again, or None where the problem cannot reach ``BODY_MIN_ROWS`` rows (3 per contact plus
-    the limits): that variant is compiled without the body-space path, which small robots never
-    run (``_solve_islands``)."""
+    projection, ``_solve_islands``; ``rt``: each row's trees, ``assemble_sparse``); an island
+    whose stage 1 failed has ``island_ok`` False (the caller runs the later stages on it);
+    ``v1`` then holds only the other islands' impulses. ``Mbody``: ``Minv`` again, or None
+    where the problem cannot reach ``BODY_MIN_ROWS`` rows (3 per contact plus the limits): that
+    variant is compiled without the body-space path, which small robots never run
+    (``_solve_islands``)."""
     nc = pos.shape[0]
     j1 = np.empty(nc, dtype=np.int64)
     j2 = np.empty(nc, dtype=np.int64)
