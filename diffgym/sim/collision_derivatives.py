@@ -552,6 +552,19 @@ def _k_rows_of(X, h, top, tol, above):
     return idx[:k].copy()
 
 
+@njit(inline="always")
+def _k_plane_point(x, w, n, c0, out):
+    """``out = P - (P @ n - c0) * n`` with ``P = x + w`` (3-vectors), element by element as
+    numpy computes the vector expression (the dot product in ddot's order)."""
+    p0 = x[0] + w[0]
+    p1 = x[1] + w[1]
+    p2 = x[2] + w[2]
+    h = (p0 * n[0] + p1 * n[1] + p2 * n[2]) - c0
+    out[0] = p0 - h * n[0]
+    out[1] = p1 - h * n[1]
+    out[2] = p2 - h * n[2]
+
+
 @njit
 def _k_polytope_pair(X, Y, n, d, radA, radB, per_point, ptol, JA, oA, JB, oB, rows, pos,
                      dp, dn, dd, status):
@@ -670,10 +683,10 @@ def _k_polytope_pair(X, Y, n, d, radA, radB, per_point, ptol, JA, oA, JB, oB, ro
     e1, e2 = _k_plane_axes(n)
     A2 = np.empty((PA.shape[0], 2))
     for i in range(PA.shape[0]):
-        A2[i, 0], A2[i, 1] = X[PA[i]] @ e1, X[PA[i]] @ e2
+        A2[i, 0], A2[i, 1] = _dot3(X[PA[i]], e1), _dot3(X[PA[i]], e2)
     B2 = np.empty((PB.shape[0], 2))
     for i in range(PB.shape[0]):
-        B2[i, 0], B2[i, 1] = Y[PB[i]] @ e1, Y[PB[i]] @ e2
+        B2[i, 0], B2[i, 1] = _dot3(Y[PB[i]], e1), _dot3(Y[PB[i]], e2)
     hullA, hullB = PA[_k_hull2(A2)], PB[_k_hull2(B2)]
     mA, mB = hullA.shape[0], hullB.shape[0]
     if mA == 2 and mB == 2:
@@ -701,23 +714,23 @@ def _k_polytope_pair(X, Y, n, d, radA, radB, per_point, ptol, JA, oA, JB, oB, ro
     ref = np.empty(ncap, dtype=np.int64)
     cross = np.empty((ncap, 4, 3))
     nc_ = 0
+    # (written out over the components, as the vector expressions they stand for compute
+    # them element by element: P = X + w, cands = P - (P . n - c0) n; no temporaries)
     for i in range(mA):
-        P = X[hullA[i]] + wA
-        cands[nc_] = P - (P @ n - c0) * n
+        _k_plane_point(X[hullA[i]], wA, n, c0, cands[nc_])
         kind[nc_], ref[nc_] = 0, hullA[i]
         nc_ += 1
     for i in range(mB):
-        P = Y[hullB[i]] + wB
-        cands[nc_] = P - (P @ n - c0) * n
+        _k_plane_point(Y[hullB[i]], wB, n, c0, cands[nc_])
         kind[nc_], ref[nc_] = 1, hullB[i]
         nc_ += 1
     # every edge of A's hull against every edge of B's, projected
     for i in range(nA):
         a0, uA = X[hullA[i]], X[hullA[(i + 1) % mA]] - X[hullA[i]]
-        a20, a21, ua20, ua21 = a0 @ e1, a0 @ e2, uA @ e1, uA @ e2
+        a20, a21, ua20, ua21 = _dot3(a0, e1), _dot3(a0, e2), _dot3(uA, e1), _dot3(uA, e2)
         for j in range(nB):
             b0, uB = Y[hullB[j]], Y[hullB[(j + 1) % mB]] - Y[hullB[j]]
-            b20, b21, ub20, ub21 = b0 @ e1, b0 @ e2, uB @ e1, uB @ e2
+            b20, b21, ub20, ub21 = _dot3(b0, e1), _dot3(b0, e2), _dot3(uB, e1), _dot3(uB, e2)
             den = ua20 * -ub21 + ua21 * ub20
             if not abs(den) >= 1e-12 * L * L:
                 continue
@@ -726,7 +739,7 @@ def _k_polytope_pair(X, Y, n, d, radA, radB, per_point, ptol, JA, oA, JB, oB, ro
             tp = (ua20 * rh1 - ua21 * rh0) / den
             if sp >= -1e-9 and sp <= 1.0 + 1e-9 and tp >= -1e-9 and tp <= 1.0 + 1e-9:
                 xa = a0 + sp * uA
-                cands[nc_] = xa - (xa @ n - c0) * n
+                cands[nc_] = xa - (_dot3(xa, n) - c0) * n
                 kind[nc_], ref[nc_] = 2, nc_
                 cross[nc_, 0], cross[nc_, 1] = xa, uA
                 cross[nc_, 2], cross[nc_, 3] = b0 + tp * uB, uB
@@ -746,9 +759,15 @@ def _k_polytope_pair(X, Y, n, d, radA, radB, per_point, ptol, JA, oA, JB, oB, ro
         k = rows[ir]
         best = np.inf
         for i in range(nc_):
-            w = cands[i] - pos[k]
-            w = w - (w @ n) * n                             # (tangential)
-            dist[i] = np.sqrt(w @ w)
+            # w = cands[i] - pos[k], its tangential part w - (w . n) n, |w| (written out)
+            w0 = cands[i, 0] - pos[k, 0]
+            w1 = cands[i, 1] - pos[k, 1]
+            w2 = cands[i, 2] - pos[k, 2]
+            t = w0 * n[0] + w1 * n[1] + w2 * n[2]
+            w0 = w0 - t * n[0]
+            w1 = w1 - t * n[1]
+            w2 = w2 - t * n[2]
+            dist[i] = np.sqrt(w0 * w0 + w1 * w1 + w2 * w2)
             best = min(best, dist[i])
         if not best <= MATCH_TOL * L:
             status[ir] = 5
@@ -779,7 +798,7 @@ def _k_polytope_pair(X, Y, n, d, radA, radB, per_point, ptol, JA, oA, JB, oB, ro
             s_ = (g22 * ra - g12 * rb) / det
             Xp = Xa.copy()
             DX = DXa + _k_outer(uA, s_)
-        Dp = DX - _k_outer(n, _k_vD(n, DX) + _k_vD(Xp, Dn) - Dc) - (Xp @ n - c0) * Dn
+        Dp = DX - _k_outer(n, _k_vD(n, DX) + _k_vD(Xp, Dn) - Dc) - (_dot3(Xp, n) - c0) * Dn
         dn[k] = Dn
         if not per_point:
             dp[k] = Dp
@@ -789,10 +808,10 @@ def _k_polytope_pair(X, Y, n, d, radA, radB, per_point, ptol, JA, oA, JB, oB, ro
         # offsets to the support features: y = p + s n on each, y = origin + U a moving with
         # its body, so  d(y) + U da = dp + ds n + s dn
         p = cands[i]
-        sa = mra @ (p - oa)
+        sa = _dot3(mra, p - oa)
         ya = p + sa * n - radA * n                       # on A's core
         dsa = _k_vD(mra, Dp + sa * Dn - (_k_pj(JA, oA, ya) + radA * Dn))
-        sb = mrb @ (p - ob)
+        sb = _dot3(mrb, p - ob)
         yb = p + sb * n + radB * n
         dsb = _k_vD(mrb, Dp + sb * Dn - (_k_pj(JB, oB, yb) - radB * Dn))
         dd[k] = dsb - dsa
@@ -810,7 +829,7 @@ def _k_polytope_pair(X, Y, n, d, radA, radB, per_point, ptol, JA, oA, JB, oB, ro
     hb = 0.0
     dhb = np.zeros(nv)
     for ir in range(nr):
-        hb += mids[ir] @ n
+        hb += _dot3(mids[ir], n)
         dhb += _k_vD(n, dp[rows[ir]]) + _k_vD(mids[ir], Dn)
     hb /= nr
     dhb /= nr
@@ -987,6 +1006,14 @@ def _k_world_patch_distances(X, radA, Y, radB, n, P, ptol):
     return _k_patch_distances(XA, YB, n, P, L)
 
 
+@njit(inline="always")
+def _dot3(a, b):
+    """``a @ b`` of two 3-vectors written out: the same sum in the same order as the BLAS
+    ddot numba calls for ``@`` (((a0 b0 + a1 b1) + a2 b2), checked equal bit for bit), without
+    the call (the snap's axis loop makes ~300 of them a box pair)."""
+    return a[0] * b[0] + a[1] * b[1] + a[2] * b[2]
+
+
 @njit
 def _k_snap_pair(XA, radA, FA, EA, XB, radB, FB, EB, n, d, tol):
     """snap_pair: (ok, axis, distance, mid-plane height)."""
@@ -1002,20 +1029,21 @@ def _k_snap_pair(XA, radA, FA, EA, XB, radB, FB, EB, n, d, tol):
     for i in range(EA.shape[0]):
         for j in range(EB.shape[0]):
             cr = _k_cross(EA[i], EB[j])
-            nc = np.sqrt(cr @ cr)
+            nc = np.sqrt(_dot3(cr, cr))
             if nc > 1e-6:
                 M[m] = cr / nc
                 m += 1
     best, fbest, cbest = -1, -np.inf, 0.0
     for i in range(m):
-        if M[i] @ n < 0.0:                           # oriented along coal's normal
-            M[i] = -M[i]
+        Mi = M[i]
+        if _dot3(Mi, n) < 0.0:                       # oriented along coal's normal
+            M[i] = -Mi
         top = -np.inf
         for a in range(XA.shape[0]):
-            top = max(top, M[i] @ XA[a])
+            top = max(top, _dot3(Mi, XA[a]))
         bot = np.inf
         for b in range(XB.shape[0]):
-            bot = min(bot, M[i] @ XB[b])
+            bot = min(bot, _dot3(Mi, XB[b]))
         top += radA
         bot -= radB
         if best < 0 or bot - top > fbest:

@@ -460,18 +460,43 @@ def assemble_sparse(pos, frames, j1, j2, dist, Jw, support, sup_ptr, sup_idx, tr
     isl_c, isl_l, nis = row_islands(j1, j2, joint_tree, lim_idx, lim_v, tree_lo)
     ptr, rows = island_rows(isl_c, isl_l, nis)[:2]
     G = np.zeros((m, m))
-    for s in range(nis):
-        for ia in range(ptr[s], ptr[s + 1]):
-            r = rows[ia]
-            a0, a1 = rt[r, 0], rt[r, 1]
-            for ib in range(ia, ptr[s + 1]):
-                c = rows[ib]
-                c0, c1 = rt[c, 0], rt[c, 1]
-                if c0 < 0 or not (c0 == a0 or c0 == a1 or (c1 >= 0 and (c1 == a0 or c1 == a1))):
+    # the rows of each tree (by its first dof), as positions in the islands' row order
+    # (increasing): an entry (r, c) is computed once, from the row coming first in that order,
+    # for each pair of rows sharing a tree (rows of different islands share none)
+    tptr = np.zeros(nv + 1, dtype=np.int64)
+    for ia in range(ptr[nis]):
+        r = rows[ia]
+        for u in range(2):
+            t = rt[r, u]
+            if t >= 0:
+                tptr[t + 1] += 1
+    for t in range(nv):
+        tptr[t + 1] += tptr[t]
+    tpos = np.empty(tptr[nv], dtype=np.int64)
+    fill = tptr[:nv].copy()
+    for ia in range(ptr[nis]):
+        r = rows[ia]
+        for u in range(2):
+            t = rt[r, u]
+            if t >= 0:
+                tpos[fill[t]] = ia
+                fill[t] += 1
+    seen = np.full(ptr[nis], -1, dtype=np.int64)
+    for ia in range(ptr[nis]):
+        r = rows[ia]
+        for u in range(2):
+            t = rt[r, u]
+            if t < 0:
+                continue
+            for e in range(tptr[t], tptr[t + 1]):
+                ib = tpos[e]
+                if ib < ia or seen[ib] == ia:
                     continue
+                seen[ib] = ia
+                c = rows[ib]
                 acc = 0.0
-                for t in range(nnz[r]):
-                    d = nz[r, t]
+                for q in range(nnz[r]):
+                    d = nz[r, q]
                     acc += J[r, d] * MJt[d, c]
                 G[r, c] = acc
                 G[c, r] = acc

@@ -9,6 +9,7 @@ One step of semi-implicit Euler in impulse form (``shared/notes/gradients.md``):
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -25,7 +26,8 @@ from .derivatives import step_jacobian
 from .jit import ENABLED as _JIT, njit
 from .model import ModelError, SimModel
 from .solver import MODE_NAMES, SLIDING, STICKING, NCPSolver, SolverResult, SolverSettings
-from .solver_kernels import _NO_I, BODY_MIN_ROWS, island_body, natres, no_body, solve_stage1
+from .solver_kernels import (_NO_I, BODY_MIN_ROWS, _row_dofs, island_body, natres, no_body,
+                             solve_stage1)
 from .frames import tangent_frames
 from .gradient_modes import gradient_mode
 from .impact_time import MAX_PASSES, consumed_time, displacement, impact_substep, impact_times
@@ -48,6 +50,7 @@ _NO_MOCAP = np.zeros((0, 3))       # _constrained_step's mocap_b for a model wit
 def _mocap_rows(bb):
     return _NO_MOCAP if bb is None else np.ascontiguousarray(bb, dtype=np.float64)
 _NO_DRIFT = np.zeros(0)   # _constrained_step's ``drift`` where no contact has one (support_drift)
+_NO_RT = np.zeros((0, 2), dtype=np.int64)   # _verify_velocity's rt: rows' trees unknown
 _NO_WARM = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0),
             np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.bool_))
 _NO_RESULT = SolverResult(np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64),
@@ -459,13 +462,14 @@ def _constrained_velocity(pos, frames, geom1, geom2, geom_joint, dist, mu, pair,
     stage 1 of the NCP solve per island (_solve_islands) and ``v1 = v_free + M^-1 J^T lam``.
 
     Returns (island_ok, isl_c, isl_l, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes,
-    lim_act, its, res, v1, MJt, rest, nprox, proj, braw) (each returned array costs a Python
+    lim_act, its, res, v1, MJt, rest, nprox, proj, braw, rt) (each returned array costs a Python
     object: only those the step keeps; ``proj``, ``braw``: the record of the realizable
-    projection, ``_solve_islands``); an island whose stage 1 failed has ``island_ok`` False (the caller runs the later
-    stages on it); ``v1`` then holds only the other islands' impulses. ``Mbody``: ``Minv``
-    again, or None where the problem cannot reach ``BODY_MIN_ROWS`` rows (3 per contact plus
-    the limits): that variant is compiled without the body-space path, which small robots never
-    run (``_solve_islands``)."""
+    projection, ``_solve_islands``; ``rt``: each row's trees, ``assemble_sparse``); an island
+    whose stage 1 failed has ``island_ok`` False (the caller runs the later stages on it);
+    ``v1`` then holds only the other islands' impulses. ``Mbody``: ``Minv`` again, or None
+    where the problem cannot reach ``BODY_MIN_ROWS`` rows (3 per contact plus the limits): that
+    variant is compiled without the body-space path, which small robots never run
+    (``_solve_islands``)."""
     nc = pos.shape[0]
     j1 = np.empty(nc, dtype=np.int64)
     j2 = np.empty(nc, dtype=np.int64)
@@ -504,14 +508,14 @@ def _constrained_velocity(pos, frames, geom1, geom2, geom_joint, dist, mu, pair,
     if m == 0:
         return (np.ones(0, dtype=np.bool_), isl_c, isl_l, lim_idx, lim_dist, J, b, G, g,
                 np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.bool_),
-                0, 0.0, v1, MJt, rest, 0, np.zeros(0, dtype=np.int64), np.zeros(0))
+                0, 0.0, v1, MJt, rest, 0, np.zeros(0, dtype=np.int64), np.zeros(0), rt)
     island_ok, lam, sigma, modes, lim_act, its, res, nprox, proj, braw = _solve_islands(
         G, g, nc, mu, lam0, modes0, found, isl_c, isl_l, nis, tol, mode_tol, newton_iter,
         mode_rounds, budget, J, Mbody, tree_lo, tree_hi, b, pair, dist, skin, rest, lim_dist,
         realizable, rt)
     _add_impulses(v1, MJt, rt, lam, tree_hi)
     return (island_ok, isl_c, isl_l, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, lim_act,
-            its, res, v1, MJt, rest, nprox, proj, braw)
+            its, res, v1, MJt, rest, nprox, proj, braw, rt)
 
 
 @njit
@@ -561,18 +565,34 @@ def _speed_jump(v, v1, gate):
 
 
 @njit
-def _verify_velocity(J, b, v1, lam, nc, mu, G):
+def _verify_velocity(J, b, v1, lam, nc, mu, G, rt, tree_hi):
     """An independent check of a step's solution: the natural-map residual (m/s) of the NCP at
     the final velocity, ``sigma = J v1 + b`` (not the solver's ``G lam + g``), and the scale of
     the velocities it is compared with (``max |J v1|``, ``max |b|``). Catches a solver that
-    reports convergence on a wrong solution and a wrong ``v1`` (a bad ``M^-1 J^T lam``)."""
+    reports convergence on a wrong solution and a wrong ``v1`` (a bad ``M^-1 J^T lam``).
+    ``rt``: each row's (at most two) trees (``constraint.assemble_sparse``: J's row is zero
+    elsewhere), whose dofs alone are summed, in increasing order: the sum of the whole row less
+    its exact zeros (the same value; a rack of 64 balls has 12 of 384 dofs a row). Where a
+    component of ``v1`` is not finite, the whole rows (its NaN reaches every sum)."""
     m = J.shape[0]
+    nv = J.shape[1]
+    sparse = rt.shape[0] == m
+    for i in range(nv):
+        if not math.isfinite(v1[i]):
+            sparse = False
     sigma = np.empty(m)
     scale = 0.0
     for r in range(m):
         acc = 0.0
-        for i in range(J.shape[1]):
-            acc += J[r, i] * v1[i]
+        if sparse:
+            lo1, hi1, lo2, hi2 = _row_dofs(rt, r, nv, tree_hi)
+            for i in range(lo1, hi1):
+                acc += J[r, i] * v1[i]
+            for i in range(lo2, hi2):
+                acc += J[r, i] * v1[i]
+        else:
+            for i in range(nv):
+                acc += J[r, i] * v1[i]
         sigma[r] = acc + b[r]
         a = max(abs(acc), abs(b[r]))
         if a > scale:
@@ -617,7 +637,7 @@ def _constrained_step(pos, frames, geom1, geom2, geom_joint, dist, mu, pair, poi
     bool. The verify pair is 0.0 unless all_ok and there are rows; nprox: islands that took
     the compiled proximal stage 1b."""
     (island_ok, isl_c, isl_l, lim_idx, lim_dist, J, b, G, g, lam, sigma, modes, lim_act,
-     its, res, v1, MJt, rest, nprox, proj, braw) = _constrained_velocity(
+     its, res, v1, MJt, rest, nprox, proj, braw, rt) = _constrained_velocity(
         pos, frames, geom1, geom2, geom_joint, dist, mu, pair, point, Jw, support, sup_ptr,
         sup_idx, joint_tree, tree_lo, tree_hi, q, v, lim_q, lim_v, lim_bound, lim_sign,
         limit_margin, dt, erp, skin, Minv, v_free, warm, pair_w, point_w, lam_w, modes_w,
@@ -631,7 +651,7 @@ def _constrained_step(pos, frames, geom1, geom2, geom_joint, dist, mu, pair, poi
     vs = 0.0
     nc = pos.shape[0]
     if all_ok and G.shape[0]:
-        r1, vs = _verify_velocity(J, b, v1, lam, nc, mu, G)
+        r1, vs = _verify_velocity(J, b, v1, lam, nc, mu, G, rt, tree_hi)
     nl = lim_idx.shape[0]
     m = G.shape[0]
     nv = v1.shape[0]
@@ -1527,7 +1547,8 @@ class Simulator:
             # independent check of the reported solution at the final velocity (the compiled
             # path has checked it in its call: ``verified``)
             if verified is None:
-                r1, vs = _verify_velocity(cons.J, cons.b, v1, res.lam, cons.nc, cons.mu, G)
+                r1, vs = _verify_velocity(cons.J, cons.b, v1, res.lam, cons.nc, cons.mu, G,
+                                          _NO_RT, _NO_I)
                 verified = r1 <= max(100.0 * solver.settings.tol, 1e-9 * vs)
             if not verified:
                 res = dataclasses.replace(res, converged=False, residual=float(r1),
