@@ -13,11 +13,12 @@ Per scene and N: our forward step (``sim.step``) and MuJoCo's ``mj_step``, alter
 block by block (each engine continues its own trajectory from the same initial state), then
 our step with ``jacobian=True`` against MuJoCo's centered ``mjd_transitionFD`` (eps 1e-6) at
 states of each engine's own trajectory, again block by block. Times are CPU time
-(``time.process_time``) per step, medians over blocks of at least 20 ms CPU each (``_block``
-says why not wall time), after one untimed Jacobian step per engine (kernels loading). The BLAS
-is pinned to one thread for the run (``--blas-threads``; MuJoCo is single-threaded, and a
-threaded LAPACK on a shared 2-core machine made the 16-ball rack's forward step 9-14 ms instead
-of ~1 ms); the threads it ran with are printed at the end.
+(``time.process_time``) per step, medians over blocks of at least 20 ms of our CPU each and as
+many steps of MuJoCo's (``_block`` says why not wall time), after one untimed Jacobian step per
+engine (kernels loading). The BLAS is pinned to one thread for the run (``--blas-threads``;
+MuJoCo is single-threaded, and two OpenBLAS threads on the shared 2-core machine made the
+16-ball rack's forward step 13-38 ms of CPU instead of 1.4-1.5 ms); the threads it ran with are
+printed.
 ``growth`` is the least-squares slope of log(time) against log(N) over the N measured.
 ``load MB``: peak resident memory of a fresh process that imports diffgym, loads the scene and
 takes one step, minus the same process's peak after the imports (so the bytes the scene costs);
@@ -143,10 +144,10 @@ def _block(fn, count: int, budget: float, min_time: float = MIN_BLOCK_S) -> tupl
     close to the slice, the waits lock onto one engine's blocks: in a loaded run, all three
     Jacobian blocks of the 4-ball rack took 1.16-1.27 ms a step in wall time and 0.36-0.47 ms
     in CPU time (another run: all of MuJoCo's FD blocks took 1.19-1.22 ms wall, 0.39-0.42
-    ms CPU). The
-    ``min_time`` spreads a block over several slices, so what remains of such interference
-    (caches, a sibling hyperthread) falls on both engines alike. (With the BLAS pinned to one
-    thread, main's default, our CPU time is that of one thread, as MuJoCo's.)"""
+    ms CPU). The ``min_time`` (on our blocks; MuJoCo's then take as many steps) spreads a
+    block over several slices, so what remains of such interference (caches, a sibling
+    hyperthread) falls on both engines alike. (With the BLAS pinned to one thread, the
+    table's default, our CPU time is that of one thread, as MuJoCo's.)"""
     t0 = time.perf_counter()
     c0 = time.process_time()
     k = 0
@@ -282,7 +283,10 @@ def run_scene(scene: str, n: int, blocks: int = 3, steps: int = 50, jac_states: 
                 def mj():
                     mujoco.mj_step(m, d)
                     c0[0] += d.ncon
-                t, k2 = _block(mj, max(k, steps), budget)
+                # (as many steps as ours, not min_time's: both engines cover the same span of
+                # their trajectories; MuJoCo's 64-ball step took 145-150 us of CPU over its
+                # first ~140 steps, 95 us after them)
+                t, k2 = _block(mj, k, budget, min_time=0.0)
                 tm.append(t)
                 ncm.append(c0[0] / k2)
         row.contacts = st["nc"] / max(1, st["k"])
@@ -293,7 +297,7 @@ def run_scene(scene: str, n: int, blocks: int = 3, steps: int = 50, jac_states: 
                 t, k = _block(lambda: ours(True), jac_states, budget)
                 tj.append(t)
                 if mujoco is not None:
-                    t, _k = _block(mjd, max(k, 1), budget)
+                    t, _k = _block(mjd, k, budget, min_time=0.0)
                     tmd.append(t)
             row.nonconverged = st["fail"]
     row.t_fwd = float(np.median(tf))
@@ -476,9 +480,11 @@ def _main(args, scenes, max_n, blocks, budget, jac, nblas) -> int:
     print(format_rows(rows))
     print()
     print(f"times: CPU time per step, median of {blocks} blocks per engine (ours and MuJoCo "
-          f"alternating, each block at least 50 steps / 5 Jacobians and {MIN_BLOCK_S * 1e3:g} ms "
-          f"CPU, at most {budget:g} s); {_blas_text(blas_threads())}"
-          f"{'' if nblas else ' (as the environment set them)'}; jac = our step with jacobian=True, "
+          f"alternating, each of our blocks at least 50 steps / 5 Jacobians and "
+          f"{MIN_BLOCK_S * 1e3:g} ms CPU, at most {budget:g} s, MuJoCo's as many steps); "
+          f"{_blas_text(blas_threads())}"
+          f"{'' if nblas else ' (as the environment set them)'}; "
+          "jac = our step with jacobian=True, "
           "mjdFD = MuJoCo's centered mjd_transitionFD (eps 1e-6); contacts: ours per step "
           "(points, speculative included), MuJoCo's ncon")
     for s in scenes:
