@@ -12,7 +12,13 @@ Two families of scenes, written as MJCF (both engines load the same text):
 Per scene and N: our forward step (``sim.step``) and MuJoCo's ``mj_step``, alternating engines
 block by block (each engine continues its own trajectory from the same initial state), then
 our step with ``jacobian=True`` against MuJoCo's centered ``mjd_transitionFD`` (eps 1e-6) at
-states of each engine's own trajectory, again block by block. Times are medians over blocks.
+states of each engine's own trajectory, again block by block. Times are CPU time
+(``time.process_time``) per step, medians over blocks of at least 20 ms of our CPU each and as
+many steps of MuJoCo's (``_block`` says why not wall time), after one untimed Jacobian step per
+engine (kernels loading). The BLAS is pinned to one thread for the run (``--blas-threads``;
+MuJoCo is single-threaded, and two OpenBLAS threads on the shared 2-core machine made the
+16-ball rack's forward step 13-38 ms of CPU instead of 1.4-1.5 ms); the threads it ran with are
+printed.
 ``growth`` is the least-squares slope of log(time) against log(N) over the N measured.
 ``load MB``: peak resident memory of a fresh process that imports diffgym, loads the scene and
 takes one step, minus the same process's peak after the imports (so the bytes the scene costs);
@@ -125,16 +131,98 @@ class ScaleRow:
         return self.t_jac / self.t_mjd if self.t_mjd > 0 else float("nan")
 
 
-def _block(fn, count: int, budget: float) -> tuple[float, int]:
-    """Seconds per call of fn over up to ``count`` calls (stops after ``budget`` s, >= 1 call)."""
+MIN_BLOCK_S = 0.02      # CPU seconds a timed block lasts at least (several scheduler slices)
+
+
+def _block(fn, count: int, budget: float, min_time: float = MIN_BLOCK_S) -> tuple[float, int]:
+    """CPU seconds (``time.process_time``) per call of fn over at least ``count`` calls and
+    ``min_time`` CPU seconds; stops after ``budget`` wall seconds (>= 1 call).
+
+    CPU time, not wall time: on a shared machine a block of a few milliseconds (5 Jacobian
+    steps of a 4-ball rack: ~1.6 ms) that the scheduler preempts shows the other process's
+    time slice (~4 ms) in its wall time, and as the engines' blocks alternate with a period
+    close to the slice, the waits lock onto one engine's blocks: in a loaded run, all three
+    Jacobian blocks of the 4-ball rack took 1.16-1.27 ms a step in wall time and 0.36-0.47 ms
+    in CPU time (another run: all of MuJoCo's FD blocks took 1.19-1.22 ms wall, 0.39-0.42
+    ms CPU). The ``min_time`` (on our blocks; MuJoCo's then take as many steps) spreads a
+    block over several slices, so what remains of such interference (caches, a sibling
+    hyperthread) falls on both engines alike. (With the BLAS pinned to one thread, the
+    table's default, our CPU time is that of one thread, as MuJoCo's.)"""
     t0 = time.perf_counter()
+    c0 = time.process_time()
     k = 0
-    while k < count:
+    while True:
         fn()
         k += 1
         if time.perf_counter() - t0 > budget:
             break
-    return (time.perf_counter() - t0) / k, k
+        if k >= count and time.process_time() - c0 >= min_time:
+            break
+    return (time.process_time() - c0) / k, k
+
+
+# -- BLAS threads ----------------------------------------------------------------------------
+def _openblas_libs() -> list:
+    """(name, get, set) of each OpenBLAS loaded in this process (numpy's and scipy's each
+    bundle one), found by their paths in /proc/self/maps (Linux; [] elsewhere)."""
+    import ctypes
+    try:
+        with open("/proc/self/maps") as fh:
+            paths = sorted({ln.split()[-1] for ln in fh
+                            if ln.rstrip().endswith(".so") or ".so." in ln.split()[-1]})
+    except OSError:
+        return []
+    out = []
+    for path in paths:
+        base = os.path.basename(path)
+        if "openblas" not in base.lower():
+            continue
+        try:
+            lib = ctypes.CDLL(path)
+        except OSError:
+            continue
+        for pre, suf in (("openblas", ""), ("openblas", "64_"), ("scipy_openblas", ""),
+                         ("scipy_openblas", "64_")):
+            get = getattr(lib, f"{pre}_get_num_threads{suf}", None)
+            set_ = getattr(lib, f"{pre}_set_num_threads{suf}", None)
+            if get is not None and set_ is not None:
+                get.restype = ctypes.c_int
+                set_.argtypes = [ctypes.c_int]
+                out.append((base, get, set_))
+                break
+    return out
+
+
+def blas_threads() -> dict:
+    """Threads of each BLAS loaded in this process, {library: threads} (threadpoolctl's view
+    when it is installed, else each OpenBLAS asked directly; {} when none is found)."""
+    try:
+        from threadpoolctl import threadpool_info
+    except ImportError:
+        return {name: int(get()) for name, get, _set in _openblas_libs()}
+    return {os.path.basename(i.get("filepath", "?")): int(i["num_threads"])
+            for i in threadpool_info() if i.get("user_api") == "blas"}
+
+
+def limit_blas_threads(n: int):
+    """Set every loaded BLAS to ``n`` threads; returns a callable that restores the counts."""
+    try:
+        from threadpoolctl import threadpool_limits
+    except ImportError:
+        libs = _openblas_libs()
+        before = [(set_, int(get())) for _name, get, set_ in libs]
+        for _name, _get, set_ in libs:
+            set_(int(n))
+        return lambda: [set_(k) for set_, k in before] and None
+    return threadpool_limits(limits=int(n), user_api="blas").restore_original_limits
+
+
+def _blas_text(counts: dict) -> str:
+    if not counts:
+        return "BLAS threads: unknown (no OpenBLAS found, threadpoolctl not installed)"
+    vals = sorted(set(counts.values()))
+    return "BLAS threads " + ("/".join(map(str, vals)) if len(vals) > 1 else str(vals[0])) + (
+        " (" + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())) + ")")
 
 
 def run_scene(scene: str, n: int, blocks: int = 3, steps: int = 50, jac_states: int = 5,
@@ -169,10 +257,20 @@ def run_scene(scene: str, n: int, blocks: int = 3, steps: int = 50, jac_states: 
         warnings.simplefilter("ignore", SolverWarning)
         for _ in range(warmup):
             ours()
+        if jacobian:            # (first use of the Jacobian path: its kernels load, its buffers
+            ours(True)          # are made; not a cost per step)
         if mujoco is not None:
             d.qpos[:] = mujoco_state_of(mujoco, m, sim, sim.q0)
             for _ in range(warmup):
                 mujoco.mj_step(m, d)
+            nx = 2 * m.nv + m.na
+            A = np.zeros((nx, nx))
+
+            def mjd():
+                mujoco.mjd_transitionFD(m, d, FD_EPS, True, A, None, None, None)
+                mujoco.mj_step(m, d)
+            if jacobian:
+                mjd()
         st["nc"] = st["ni"] = st["k"] = st["fail"] = 0
         tf, tm, tj, tmd, ncm = [], [], [], [], []
         for _ in range(blocks):
@@ -185,7 +283,10 @@ def run_scene(scene: str, n: int, blocks: int = 3, steps: int = 50, jac_states: 
                 def mj():
                     mujoco.mj_step(m, d)
                     c0[0] += d.ncon
-                t, k2 = _block(mj, max(k, steps), budget)
+                # (as many steps as ours, not min_time's: both engines cover the same span of
+                # their trajectories; MuJoCo's 64-ball step took 145-150 us of CPU over its
+                # first ~140 steps, 95 us after them)
+                t, k2 = _block(mj, k, budget, min_time=0.0)
                 tm.append(t)
                 ncm.append(c0[0] / k2)
         row.contacts = st["nc"] / max(1, st["k"])
@@ -196,13 +297,7 @@ def run_scene(scene: str, n: int, blocks: int = 3, steps: int = 50, jac_states: 
                 t, k = _block(lambda: ours(True), jac_states, budget)
                 tj.append(t)
                 if mujoco is not None:
-                    nx = 2 * m.nv + m.na
-                    A = np.zeros((nx, nx))
-
-                    def mjd():
-                        mujoco.mjd_transitionFD(m, d, FD_EPS, True, A, None, None, None)
-                        mujoco.mj_step(m, d)
-                    t, _k = _block(mjd, max(k, 1), budget)
+                    t, _k = _block(mjd, k, budget, min_time=0.0)
                     tmd.append(t)
             row.nonconverged = st["fail"]
     row.t_fwd = float(np.median(tf))
@@ -339,6 +434,9 @@ def add_arguments(parser) -> None:
                         help="the load-memory table without its Jacobian step (peak, time)")
     parser.add_argument("--scaling-budget", type=float, default=2.0,
                         help="seconds per timed block and engine at most (at least one step)")
+    parser.add_argument("--blas-threads", type=int, default=1,
+                        help="threads of the loaded BLAS (OpenBLAS) during the scaling table "
+                        "(default 1, as MuJoCo; 0: leave them as the environment set them)")
 
 
 def main(args) -> int:
@@ -349,10 +447,22 @@ def main(args) -> int:
     max_n = int(getattr(args, "max_n", 256))
     if max_n < 1:
         raise SystemExit(f"--max-n must be positive, got {max_n}")
-    ns = [n for n in NS if n <= max_n]
     blocks = max(1, int(getattr(args, "repeats", 3) or 1))
     budget = float(getattr(args, "scaling_budget", 2.0))
     jac = bool(getattr(args, "jacobian", True))
+    nblas = int(getattr(args, "blas_threads", 1) or 0)
+    if nblas < 0:
+        raise SystemExit(f"--blas-threads must be >= 0, got {nblas}")
+    restore = limit_blas_threads(nblas) if nblas > 0 else None
+    try:
+        return _main(args, scenes, max_n, blocks, budget, jac, nblas)
+    finally:
+        if restore is not None:
+            restore()
+
+
+def _main(args, scenes, max_n, blocks, budget, jac, nblas) -> int:
+    ns = [n for n in NS if n <= max_n]
     rows = []
     for s in scenes:
         for n in ns:
@@ -369,8 +479,12 @@ def main(args) -> int:
     print()
     print(format_rows(rows))
     print()
-    print(f"times: median of {blocks} blocks per engine (ours and MuJoCo alternating, each block "
-          f"up to 50 steps / 5 Jacobians or {budget:g} s); jac = our step with jacobian=True, "
+    print(f"times: CPU time per step, median of {blocks} blocks per engine (ours and MuJoCo "
+          f"alternating, each of our blocks at least 50 steps / 5 Jacobians and "
+          f"{MIN_BLOCK_S * 1e3:g} ms CPU, at most {budget:g} s, MuJoCo's as many steps); "
+          f"{_blas_text(blas_threads())}"
+          f"{'' if nblas else ' (as the environment set them)'}; "
+          "jac = our step with jacobian=True, "
           "mjdFD = MuJoCo's centered mjd_transitionFD (eps 1e-6); contacts: ours per step "
           "(points, speculative included), MuJoCo's ncon")
     for s in scenes:
@@ -439,5 +553,6 @@ def main(args) -> int:
     except ImportError:
         mjv = "n/a"
     print(f"pinocchio {pinocchio.__version__}, mujoco {mjv}, numpy {np.__version__}, "
-          f"{os.cpu_count()} cores, BLAS threads {os.environ.get('OPENBLAS_NUM_THREADS', 'default')}")
+          f"{os.cpu_count()} cores, {_blas_text(blas_threads())}, OPENBLAS_NUM_THREADS="
+          f"{os.environ.get('OPENBLAS_NUM_THREADS', 'unset')} (the memory table's children: 1)")
     return 0

@@ -190,3 +190,38 @@ def test_bench_envs_table_with_workers_and_third_party(capsys):
     assert set(third) == {"Async", "Subproc"}
     for r in third.values():
         assert r[3] == "2" and float(r[4]) > 0 and float(r[8]) > 0          # one process a copy
+
+
+def test_scaling_blocks_time_cpu_and_pin_blas(capsys):
+    """The scaling table's blocks time CPU, not wall time (a call that sleeps 5 ms costs ~0 CPU),
+    and run at least ``min_time`` CPU seconds; ``--blas-threads`` pins every loaded OpenBLAS for
+    the table, prints the count it ran with and restores the previous counts afterwards."""
+    import time
+
+    from diffgym import bench_scaling as bs
+    restore = bs.limit_blas_threads(1)     # (idle OpenBLAS workers spin, counted as our CPU)
+    try:
+        time.sleep(0.2)
+        t, k = bs._block(lambda: time.sleep(0.005), 3, budget=5.0, min_time=0.0)
+    finally:
+        restore()
+    assert k == 3 and t < 0.0025
+    spin = [0]
+
+    def work():
+        for _ in range(2000):
+            spin[0] += 1
+    t, k = bs._block(work, 1, budget=5.0, min_time=0.01)
+    assert k > 1 and t * k >= 0.01
+    before = bs.blas_threads()
+    restore = bs.limit_blas_threads(1)
+    assert all(v == 1 for v in bs.blas_threads().values())
+    restore()
+    assert bs.blas_threads() == before
+    args = _args(scaling=True, max_n=4, scenes=["balls"], load_ns=[], scaling_budget=0.05,
+                 jacobian=False, blas_threads=1)
+    assert bench.main(args) == 0
+    out = capsys.readouterr().out
+    assert bs.blas_threads() == before
+    if before:
+        assert "BLAS threads 1 (" in out
