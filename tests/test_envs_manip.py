@@ -145,10 +145,6 @@ def test_push_recorded_inconsistent_sticking_converges_in_stage1():
     assert rod and all(last.contact_modes[i] == "sliding" for i in rod)
 
 
-@pytest.mark.xfail(strict=True, reason="issue 16: since the margin rows of box-capsule pairs touching at one point "
-                   "(2026-11-25) the ramped push's trajectory reaches a state at step 48 where stage 1 fails on "
-                   "the box's redundant face and pinocchio's ADMM seeds the polish (converged, 1.7e-16 m/s); "
-                   "remove the mark when stage 1 solves it (tests/test_pile_stages.py)")
 def test_push_steady_push_converges_without_slow_stages():
     """The ramped push of test_push_ramped_pose_target_pushes_box_onto_target (a face pushed
     by the rod's side, the box sliding and turning on its face): every step converges at the
@@ -240,9 +236,7 @@ def test_push_nonunique_velocity_recorded_state():
     """A recorded push step (tests/data/push_nonunique.npz: the rod's end strikes the box, which
     slides and spins on its face): from its warm start and from a cold start the solver returns
     two converged solutions whose box spin differs by 0.67 rad/s: the velocity of this step is
-    not unique, and the gradient audit's test says so. (Since the margin rows of 2026-11-25 the
-    rod's ends over the box face are rows of this state too, and the two spins differ by
-    0.012 rad/s: still seven orders of magnitude above the solver's tolerance.)"""
+    not unique, and the gradient audit's test says so."""
     from diffgym.gradcheck import velocity_indeterminacy
     d = np.load(Path(__file__).parent / "data" / "push_nonunique.npz")
     sim = gym.make("DiffPush-v0").unwrapped.sim
@@ -253,7 +247,7 @@ def test_push_nonunique_velocity_recorded_state():
     sim.set_warm_start_state(None)
     _, v_cold = sim.step(d["q"], d["v"], d["tau"])
     assert sim.last.converged and velocity_indeterminacy(sim)
-    assert abs(v_warm[8] - v_cold[8]) > 1e-3         # the box's spin (body z)
+    assert abs(v_warm[8] - v_cold[8]) > 0.5          # the box's spin (body z)
 
 
 def test_push_passive_energy_never_grows():
