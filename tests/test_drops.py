@@ -32,37 +32,3 @@ def test_inconsistent_normal_rows_break_a_contact(index):
     breaks first (solver_kernels._separating_row): the other three carry its load."""
     r, info = _run(index)
     assert r.nonconv_steps == 0 and not r.fails, info
-
-
-@pytest.mark.parametrize("index", [119, 575, 971, 1877])
-def test_corners_over_a_box_face_get_rows(index):
-    """#119 (box + box, 100 Hz): the upper box touches the lower one edge on edge (one contact
-    point, 0.9 mm apart) while a corner of its edge hangs 2 mm over the lower box's face; within
-    the step it turned about the contact and that corner went 10 mm into the face (19 mm at
-    worst). #575 (box + box, 10 Hz, 13 mm) and #971 (capsule + box, 20 Hz, 34 mm) the same with
-    a corner and a capsule's end; #1877 (box + box, 30 Hz, 15 mm) with an edge leaving the face
-    over its boundary. Every box corner and capsule end within the pair's margin over a face of
-    a box, and the point where an edge from one leaves the face, now has a row
-    (collision_kernels.poly_margin_rows)."""
-    r, info = _run(index)
-    assert not r.fails, info
-
-
-def test_bench_runs_chosen_ids_and_lists_every_failure(capsys):
-    """``python -m diffgym.bench_drops --ids ... --list-all``: only those runs, every failing
-    one listed (the default report lists the first 15)."""
-    import argparse
-
-    from diffgym import bench_drops
-    args = bench_drops.add_arguments(argparse.ArgumentParser()).parse_args(
-        ["--ids", "2213", "1", "--list-all"])
-    assert bench_drops.main(args) == 0
-    out = capsys.readouterr().out
-    assert "2 runs," in out and "failing runs:" in out
-    results, _ = bench_drops.run(0, ids=[2213, 1])
-    assert [r.scene.index for r in results] == [2213, 1]
-    bad = [r for r in results if r.fails]
-    assert all(f"#{r.scene.index} " in out for r in bad)
-    with pytest.raises(SystemExit):
-        bench_drops.main(bench_drops.add_arguments(argparse.ArgumentParser()).parse_args(
-            ["--ids", "-1"]))

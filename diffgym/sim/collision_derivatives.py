@@ -65,12 +65,6 @@ import numpy as np
 
 from .jit import njit
 
-# point ids of the margin-vertex rows of a polytope pair (collision_kernels.poly_margin_rows): a
-# vertex i of geom 1 over a face of geom 2 is MARGIN_VERTEX_ID + i, a vertex of geom 2 over a
-# face of geom 1 MARGIN_VERTEX_ID + MARGIN_SIDE + i (stable from step to step: the warm start)
-MARGIN_VERTEX_ID = 3_000_000
-MARGIN_SIDE = 500_000
-
 # exact support sets: vertices within this fraction of the pair's size of the support plane
 SUPPORT_TOL = 1e-8
 # a contact point matches a patch candidate within this fraction of the pair's size
@@ -1103,22 +1097,14 @@ def polytope_pairs(sim, kin, c, groups, dp, dn, dd) -> list:
     undone: list = []
     todo = []
     geom1, geom2 = c.geom1, c.geom2
-    point = c.point
     for j1, j2, rows in groups:
         k0 = rows[0]
         g1, g2 = int(geom1[k0]), int(geom2[k0])
         VA, VB = local_vertices(sim, g1), local_vertices(sim, g2)
         if VA is None or VB is None:
             undone += _undone(rows, 'not polytopes')
-            continue
-        spec = [k for k in rows if int(point[k]) >= MARGIN_VERTEX_ID]
-        if spec:
-            # the margin-vertex rows (collision_kernels.poly_margin_rows): a vertex over a face
-            undone += margin_vertex_rows(sim, kin, c, spec, j1, j2, g1, g2, VA, VB, dp, dn, dd)
-            rows = [k for k in rows if int(point[k]) < MARGIN_VERTEX_ID]
-            if not rows:
-                continue
-        todo.append((j1, j2, rows, g1, g2, VA, VB))
+        else:
+            todo.append((j1, j2, rows, g1, g2, VA, VB))
     if not todo:
         return undone
     P = len(todo)
@@ -1189,70 +1175,6 @@ def polytope_pairs(sim, kin, c, groups, dp, dn, dd) -> list:
             undone += _undone([all_rows[q] for q in np.flatnonzero(status == code)],
                               _REASONS[int(code)])
     return undone
-
-
-def margin_vertex_rows(sim, kin, c, rows, j1, j2, g1, g2, VA, VB, dp, dn, dd) -> list:
-    """Closed-form dp, dn, dd of the margin rows of one polytope pair (geoms g1, g2 on joints
-    j1, j2, local core vertices VA, VB; collision_kernels.poly_margin_rows): a point X of the
-    incident geom's core (radius r_I) over a face of the reference box, whose outward normal is
-    -u (u = n for a point of geom 1, -n for one of geom 2). X is a vertex (body-fixed), or the
-    point where the edge from vertex P to vertex Q crosses the plane of the face's side e . x
-    = const (e the box axis of that side): ``X = P + t (Q - P)`` with ``e . (dX_I - dX_R) + e .
-    (Q - P) dt = 0`` (dX_I, dX_R the Jacobians of the point moving with the incident body and
-    with the box; the side plane moves with the box), so ``dX = dX_I + (Q - P) dt``. With Y
-    any vertex of the face (body-fixed, on the face plane) the distance is
-    ``d = u . (Y - X) - r_I``, so ``dd = du . (Y - X) + u . (dY - dX)`` with ``du = w_R x u``
-    (the face normal turns with the box), and the point ``p = X + (r_I + d / 2) u`` gives
-    ``dp = dX + u dd / 2 + (r_I + d / 2) du``. Returns the rows it could not do (a crossing
-    the pose no longer has)."""
-    oMg = sim.geom_data.oMg
-    nv = kin.nv
-    zJ = np.zeros((6, nv))
-    zo = np.zeros(3)
-    left = []
-    for k in rows:
-        pid = int(c.point[k]) - MARGIN_VERTEX_ID
-        side = 1 if pid >= MARGIN_SIDE else 0
-        code = pid - side * MARGIN_SIDE
-        gI, gR, jI, jR, VI, VR = (g1, g2, j1, j2, VA, VB) if side == 0 else (g2, g1, j2, j1, VB, VA)
-        u = np.asarray(c.normal[k], float) * (1.0 if side == 0 else -1.0)
-        MI, MR = oMg[gI], oMg[gR]
-        RR, tR = MR.rotation, MR.translation
-        YR = VR @ RR.T + tR
-        Y = YR[int(np.argmin(YR @ u))]
-        rI = _radius(sim, gI)
-        JI, oI = (kin.J[jI], kin.o[jI]) if jI else (zJ, zo)
-        JR, oR = (kin.J[jR], kin.o[jR]) if jR else (zJ, zo)
-        if code < 1000:                                  # a vertex
-            X = MI.rotation @ VI[code] + MI.translation
-            dX = _k_pj(JI, oI, X)
-        else:                                            # an edge leaving the face
-            P = MI.rotation @ VI[code // 1000 - 1] + MI.translation
-            Q = MI.rotation @ VI[code % 1000] + MI.translation
-            half = np.abs(VR).max(axis=0)
-            cax = int(np.argmax(np.abs(RR.T @ u)))
-            lP, lQ = RR.T @ (P - tR), RR.T @ (Q - tR)
-            best, ax = 2.0, -1
-            for a in range(3):
-                if a != cax and abs(lQ[a]) > half[a]:
-                    ta = (np.copysign(half[a], lQ[a]) - lP[a]) / (lQ[a] - lP[a])
-                    if ta < best:
-                        best, ax = ta, a
-            if ax < 0 or not 0.0 < best < 1.0:
-                left.append(k)
-                continue
-            X = P + best * (Q - P)
-            e = RR[:, ax]
-            dXI = _k_pj(JI, oI, X)
-            dt = -_k_vD(e, dXI - _k_pj(JR, oR, X)) / float(e @ (Q - P))
-            dX = dXI + _k_outer(Q - P, dt)
-        du = _k_turn(JR, u)
-        Dd = _k_vD(Y - X, du) + _k_vD(u, _k_pj(JR, oR, Y) - dX)
-        d = float(c.dist[k])
-        dd[k] = Dd
-        dn[k] = du if side == 0 else -du
-        dp[k] = dX + 0.5 * _k_outer(u, Dd) + (rI + 0.5 * d) * du
-    return _undone(left, "margin row: no crossing") if left else []
 
 
 # the (ngeom, 12) placement rows' rotation from column-major to row-major order

@@ -14,12 +14,6 @@
   contacts: a 10 m/s ball cannot tunnel through a 2 cm wall);
 * contact patches (``pinocchio.computeContactPatch``): a face or edge contact gives a polygon,
   reduced to at most ``max_points`` (4) points that span it, so a box lies flat without rocking;
-* margin rows of box-box and box-capsule pairs (``collision_kernels.poly_margin_rows``): the
-  patch holds the support sets along the contact normal only, so a box on an edge or a corner
-  over another box's face, or a tilted capsule, has one point and turns about it into the face
-  within the step; where the contact is a single point, every box corner or capsule end
-  within the pair's margin over a box face, and the point where an edge from one leaves the
-  face, gets a row of that face (its normal and distance), unless the contact has it already;
 * closed form, without coal (``collision_kernels``): spheres, capsules and boxes on a static
   plane, sphere-sphere and sphere-box pairs (a ball against a cushion); (``plane_contacts``)
   cylinders and ellipsoids on a plane, and a cylinder on the face of a box
@@ -71,8 +65,7 @@ from .model import SimModel
 from .convex_support import FACE_ID_BASE, SMOOTH_KINDS, face_contact, shape_of, solve
 from .pair_tables import NarrowPhase
 from .collision_kernels import (BROAD_SLACK as _BROAD_SLACK, KIND_CODES, detect_closed_form,
-                                merge_rows, narrow_rows, poly_margin_rows, poly_patches,
-                                poly_separated,
+                                merge_rows, narrow_rows, poly_patches, poly_separated,
                                 poly_snaps)
 from .trees import _oMg_view
 from .plane_contacts import (ANALYTIC_KINDS, CYLINDER_POINTS, ELLIPSOID_POINTS, cylinder_box_face,
@@ -559,7 +552,6 @@ class CollisionDriver:
             fast[k] = False
         self._poly_fast = fast
         self._any_fast = bool(fast.any())
-        self._any_snap = bool(self._box_box.mask.any()) if len(p) else False
         self._gviews: tuple | None = None       # (gdata, view of its oMg or None)
 
     def _world(self, k, gdata):
@@ -815,39 +807,6 @@ class CollisionDriver:
             raise np.linalg.LinAlgError("patch_distances: singular support feature")
         self.per_point_pairs.update(ks[take].tolist())
         return tuple(rows)
-
-    def _margin_rows(self, gdata, cand, cand_margin, cols):
-        """``cols`` (pair, point, pos, normal, dist of the narrow phase's rows) with the
-        margin rows of its snappable polytope pairs (box-box, box-capsule) that touch at a
-        single point appended
-        (collision_kernels.poly_margin_rows: the vertices within the pair's margin over a face
-        of a box of the pair, beyond the contact's patch)."""
-        P = cols[0]
-        sel = np.flatnonzero(self._box_box.mask[P])
-        if not len(sel):
-            return cols
-        # pairs touching at a single point only (a face patch holds its corners)
-        ks, cnt = np.unique(P[sel], return_counts=True)
-        if not (cnt == 1).any():
-            return cols
-        sel = sel[np.isin(P[sel], ks[cnt == 1])]
-        ks, first, inv = np.unique(P[sel], return_index=True, return_inverse=True)
-        normals = np.ascontiguousarray(cols[3][sel[first]])
-        margins = np.ascontiguousarray(cand_margin[np.searchsorted(cand, ks)])
-        deepest = np.full(len(ks), np.inf)
-        np.minimum.at(deepest, inv, cols[4][sel])
-        count = np.bincount(inv, minlength=len(ks))
-        at = np.ascontiguousarray(cols[2][sel[np.argsort(inv, kind="stable")]])
-        off = np.zeros(len(ks) + 1, dtype=np.int64)
-        np.cumsum(count, out=off[1:])
-        c_v, c_voff = self._cores[0], self._cores[1]
-        extra = poly_margin_rows(self._oMg(gdata), self.pairs, ks, normals, margins, deepest,
-                                 off, at,
-                                 float(self._patch_tol), self.max_points, self._g_coal_box,
-                                 self._g_half, c_v, c_voff, self._cores[6])
-        if not len(extra[0]):
-            return cols
-        return tuple(np.concatenate((a, b)) for a, b in zip(cols, extra))
 
     def _cylinder_box(self, k, gdata, margin, rows_pair, rows_pt, rows_pos, rows_n, rows_d) -> bool:
         """Closed-form points of cylinder-box pair k where a box face is the contact feature
@@ -1124,8 +1083,6 @@ class CollisionDriver:
             if poly_rows is not None:
                 cols = tuple(np.concatenate((a, b)) for a, b in zip(cols, poly_rows)) \
                     if rows_pair else poly_rows
-            if self._any_snap:
-                cols = self._margin_rows(gdata, cand, cand_margin, cols)
             narrow = narrow_rows(*cols, self.pairs, self._friction, True)
             out = Contacts(*(merge_rows(rows, narrow) if blocks else narrow))
         else:
