@@ -242,7 +242,7 @@ def _table(results: list[RunResult], key, keys, title) -> str:
     return "\n".join(lines)
 
 
-def format_report(results: list[RunResult], seconds: float) -> str:
+def format_report(results: list[RunResult], seconds: float, list_all: bool = False) -> str:
     parts = [_table(results, lambda r: r.scene.shape, SHAPES, "shape"), "",
              _table(results, lambda r: r.scene.rate, RATES, "rate (Hz)"), ""]
     steps = sum(r.steps for r in results)
@@ -252,8 +252,8 @@ def format_report(results: list[RunResult], seconds: float) -> str:
                  "SSN or PGS stages (not the proximal one); max pen in m.")
     bad = [r for r in results if r.fails]
     if bad:
-        parts.append("failing runs (first 15):")
-        for r in bad[:15]:
+        parts.append("failing runs:" if list_all else "failing runs (first 15; --list-all: all):")
+        for r in (bad if list_all else bad[:15]):
             s = r.scene
             parts.append(f"  #{s.index} {s.shape}({'+'.join(s.kinds)}) {s.rate} Hz: "
                          f"{','.join(sorted(r.fails))} pen {r.max_pen:.1e} gain {r.max_gain:.1e} "
@@ -261,13 +261,17 @@ def format_report(results: list[RunResult], seconds: float) -> str:
     return "\n".join(parts)
 
 
-def run(n: int, seed: int = 0, progress: bool = False, start: int = 0) -> tuple[list[RunResult], float]:
+def run(n: int, seed: int = 0, progress: bool = False, start: int = 0,
+        ids: list | None = None) -> tuple[list[RunResult], float]:
+    """Runs start .. start + n - 1 of ``seed``, or the runs ``ids`` (then n and start are not
+    read)."""
     t0 = time.perf_counter()
     results = []
-    for i in range(start, start + n):
+    todo = list(ids) if ids is not None else list(range(start, start + n))
+    for done, i in enumerate(todo, 1):
         results.append(run_scene(make_scene(seed, i)))
-        if progress and (i + 1 - start) % 50 == 0:
-            print(f"  {i + 1 - start}/{n} runs, {time.perf_counter() - t0:.0f} s", file=sys.stderr,
+        if progress and done % 50 == 0:
+            print(f"  {done}/{len(todo)} runs, {time.perf_counter() - t0:.0f} s", file=sys.stderr,
                   flush=True)
     return results, time.perf_counter() - t0
 
@@ -278,6 +282,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
                              "shape and rate)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random scenes")
     parser.add_argument("--start", type=int, default=0, help="index of the first run")
+    parser.add_argument("--ids", type=int, nargs="+", default=None,
+                        help="run only these run indices (of --seed; --n and --start unread), "
+                             "e.g. the failing runs a full run listed")
+    parser.add_argument("--list-all", action="store_true",
+                        help="list every failing run (default: the first 15)")
     return parser
 
 
@@ -285,8 +294,12 @@ def main(args) -> int:
     n = int(args.n)
     if n < 1:
         raise SystemExit(f"--n must be positive, got {n}")
-    results, seconds = run(n, int(args.seed), progress=True, start=int(getattr(args, "start", 0)))
-    print(format_report(results, seconds))
+    ids = getattr(args, "ids", None)
+    if ids is not None and any(i < 0 for i in ids):
+        raise SystemExit(f"--ids must be non-negative run indices, got {ids}")
+    results, seconds = run(n, int(args.seed), progress=True, start=int(getattr(args, "start", 0)),
+                           ids=ids)
+    print(format_report(results, seconds, list_all=bool(getattr(args, "list_all", False))))
     return 0
 
 

@@ -32,3 +32,23 @@ def test_inconsistent_normal_rows_break_a_contact(index):
     breaks first (solver_kernels._separating_row): the other three carry its load."""
     r, info = _run(index)
     assert r.nonconv_steps == 0 and not r.fails, info
+
+
+def test_bench_runs_chosen_ids_and_lists_every_failure(capsys):
+    """``python -m diffgym.bench_drops --ids ... --list-all``: only those runs, every failing
+    one listed (the default report lists the first 15)."""
+    import argparse
+
+    from diffgym import bench_drops
+    args = bench_drops.add_arguments(argparse.ArgumentParser()).parse_args(
+        ["--ids", "2213", "1", "--list-all"])
+    assert bench_drops.main(args) == 0
+    out = capsys.readouterr().out
+    assert "2 runs," in out and "failing runs:" in out
+    results, _ = bench_drops.run(0, ids=[2213, 1])
+    assert [r.scene.index for r in results] == [2213, 1]
+    bad = [r for r in results if r.fails]
+    assert all(f"#{r.scene.index} " in out for r in bad)
+    with pytest.raises(SystemExit):
+        bench_drops.main(bench_drops.add_arguments(argparse.ArgumentParser()).parse_args(
+            ["--ids", "-1"]))
