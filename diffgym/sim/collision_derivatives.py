@@ -1009,6 +1009,47 @@ def _dot3(a, b):
 
 
 @njit
+def _k_across(XA, XB, axis, top, bot, tol):
+    """Whether the exact support sets of A (vertices XA within tol of its support plane
+    ``top`` along ``axis``) and of B (within tol of ``bot``) lie across each other: their
+    projections on the plane normal to the axis overlap (to within tol), so that a point of
+    each is separated by the axis distance ``bot - top`` alone (a vertex over a face, crossing
+    edges). 2-D separating-axis test of the two projected convex hulls over the directions of,
+    and normal to, every segment between two of their points (the hulls' edges among them)."""
+    ia = _k_rows_of(XA, XA @ axis, top, tol, True)
+    ib = _k_rows_of(XB, XB @ axis, bot, tol, False)
+    na, nb = ia.shape[0], ib.shape[0]
+    e1, e2 = _k_plane_axes(axis)
+    P = np.empty((na + nb, 2))
+    for i in range(na):
+        P[i, 0], P[i, 1] = XA[ia[i]] @ e1, XA[ia[i]] @ e2
+    for j in range(nb):
+        P[na + j, 0], P[na + j, 1] = XB[ib[j]] @ e1, XB[ib[j]] @ e2
+    m = na + nb
+    for u in range(m):
+        for w in range(u + 1, m):
+            dx, dy = P[w, 0] - P[u, 0], P[w, 1] - P[u, 1]
+            L = np.sqrt(dx * dx + dy * dy)
+            if not L > tol:
+                continue
+            for s in range(2):
+                if s == 0:
+                    mx, my = dx / L, dy / L
+                else:
+                    mx, my = -dy / L, dx / L
+                amin, amax, bmin, bmax = np.inf, -np.inf, np.inf, -np.inf
+                for i in range(m):
+                    h = mx * P[i, 0] + my * P[i, 1]
+                    if i < na:
+                        amin, amax = min(amin, h), max(amax, h)
+                    else:
+                        bmin, bmax = min(bmin, h), max(bmax, h)
+                if bmin - amax > tol or amin - bmax > tol:
+                    return False
+    return True
+
+
+@njit
 def _k_snap_pair(XA, radA, FA, EA, XB, radB, FB, EB, n, d, tol):
     """snap_pair: (ok, axis, distance, mid-plane height)."""
     na, nb = FA.shape[0], FB.shape[0]
@@ -1060,12 +1101,17 @@ def _k_snap_pair(XA, radA, FA, EA, XB, radB, FB, EB, n, d, tol):
         # the witness point then matched no feature of the derivatives. The exact closest
         # points of the near-support sets (vertices within 2e-3 of the size of the support
         # planes along the axis), over every pair of segments (or points) they span: the
-        # boundary edges of the faces are among them.
+        # boundary edges of the faces are among them. Only where the exact support sets do
+        # not lie across each other (_k_across): segments miss a vertex over the inside of a
+        # face (two faces a few 1e-6 rad from parallel, apart within the margin: the common
+        # normal of an edge and a face diagonal is ~1e-9 of the size longer than the axis and
+        # was taken instead, and the derivatives took it for a vertex pair)
         top, bot = _k_support_span(XA, XB, axis)
         stol = 2e-3 * size
         ia = _k_rows_of(XA, XA @ axis, top, stol, True)
         ib = _k_rows_of(XB, XB @ axis, bot, stol, False)
-        if ia.shape[0] <= 8 and ib.shape[0] <= 8:
+        if ia.shape[0] <= 8 and ib.shape[0] <= 8 and not _k_across(XA, XB, axis, top, bot,
+                                                                   SUPPORT_TOL * size):
             Lmin, rmin = np.inf, np.zeros(3)
             for i0 in range(ia.shape[0]):
                 for i1 in range(i0, ia.shape[0]):
