@@ -694,9 +694,7 @@ def sphere_box_pairs(W, margin, pairs, friction, sb_k, pcat, g_half, g_r):
 def _core_dirs(view, g, A):
     """Directions A (k, 3) of geom g turned to the world (``A @ R.T``)."""
     W = np.empty((A.shape[0], 3))
-    for a in range(A.shape[0]):
-        for i in range(3):
-            W[a, i] = A[a, 0] * view[g, i] + A[a, 1] * view[g, 3 + i] + A[a, 2] * view[g, 6 + i]
+    _world_rows(view, g, A, 0, A.shape[0], W, False)
     return W
 
 
@@ -828,10 +826,7 @@ def _core_vertices(view, g, c_v, c_voff):
     """World vertices of geom g's core (``V @ R.T + t``)."""
     A = c_v[c_voff[g]:c_voff[g + 1]]
     W = np.empty((A.shape[0], 3))
-    for a in range(A.shape[0]):
-        for i in range(3):
-            W[a, i] = (A[a, 0] * view[g, i] + A[a, 1] * view[g, 3 + i]
-                       + A[a, 2] * view[g, 6 + i]) + view[g, 9 + i]
+    _world_rows(view, g, A, 0, A.shape[0], W, True)
     return W
 
 
@@ -859,7 +854,8 @@ def narrow_rows(pair, point, pos, normal, dist, pairs, friction, by_pair):
 @njit
 def _world_rows(view, g, A, lo, hi, W, translate):
     """Rows ``lo:hi`` of a core table ``A`` (geom g's) turned to the world into the same rows of
-    ``W`` (``A @ R.T``, plus t where ``translate``: as ``_core_vertices`` / ``_core_dirs``)."""
+    ``W`` (``A @ R.T``, plus t where ``translate``; view[g] = rotation column-major, then
+    translation)."""
     for a in range(lo, hi):
         for i in range(3):
             x = A[a, 0] * view[g, i] + A[a, 1] * view[g, 3 + i] + A[a, 2] * view[g, 6 + i]

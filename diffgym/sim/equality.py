@@ -777,12 +777,12 @@ class ExtraRows:
                False, True)
         later = solver if delegate else _LaterStages(solver)
         xmode_in, modes_in, has_in = xmode, modes0, has
+        knobs = (float(st.tol), float(st.mode_tol), int(st.newton_iter), int(st.mode_rounds),
+                 int(st.newton_budget))
         prox_its = -1                # (-1: the proximal-point solve has not run)
         for _ in range(62):          # (at most one call per round, 60 rounds, and the first)
-            out = mixed_solve(G, g, nc, nl, mu, kind, bound, xmode, lam0, modes0, has,
-                              float(st.tol), float(st.mode_tol), int(st.newton_iter),
-                              int(st.mode_rounds), int(st.newton_budget), *state, *inj,
-                              bool(delegate), cold, restarted)
+            out = mixed_solve(G, g, nc, nl, mu, kind, bound, xmode, lam0, modes0, has, *knobs,
+                              *state, *inj, bool(delegate), cold, restarted)
             ok, lam, sigma, modes, lact, xmode, its, resid, conv, elim, stt = out
             if ok and (conv or delegate or prox_its >= 0):
                 break
@@ -790,16 +790,13 @@ class ExtraRows:
                 # a round's reduced stage 1 failed, or the rounds ended unconverged: the
                 # proximal-point solve of the whole problem (its compiled rounds only), and the
                 # later stages (Python) only where it fails (equality_kernels.mixed_prox)
-                px = mixed_prox(G, g, nc, nl, mu, kind, bound, xmode_in, modes_in, has_in,
-                                float(st.tol), float(st.mode_tol), int(st.newton_iter),
-                                int(st.mode_rounds), int(st.newton_budget), cold)
+                px = mixed_prox(G, g, nc, nl, mu, kind, bound, xmode_in, modes_in, has_in, *knobs,
+                                cold)
                 prox_its = int(px[6])
                 if px[0]:
-                    ok, lam, sigma, modes, lact, xmode, its, resid = px
-                    its = int(its) + int(out[6])
-                    self._warm = {rs.ids[i]: int(x) for i, x in enumerate(xmode.tolist())}
-                    return (lam, sigma, modes, np.concatenate([lact, xmode == 0]), its,
-                            float(resid), True, "mixedprox", xmode)
+                    _, lam, sigma, modes, lact, xmode, its, resid = px
+                    return self._result(rs, lam, sigma, modes, lact, xmode,
+                                        int(its) + int(out[6]), resid, True, "mixedprox")
                 if ok:
                     break
             rnd, its0, seen, nseen, Gs, gs, lam0, modes0, has, restarted = stt
@@ -819,26 +816,27 @@ class ExtraRows:
             # no stage solved it (a problem without a solution, e.g. rigid rows and Coulomb
             # friction in a Painleve-type inconsistency): the slightly compliant problem's
             # solution (equality_kernels.mixed_soft), reported unconverged
-            sf = mixed_soft(G, g, nc, nl, mu, kind, bound, xmode_in, modes_in, has_in,
-                            float(st.tol), float(st.mode_tol), int(st.newton_iter),
-                            int(st.mode_rounds), int(st.newton_budget), cold)
+            sf = mixed_soft(G, g, nc, nl, mu, kind, bound, xmode_in, modes_in, has_in, *knobs,
+                            cold)
             its = int(its) + int(sf[5])
             if sf[0]:
                 lam, modes, lact, xmode = sf[1], sf[2], sf[3], sf[4]
                 resid, sigma = mixed_residual(G, g, nc, nl, mu, kind, bound, lam)
-                self._warm = {rs.ids[i]: int(x) for i, x in enumerate(xmode.tolist())}
-                return (lam, sigma, modes, np.concatenate([lact, xmode == 0]), its,
-                        float(resid), False, "soft", xmode)
-        ids = rs.ids
-        self._warm = {ids[i]: int(x) for i, x in enumerate(xmode.tolist())}
-        active = np.concatenate([lact, xmode == 0])
+                return self._result(rs, lam, sigma, modes, lact, xmode, its, resid, False,
+                                    "soft")
         if elim:
             method = "elimination"
         elif inj[0] and stt[0] == state[0]:       # (the last round's reduced solve: here)
             method = method_r
         else:
             method = "newton"
-        return (lam, sigma, modes, active, int(its), float(resid), bool(conv), method, xmode)
+        return self._result(rs, lam, sigma, modes, lact, xmode, its, resid, conv, method)
+
+    def _result(self, rs, lam, sigma, modes, lact, xmode, its, resid, conv, method):
+        """``_solve_compiled``'s answer; the rows' modes kept to warm-start the next step."""
+        self._warm = {rs.ids[i]: int(x) for i, x in enumerate(xmode.tolist())}
+        return (lam, sigma, modes, np.concatenate([lact, xmode == 0]), int(its), float(resid),
+                bool(conv), method, xmode)
 
     @staticmethod
     def _solve_reduced(solver, Gs, gs, d0, nc, nl, mu, lam0, modes0):

@@ -418,6 +418,29 @@ PROX_POLISH = 1e3       # iterates within this many tol try the original problem
 
 
 @njit
+def _mean_diagonal(G):
+    """The mean diagonal entry of G (1.0 for an empty G): the proximal weights' scale."""
+    m = G.shape[0]
+    scale = 0.0
+    for i in range(m):
+        scale += G[i, i]
+    return scale / m if m else 1.0
+
+
+@njit
+def _fresh_rounds(G, g, nc, nl, mu, kind, bound, xmode, lam0, modes0, has_modes, tol, mode_tol,
+                  newton_iter, mode_rounds, budget, xmode_cold):
+    """``mixed_solve`` of (G, g) from a fresh round state, with no reduced solve injected and
+    its compiled rounds only (not delegating)."""
+    mx = G.shape[0] - 3 * nc - nl
+    return mixed_solve(G, g, nc, nl, mu, kind, bound, xmode, lam0, modes0, has_modes, tol,
+                       mode_tol, newton_iter, mode_rounds, budget, 0, 0,
+                       np.zeros((61, mx), np.int64), 0, False, np.zeros(0),
+                       np.zeros(0, np.int64), np.zeros(0, np.bool_), 0, 0.0, False, True, False,
+                       xmode_cold, False)
+
+
+@njit
 def mixed_residual(G, g, nc, nl, mu, kind, bound, lam):
     """(natural-map residual of the whole mixed problem at ``lam``, in velocity units; sigma):
     the contact / joint-limit rows' as ``solver_kernels.natres``, the new rows' by their kind
@@ -492,10 +515,7 @@ def mixed_prox(G, g, nc, nl, mu, kind, bound, xmode_in, modes0, has_modes, tol, 
     m = G.shape[0]
     s0 = 3 * nc + nl
     mx = m - s0
-    scale = 0.0
-    for i in range(m):
-        scale += G[i, i]
-    scale = scale / m if m else 1.0
+    scale = _mean_diagonal(G)
     rr = PROX_RHO0
     lam = np.zeros(m)
     xmode = xmode_in.copy()
@@ -520,11 +540,8 @@ def mixed_prox(G, g, nc, nl, mu, kind, bound, xmode_in, modes0, has_modes, tol, 
         for i in range(m):
             Gr[i, i] = G[i, i] + rho
             gr[i] = g[i] - rho * lam[i]
-        out = mixed_solve(Gr, gr, nc, nl, mu, kind, bound, xmode, lam[:s0].copy(), m0, has,
-                          tol, mode_tol, newton_iter, mode_rounds, budget, 0, 0,
-                          np.zeros((61, mx), np.int64), 0, False, np.zeros(0),
-                          np.zeros(0, np.int64), np.zeros(0, np.bool_), 0, 0.0, False, True, False,
-                          xmode_cold, False)
+        out = _fresh_rounds(Gr, gr, nc, nl, mu, kind, bound, xmode, lam[:s0].copy(), m0, has,
+                            tol, mode_tol, newton_iter, mode_rounds, budget, xmode_cold)
         its += out[6]
         if not (out[0] and out[8]):
             if rr >= PROX_RHO_MAX:
@@ -557,11 +574,8 @@ def mixed_prox(G, g, nc, nl, mu, kind, bound, xmode_in, modes0, has_modes, tol, 
             # the original problem's rounds from this iterate's modes and impulses: where they
             # converge (the modes right, the impulses unique), the exact solution instead of
             # one within tol (and, near it, the end of a slow tail of iterations)
-            ex = mixed_solve(G, g, nc, nl, mu, kind, bound, xmode, lam[:s0].copy(), m0, True,
-                             tol, mode_tol, newton_iter, mode_rounds, budget, 0, 0,
-                             np.zeros((61, mx), np.int64), 0, False, np.zeros(0),
-                             np.zeros(0, np.int64), np.zeros(0, np.bool_), 0, 0.0, False, True,
-                             False, xmode_cold, False)
+            ex = _fresh_rounds(G, g, nc, nl, mu, kind, bound, xmode, lam[:s0].copy(), m0, True,
+                               tol, mode_tol, newton_iter, mode_rounds, budget, xmode_cold)
             its += ex[6]
             if ex[0] and ex[8]:
                 r3, s3 = mixed_residual(G, g, nc, nl, mu, kind, bound, ex[1])
@@ -589,19 +603,10 @@ def mixed_soft(G, g, nc, nl, mu, kind, bound, xmode_in, modes0, has_modes, tol, 
     within O(rho) of their limit as ``rho -> 0`` (the impulses growing like ``1 / rho`` in the
     null space of the rows, which moves nothing) instead of an iterative stage's last iterate.
     Returns (ok, lam, modes, limit_active, xmode, iterations)."""
-    m = G.shape[0]
-    s0 = 3 * nc + nl
-    mx = m - s0
-    scale = 0.0
-    for i in range(m):
-        scale += G[i, i]
-    rho = PROX_RHO0 * (scale / m if m else 1.0)
+    rho = PROX_RHO0 * _mean_diagonal(G)
     Gr = G.copy()
-    for i in range(m):
+    for i in range(G.shape[0]):
         Gr[i, i] += rho
-    out = mixed_solve(Gr, g, nc, nl, mu, kind, bound, xmode_in, np.zeros(0), modes0, has_modes,
-                      tol, mode_tol, newton_iter, mode_rounds, budget, 0, 0,
-                      np.zeros((61, mx), np.int64), 0, False, np.zeros(0),
-                      np.zeros(0, np.int64), np.zeros(0, np.bool_), 0, 0.0, False, True, False,
-                      xmode_cold, False)
+    out = _fresh_rounds(Gr, g, nc, nl, mu, kind, bound, xmode_in, np.zeros(0), modes0, has_modes,
+                        tol, mode_tol, newton_iter, mode_rounds, budget, xmode_cold)
     return out[0] and out[8], out[1], out[3], out[4], out[5], out[6]
