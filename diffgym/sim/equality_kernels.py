@@ -132,6 +132,18 @@ def _reduced(Gs, gs, d0, nc, nl, mu, lam0, modes0, has_modes, tol, mode_tol, new
 
 
 @njit
+def _warm_modes(modes, lact, nc, nl):
+    """A reduced solve's warm start (``modes0``): the contacts' modes, then each joint limit's
+    1 (active) or 0."""
+    m0 = np.empty(nc + nl, np.int64)
+    for c in range(nc):
+        m0[c] = modes[c]
+    for j in range(nl):
+        m0[nc + j] = 1 if lact[j] else 0
+    return m0
+
+
+@njit
 def mixed_solve(G, g, nc, nl, mu, kind, bound, xmode_in, lam0, modes0, has_modes, tol,
                 mode_tol, newton_iter, mode_rounds, budget, rnd0, its0, seen_in, nseen0, inj,
                 inj_lam, inj_modes, inj_act, inj_its, inj_resid, inj_elim, inj_conv, delegate,
@@ -269,12 +281,7 @@ def mixed_solve(G, g, nc, nl, mu, kind, bound, xmode_in, lam0, modes0, has_modes
             res_act = ar
             elim = el
             cur_lam0 = lr
-            cm = np.empty(nc + nl, np.int64)
-            for c in range(nc):
-                cm[c] = mr[c]
-            for j in range(nl):
-                cm[nc + j] = 1 if ar[j] else 0
-            cur_modes0 = cm
+            cur_modes0 = _warm_modes(mr, ar, nc, nl)
             cur_has = True
         if ne:
             rhs = np.empty(ne)
@@ -552,11 +559,7 @@ def mixed_prox(G, g, nc, nl, mu, kind, bound, xmode_in, modes0, has_modes, tol, 
         modes = out[3]
         lact = out[4]
         xmode = out[5]
-        m0 = np.empty(nc + nl, np.int64)
-        for c in range(nc):
-            m0[c] = modes[c]
-        for j in range(nl):
-            m0[nc + j] = 1 if lact[j] else 0
+        m0 = _warm_modes(modes, lact, nc, nl)
         has = True
         r2, sigma = mixed_residual(G, g, nc, nl, mu, kind, bound, lam)
         fresh = not tried
