@@ -97,6 +97,57 @@ def test_storage_grows_with_rows_not_rows_times_dofs():
     assert int(cons.storage[9]) == 16
 
 
+def test_pooled_g_blocks_are_reused_only_when_nothing_holds_them():
+    """``island_step.g_buffer``: a large island's blocks of G go into arrays kept on the
+    simulator, reused from step to step (no fresh pages to fault in), but never while anything
+    holds an earlier step's blocks. On a rack of 16 balls with the pool forced on: the same
+    trajectory and Jacobians bit for bit as without the pool; constraints kept from earlier
+    steps still hold their own G after 12 more steps; and with nothing kept the pool settles at
+    two arrays (the last step's, held by ``sim.last``, and the one being filled)."""
+    xml = balls_mjcf(16)
+    P, F = Simulator.from_string(xml), Simulator.from_string(xml)
+    rng = np.random.default_rng(3)
+    kept, snaps = [], []
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(island_step, "BLOCK_MIN_BYTES", 0.0)
+        qs = [(P.q0.copy(), np.zeros(P.nv)), (F.q0.copy(), np.zeros(F.nv))]
+        for i in range(20):
+            tau = rng.normal(scale=0.5, size=P.nv)
+            jac = i % 7 == 6
+            outs = []
+            for k, (sim, thr) in enumerate(((P, 0.0), (F, float("inf")))):
+                mp.setattr(island_step, "G_POOL_MIN_BYTES", thr)
+                with warnings.catch_warnings():
+                    warnings.simplefilter("ignore")
+                    outs.append(sim.step(*qs[k], tau, jacobian=jac))
+                qs[k] = outs[-1][:2]
+            assert isinstance(P.cache["cons"], island_step.BlockConstraints)
+            for a, b in zip(outs[0][:2], outs[1][:2]):
+                np.testing.assert_array_equal(a, b)
+            if jac:
+                for name, x in vars(outs[0][2]).items():
+                    if isinstance(x, np.ndarray):
+                        np.testing.assert_array_equal(x, getattr(outs[1][2], name), err_msg=name)
+            Gb = P.cache["cons"].storage[17]
+            # pooled memory, until the kept steps hold every array of the pool
+            pooled = any(np.shares_memory(Gb, b) for b in P._g_pool)
+            assert pooled == (i < island_step.G_POOL_SIZE), i
+            if i < island_step.G_POOL_SIZE:     # (kept: their arrays must not be reused)
+                kept.append(P.cache["cons"])
+                snaps.append(Gb.copy())
+            del outs
+        for cons, snap in zip(kept, snaps):
+            np.testing.assert_array_equal(cons.storage[17], snap)
+        assert len(P._g_pool) == island_step.G_POOL_SIZE
+        del kept, cons
+        for _ in range(6):
+            P.step(*qs[0], np.zeros(P.nv))
+        ids = {id(b) for b in P._g_pool}
+        for _ in range(4):
+            P.step(*qs[0], np.zeros(P.nv))
+        assert {id(b) for b in P._g_pool} == ids and len(ids) <= island_step.G_POOL_SIZE
+
+
 def test_renderer_makes_no_whole_model_data(monkeypatch, data_sizes):
     """The renderer places a split scene tree by tree (a whole-model Data is cubic in nv) and
     finds the same geom placements as pinocchio's whole-model kinematics."""

@@ -420,6 +420,33 @@ def constraint_rows(pos, frames, j1, j2, dist, Jw, support, sup_ptr, sup_idx, tr
 
 
 @njit
+def rows_by_tree(rows, n, rt, nv):
+    """The rows of each kinematic tree (by its first dof) as positions in ``rows[:n]`` (the
+    islands' row order), increasing: tree t's at ``tpos[tptr[t]:tptr[t + 1]]`` (a counting
+    sort over each row's at most two trees ``rt``). Two rows couple in G only if they share a
+    tree, so G's nonzero entries are found from these lists without a test of every pair."""
+    tptr = np.zeros(nv + 1, dtype=np.int64)
+    for ia in range(n):
+        r = rows[ia]
+        for u in range(2):
+            t = rt[r, u]
+            if t >= 0:
+                tptr[t + 1] += 1
+    for t in range(nv):
+        tptr[t + 1] += tptr[t]
+    tpos = np.empty(tptr[nv], dtype=np.int64)
+    fill = tptr[:nv].copy()
+    for ia in range(n):
+        r = rows[ia]
+        for u in range(2):
+            t = rt[r, u]
+            if t >= 0:
+                tpos[fill[t]] = ia
+                fill[t] += 1
+    return tptr, tpos
+
+
+@njit
 def assemble_sparse(pos, frames, j1, j2, dist, Jw, support, sup_ptr, sup_idx, tree_lo, tree_hi,
                     joint_tree, lim_idx, lim_dist, lim_v, lim_sign, dt, erp, skin, Minv, v_free,
                     cap=MAX_DEPENETRATION_SPEED):
@@ -460,27 +487,9 @@ def assemble_sparse(pos, frames, j1, j2, dist, Jw, support, sup_ptr, sup_idx, tr
     isl_c, isl_l, nis = row_islands(j1, j2, joint_tree, lim_idx, lim_v, tree_lo)
     ptr, rows = island_rows(isl_c, isl_l, nis)[:2]
     G = np.zeros((m, m))
-    # the rows of each tree (by its first dof), as positions in the islands' row order
-    # (increasing): an entry (r, c) is computed once, from the row coming first in that order,
+    # an entry (r, c) is computed once, from the row coming first in the islands' row order,
     # for each pair of rows sharing a tree (rows of different islands share none)
-    tptr = np.zeros(nv + 1, dtype=np.int64)
-    for ia in range(ptr[nis]):
-        r = rows[ia]
-        for u in range(2):
-            t = rt[r, u]
-            if t >= 0:
-                tptr[t + 1] += 1
-    for t in range(nv):
-        tptr[t + 1] += tptr[t]
-    tpos = np.empty(tptr[nv], dtype=np.int64)
-    fill = tptr[:nv].copy()
-    for ia in range(ptr[nis]):
-        r = rows[ia]
-        for u in range(2):
-            t = rt[r, u]
-            if t >= 0:
-                tpos[fill[t]] = ia
-                fill[t] += 1
+    tptr, tpos = rows_by_tree(rows, ptr[nis], rt, nv)
     seen = np.full(ptr[nis], -1, dtype=np.int64)
     for ia in range(ptr[nis]):
         r = rows[ia]
@@ -825,7 +834,7 @@ def _minv_at(Mb, moff, tree_lo, tree_hi, i, d):
 @njit
 def assemble_blocks(pos, frames, j1, j2, dist, Jw, support, sup_ptr, sup_idx, tree_lo, tree_hi,
                     joint_tree, lim_idx, lim_dist, lim_v, lim_sign, dt, erp, skin, Mb, moff,
-                    v_free, cap=MAX_DEPENETRATION_SPEED):
+                    v_free, cap=MAX_DEPENETRATION_SPEED, gbuf=None):
     """``assemble_sparse`` in storage that grows with the rows, not with rows x dofs:
 
     * J row by row over its nonzero columns: ``Jv[r, t]`` at dof ``nz[r, t]``, ``t < nnz[r]``;
@@ -837,7 +846,9 @@ def assemble_blocks(pos, frames, j1, j2, dist, Jw, support, sup_ptr, sup_idx, tr
 
     Every entry is computed by the same operations in the same order as assemble_sparse's
     (which the per-island solve gathers from its dense G), so the two give the same bits.
-    Returns (Jv, nz, nnz, b, g, rt, MJc, isl_c, isl_l, nis, ptr, rows, cptr, cs, lptr, ls, gptr,
+    ``gbuf`` (optional, 1-D): memory for ``Gb`` where it is large enough (its first entries,
+    zeroed here; ``island_step.g_buffer``: a step reusing pages already mapped instead of
+    faulting in fresh ones). Returns (Jv, nz, nnz, b, g, rt, MJc, isl_c, isl_l, nis, ptr, rows, cptr, cs, lptr, ls, gptr,
     Gb)."""
     nc = pos.shape[0]
     m = 3 * nc + lim_idx.shape[0]
@@ -875,33 +886,47 @@ def assemble_blocks(pos, frames, j1, j2, dist, Jw, support, sup_ptr, sup_idx, tr
     for s in range(nis):
         ms = ptr[s + 1] - ptr[s]
         gptr[s + 1] = gptr[s] + ms * ms
-    Gb = np.zeros(gptr[nis])
+    if gbuf is not None and gbuf.shape[0] >= gptr[nis]:
+        Gb = gbuf[:gptr[nis]]
+        Gb[:] = 0.0
+    else:
+        Gb = np.zeros(gptr[nis])
+    # each pair of rows sharing a tree, once (from the row first in the islands' order): the
+    # other entries of an island's block are zero (a test of every pair cost O(m^2) a step)
+    nv = Jw.shape[1]
+    tptr, tpos = rows_by_tree(rows, ptr[nis], rt, nv)
+    seen = np.full(ptr[nis], -1, dtype=np.int64)
     for s in range(nis):
         r0 = ptr[s]
         ms = ptr[s + 1] - r0
         o = gptr[s]
         for ia in range(ms):
             r = rows[r0 + ia]
-            a0, a1 = rt[r, 0], rt[r, 1]
-            for ib in range(ia, ms):
-                c = rows[r0 + ib]
-                c0, c1 = rt[c, 0], rt[c, 1]
-                if c0 < 0 or not (c0 == a0 or c0 == a1 or (c1 >= 0 and (c1 == a0 or c1 == a1))):
+            for u in range(2):
+                tr = rt[r, u]
+                if tr < 0:
                     continue
-                w0 = tree_hi[c0] - c0
-                acc = 0.0
-                for t in range(nnz[r]):
-                    d = nz[r, t]
-                    lo = tree_lo[d]
-                    if lo == c0:
-                        mj = MJc[c, d - lo]
-                    elif lo == c1:
-                        mj = MJc[c, w0 + d - lo]
-                    else:
-                        mj = 0.0
-                    acc += Jv[r, t] * mj
-                Gb[o + ia * ms + ib] = acc
-                Gb[o + ib * ms + ia] = acc
+                for e in range(tptr[tr], tptr[tr + 1]):
+                    ib = tpos[e] - r0
+                    if ib < ia or seen[r0 + ib] == ia:
+                        continue
+                    seen[r0 + ib] = ia
+                    c = rows[r0 + ib]
+                    c0, c1 = rt[c, 0], rt[c, 1]
+                    w0 = tree_hi[c0] - c0
+                    acc = 0.0
+                    for t in range(nnz[r]):
+                        d = nz[r, t]
+                        lo = tree_lo[d]
+                        if lo == c0:
+                            mj = MJc[c, d - lo]
+                        elif lo == c1:
+                            mj = MJc[c, w0 + d - lo]
+                        else:
+                            mj = 0.0
+                        acc += Jv[r, t] * mj
+                    Gb[o + ia * ms + ib] = acc
+                    Gb[o + ib * ms + ia] = acc
     return (Jv, nz, nnz, b, g, rt, MJc, isl_c, isl_l, nis, ptr, rows, cptr, cs, lptr, ls, gptr,
             Gb)
 

@@ -22,6 +22,8 @@ read.
 """
 from __future__ import annotations
 
+import sys
+
 import numpy as np
 
 from .constraint import (_NO_REST, Constraints, _active_limits, assemble_blocks,
@@ -36,6 +38,40 @@ from .solver_kernels import (_NO_I, _NO_J, BODY_MIN_ROWS, island_mass, natres, n
 
 # dense bytes (8 (m^2 + 2 m nv)) above which a split model's step uses per-island storage
 BLOCK_MIN_BYTES = 16 * 2 ** 20
+# bytes of G's island blocks (at most 8 m^2) from which a step takes them from g_buffer's pool
+G_POOL_MIN_BYTES = 16 * 2 ** 20
+G_POOL_SIZE = 3
+
+
+def g_buffer(sim, m: int):
+    """Memory for the step's island blocks of G (``assemble_blocks``' ``Gb``, at most m^2
+    entries), or None (it allocates its own) where that is under :data:`G_POOL_MIN_BYTES`.
+
+    A fresh array that large is served by mmap and freed to the system after the step, so each
+    step faulted in every page again: at a rack of 256 balls (one island of 2,208 rows, a 39 MB
+    block) 9,700 page faults and 18 ms of system time of a 29 ms constrained call. The pool
+    keeps up to :data:`G_POOL_SIZE` such arrays on the simulator (``np.empty``: pages past what
+    a step uses are never touched) and hands out one that nothing outside the pool refers to:
+    the blocks of an earlier step stay valid as long as anything (``sim.last``, a kept
+    ``Constraints``, the derivatives' cache) holds them, since holding a view holds the array."""
+    need = int(m) * int(m)
+    if 8 * need < G_POOL_MIN_BYTES:
+        return None
+    pool = sim.__dict__.setdefault("_g_pool", [])
+    for k in range(len(pool)):
+        buf = pool[k]
+        # (3: the pool's list, the name buf and getrefcount's argument; numba's views of an
+        # array keep a reference to it)
+        if sys.getrefcount(buf) <= 3:
+            if buf.shape[0] >= need:
+                return buf
+            del pool[k]                     # (too small and unused: replaced by a larger one)
+            break
+    if len(pool) >= G_POOL_SIZE:
+        return None
+    buf = np.empty(need)
+    pool.append(buf)
+    return buf
 
 
 @njit
@@ -135,7 +171,7 @@ def constrained_step_blocks(pos, frames, geom1, geom2, geom_joint, dist, mu, pai
                             lim_v, lim_bound, lim_sign, limit_margin, dt, erp, skin, Mb, moff,
                             v_free, warm, pair_w, point_w, lam_w, modes_w, limits_w, lim_act_w,
                             tol, mode_tol, newton_iter, mode_rounds, budget, realizable=False,
-                            cap=MAX_DEPENETRATION_SPEED, drift=None):
+                            cap=MAX_DEPENETRATION_SPEED, drift=None, gbuf=None):
     """``forward._constrained_step`` (without restitution) on per-island storage: the active
     limits, ``constraint.assemble_blocks``, the warm start, stage 1 per island, ``v1`` and the
     check of the solution at ``v1``. Returns (all_ok, lim_idx, lim_dist, lam, sigma, modes,
@@ -156,7 +192,7 @@ def constrained_step_blocks(pos, frames, geom1, geom2, geom_joint, dist, mu, pai
         lim_idx, lim_dist = np.zeros(0, dtype=np.int64), np.zeros(0)
     st = assemble_blocks(pos, frames, j1, j2, dist, Jw, support, sup_ptr, sup_idx, tree_lo,
                          tree_hi, joint_tree, lim_idx, lim_dist, lim_v, lim_sign, dt, erp, skin,
-                         Mb, moff, v_free, cap)
+                         Mb, moff, v_free, cap, gbuf)
     Jv, nz, nnz, b, g, rt, MJc, isl_c, isl_l, nis, ptr, rows, cptr, cs, lptr, ls, gptr, Gb = st
     if drift is not None and drift.shape[0] == nc:   # (support_drift: ellipsoid support points)
         _add_normal_offsets(b, g, drift, nc)
@@ -350,7 +386,8 @@ def block_step(sim, trees, q, v, Jw, contacts, v_free):
             cb.lim_sign, cb.limit_margin, sim.dt, cb.erp, cb.skin, Mb, moff, v_free,
             w is not None, *(w if w is not None else _NO_WARM), st.tol, st.mode_tol,
             st.newton_iter, st.mode_rounds, st.newton_budget, bool(st.realizable_bias),
-            depenetration_speed(solver), _NO_DRIFT if drift is None else drift)
+            depenetration_speed(solver), _NO_DRIFT if drift is None else drift,
+            g_buffer(sim, m + len(cb.lim_q)))
     # (an ellipsoid's support point: its offsets at the step's own v1, support_drift)
     out, drift_at = fixed_point(sim, contacts, Jw, v, solve_pass,
                                 lambda o: o[10] if o[0] else None)
