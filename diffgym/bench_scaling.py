@@ -44,6 +44,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .sim.blas import blas_threads, limit_blas_threads
+
 NS = (4, 16, 64, 256)
 LOAD_NS = (16, 64, 256, 1000)
 FD_EPS = 1e-6
@@ -161,62 +163,7 @@ def _block(fn, count: int, budget: float, min_time: float = MIN_BLOCK_S) -> tupl
     return (time.process_time() - c0) / k, k
 
 
-# -- BLAS threads ----------------------------------------------------------------------------
-def _openblas_libs() -> list:
-    """(name, get, set) of each OpenBLAS loaded in this process (numpy's and scipy's each
-    bundle one), found by their paths in /proc/self/maps (Linux; [] elsewhere)."""
-    import ctypes
-    try:
-        with open("/proc/self/maps") as fh:
-            paths = sorted({ln.split()[-1] for ln in fh
-                            if ln.rstrip().endswith(".so") or ".so." in ln.split()[-1]})
-    except OSError:
-        return []
-    out = []
-    for path in paths:
-        base = os.path.basename(path)
-        if "openblas" not in base.lower():
-            continue
-        try:
-            lib = ctypes.CDLL(path)
-        except OSError:
-            continue
-        for pre, suf in (("openblas", ""), ("openblas", "64_"), ("scipy_openblas", ""),
-                         ("scipy_openblas", "64_")):
-            get = getattr(lib, f"{pre}_get_num_threads{suf}", None)
-            set_ = getattr(lib, f"{pre}_set_num_threads{suf}", None)
-            if get is not None and set_ is not None:
-                get.restype = ctypes.c_int
-                set_.argtypes = [ctypes.c_int]
-                out.append((base, get, set_))
-                break
-    return out
-
-
-def blas_threads() -> dict:
-    """Threads of each BLAS loaded in this process, {library: threads} (threadpoolctl's view
-    when it is installed, else each OpenBLAS asked directly; {} when none is found)."""
-    try:
-        from threadpoolctl import threadpool_info
-    except ImportError:
-        return {name: int(get()) for name, get, _set in _openblas_libs()}
-    return {os.path.basename(i.get("filepath", "?")): int(i["num_threads"])
-            for i in threadpool_info() if i.get("user_api") == "blas"}
-
-
-def limit_blas_threads(n: int):
-    """Set every loaded BLAS to ``n`` threads; returns a callable that restores the counts."""
-    try:
-        from threadpoolctl import threadpool_limits
-    except ImportError:
-        libs = _openblas_libs()
-        before = [(set_, int(get())) for _name, get, set_ in libs]
-        for _name, _get, set_ in libs:
-            set_(int(n))
-        return lambda: [set_(k) for set_, k in before] and None
-    return threadpool_limits(limits=int(n), user_api="blas").restore_original_limits
-
-
+# -- BLAS threads (diffgym.sim.blas) ---------------------------------------------------------
 def _blas_text(counts: dict) -> str:
     if not counts:
         return "BLAS threads: unknown (no OpenBLAS found, threadpoolctl not installed)"

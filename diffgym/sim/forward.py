@@ -22,6 +22,7 @@ from .constraint import (ConstraintBuilder, Constraints, _active_limits, assembl
                          _NO_SPENT, _bias_row_ok, _pairs_in_contact, assemble_sparse,
                          island_rows, restitution_bias)
 from .constraint import MAX_DEPENETRATION_SPEED, depenetration_speed
+from . import blas as _blas
 from .derivatives import step_jacobian
 from .jit import ENABLED as _JIT, njit
 from .model import ModelError, SimModel
@@ -1226,7 +1227,25 @@ class Simulator:
         """Advance one time step. Returns ``(q1, v1)`` or ``(q1, v1, jac)`` with jacobian=True.
 
         Raises SimulationError (naming the model, the step and its contacts) when the step
-        diverges or its linear algebra fails on a degenerate problem."""
+        diverges or its linear algebra fails on a degenerate problem.
+
+        A model of at least ``blas.PIN_MIN_NV`` velocity dimensions steps with the loaded
+        OpenBLAS libraries on ``DIFFGYM_BLAS_THREADS`` threads (default 1), restored on return
+        (``diffgym.sim.blas``: their threads cost a step more than they give)."""
+        guard = self.__dict__.get("_blas")
+        if guard is None:
+            guard = self._blas = _blas.step_guard(self.nv) or False
+        if guard:
+            guard.enter()
+            try:
+                return self._checked_step(q, v, tau, jacobian)
+            finally:
+                guard.exit()
+        return self._checked_step(q, v, tau, jacobian)
+
+    def _checked_step(self, q, v, tau, jacobian):
+        """``step``'s body: the step, its failures turned into SimulationError, the energy
+        budget."""
         self._nstep += 1
         try:
             try:
@@ -1238,7 +1257,8 @@ class Simulator:
                 # converge): the same step again from a cold start, said, never silently
                 warnings.warn(f"{self._context()}: the step's linear algebra failed "
                               f"from the warm start ({type(exc).__name__}: {exc}); the step was "
-                              "solved again from a cold start", SolverWarning, stacklevel=2)
+                              "solved again from a cold start", SolverWarning,
+                              stacklevel=3)            # (the caller of step)
                 self.reset_warmstart()
                 out = self._step(q, v, tau, jacobian)
         except (np.linalg.LinAlgError, ValueError, ZeroDivisionError, FloatingPointError) as exc:
@@ -1586,7 +1606,7 @@ class Simulator:
                           "the work of the applied forces, gravity and contact stabilization "
                           "(the explicit integration is unstable at this time step for this "
                           "motion, e.g. a fast spin); sim.last.converged is False",
-                          SolverWarning, stacklevel=3)
+                          SolverWarning, stacklevel=4)
         # (Minv: pinocchio's computeMinverse, of which only the upper triangle is filled)
         # (a dict display: cheaper than dict(...) with keywords, every step)
         self.cache = {"q": q, "v": v, "tau": tau, "tau_total": tau_total, "a_free": a_free,
@@ -1807,7 +1827,7 @@ class Simulator:
             self._warned = True
             warnings.warn(f"contact solver did not converge: residual {res.residual:.3e} m/s after "
                           f"{res.iterations} iterations (tolerance {self.solver.settings.tol:.1e}); "
-                          "see sim.last.converged", SolverWarning, stacklevel=3)
+                          "see sim.last.converged", SolverWarning, stacklevel=5)
 
     def rollout(self, q, v, taus):
         """Simulate len(taus) steps; returns arrays of q (T+1, nq) and v (T+1, nv)."""
