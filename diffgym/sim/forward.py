@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pinocchio as pin
 
-from .collision_driver import CollisionDriver, Contacts
+from . import collision_driver as _cd
+from .collision_driver import CollisionDriver, Contacts, _unpack_rows
+from .collision_kernels import detect_closed_form
 from .constraint import (ConstraintBuilder, Constraints, _active_limits, assemble_problem,  # noqa: F401
                          _NO_SPENT, _bias_row_ok, _pairs_in_contact, assemble_sparse,
                          island_rows, restitution_bias)
@@ -693,6 +695,9 @@ def _constrained_step(pos, frames, geom1, geom2, geom_joint, dist, mu, pair, poi
     return (all_ok, island_ok.shape[0], nl, its, res, r1, vs, nprox, F, ints, lim_act, J, G)
 
 
+_CONSTRAINED_STEP = _constrained_step     # (_fast_step: not replaced by a test's spy)
+
+
 def _unpack_step(F, ints, J, G, nc, nl, nv, rest=True):
     """Views of ``_constrained_step``'s packed arrays, with its J and G: (lim_idx, lim_dist, J,
     b, G, g, lam, sigma, modes, v1, restitution (2, nc) (None when ``rest`` is False: a model
@@ -743,6 +748,103 @@ def _step_end(q, v, v1, dt, gate, mu):
     return q1, finite, jump, frictionless
 
 
+@njit
+def _fused_step(oM, mj, Jw, v, support, gslot, W0, reach, pairs, perm, pcat, rad, sap_g,
+                base_margin, dt, hp_k, hp_pl, hp_ot, ext_vec, ext_const, use_rot, mesh_i, mesh_pl,
+                mesh_ot, mesh_sw, hull_off, hull_pts, g_boxhalf, g_isbox, friction, max_points,
+                bp_pair, bp_kind, bp_geom, bp_n, bp_off, bp_N, bp_frames, bp_size, g_ssr,
+                g_sbhalf, g_sbr, geom_joint, csupport, sup_ptr, sup_idx, joint_tree, tree_lo,
+                tree_hi, q,
+                lim_q, lim_v, lim_bound, lim_sign, limit_margin, erp, skin, Minv, v_free, warm,
+                pair_w, point_w, lam_w, modes_w, limits_w, lim_act_w, tol, mode_tol, newton_iter,
+                mode_rounds, budget, pair_rest, rest_spent, realizable, cap, mocap_b, drift,
+                tau_total, gate):
+    """A small robot's whole step after pinocchio's calls in one compiled call (issue 14: each
+    call from Python costs the unboxing of its arguments and the boxing of its results): the
+    collision pass's closed forms (``collision_kernels.detect_closed_form``, the driver's
+    arguments), then, where it found no narrow-phase candidate, ``_constrained_step`` on its
+    rows (the arguments of the step's call, without restitution, mocap offsets or support drift,
+    ``Mbody`` None), ``q1 = q + dt v1`` with the end-of-step checks (``_step_end``) and the work
+    of the energy budget (``_budget_work``): the same kernels on the same values as the separate
+    calls, bit for bit.
+
+    Returns (status, n, Fd, Id, all_ok, islands, nl, its, res, verify residual, verify scale,
+    nprox, F, I, lim_act, J, G, q1, finite, jump, frictionless, work): ``status`` 0 where the
+    step needs what this call does not do (narrow-phase candidates, a problem of at least
+    ``BODY_MIN_ROWS`` rows, a failed island: the caller takes the separate calls), 1 without
+    constraints (``v1 = v_free``), 2 with; (n, Fd, Id): the detection's packed rows
+    (``collision_driver._unpack_rows`` with no candidate); the rest as ``_constrained_step``'s
+    (status 2)."""
+    nv = v.shape[0]
+    zi = np.zeros(0, dtype=np.int64)
+    zf = np.zeros(0)
+    zb = np.zeros(0, dtype=np.bool_)
+    z2 = np.zeros((0, nv))
+    ncand, n, Fd, Id = detect_closed_form(
+        oM, mj, Jw, v, support, zf, zf, True, gslot, W0, reach, pairs, perm, pcat, rad, sap_g,
+        base_margin, dt, hp_k, hp_pl, hp_ot, ext_vec, ext_const, use_rot, mesh_i, mesh_pl,
+        mesh_ot, mesh_sw, hull_off, hull_pts, g_boxhalf, g_isbox, friction, max_points, bp_pair,
+        bp_kind, bp_geom, bp_n, bp_off, bp_N, bp_frames, bp_size, g_ssr, g_sbhalf, g_sbr)
+    if ncand or 3 * n + lim_q.shape[0] >= BODY_MIN_ROWS:
+        return (0, n, Fd, Id, False, 0, 0, 0, 0.0, 0.0, 0.0, 0, zf, zi, zb, z2, z2, zf, False,
+                False, False, 0.0)
+    free = n == 0
+    if free and lim_q.shape[0]:
+        idx, _ = _active_limits(q, v, lim_q, lim_v, lim_bound, lim_sign, limit_margin, dt)
+        free = idx.shape[0] == 0
+    if not free:
+        # the rows as the driver's views hold them (collision_driver._unpack_rows), in arrays
+        # of their own (the layouts of the separate call: the same compiled _constrained_step)
+        pair = np.empty(n, dtype=np.int64)
+        g1 = np.empty(n, dtype=np.int64)
+        g2 = np.empty(n, dtype=np.int64)
+        point = np.empty(n, dtype=np.int64)
+        dist = np.empty(n)
+        mu = np.empty(n)
+        pos = np.empty((n, 3))
+        frames = np.empty((n, 3, 3))
+        o = 2 * n
+        for r in range(n):
+            pair[r] = Id[r]
+            g1[r] = Id[n + r]
+            g2[r] = Id[2 * n + r]
+            point[r] = Id[3 * n + r]
+            dist[r] = Fd[r]
+            mu[r] = Fd[n + r]
+            for c in range(3):
+                pos[r, c] = Fd[o + 3 * r + c]
+                for e in range(3):
+                    frames[r, c, e] = Fd[o + 6 * n + 9 * r + 3 * c + e]
+        (all_ok, nis, nl, its, res, r1, vs, nprox, F, I, lim_act, J, G) = _constrained_step(
+            pos, frames, g1, g2, geom_joint, dist, mu, pair, point, Jw, csupport, sup_ptr,
+            sup_idx, joint_tree, tree_lo, tree_hi, q, v, lim_q, lim_v, lim_bound, lim_sign,
+            limit_margin, dt, erp, skin, Minv, v_free, warm, pair_w, point_w, lam_w, modes_w,
+            limits_w, lim_act_w, tol, mode_tol, newton_iter, mode_rounds, budget, pair_rest, 0.0,
+            rest_spent, None, realizable, cap, mocap_b, drift)
+        m = G.shape[0]
+        if m:
+            if not all_ok:
+                return (0, n, Fd, Id, False, 0, 0, 0, 0.0, 0.0, 0.0, 0, zf, zi, zb, z2, z2, zf,
+                        False, False, False, 0.0)
+            v1 = np.empty(nv)
+            o = nl + 4 * m
+            for i in range(nv):
+                v1[i] = F[o + i]
+            b = np.empty(m)
+            lam = np.empty(m)
+            for r in range(m):
+                b[r] = F[nl + r]
+                lam[r] = F[nl + 2 * m + r]
+            q1, finite, jump, frictionless = _step_end(q, v, v1, dt, gate, mu)
+            work = _budget_work(v1, tau_total, lam, b, dt)
+            return (2, n, Fd, Id, all_ok, nis, nl, its, res, r1, vs, nprox, F, I, lim_act, J, G,
+                    q1, finite, jump, frictionless, work)
+    q1, finite, jump, frictionless = _step_end(q, v, v_free, dt, gate, zf)
+    work = _budget_work(v_free, tau_total, zf, zf, dt)
+    return (1, n, Fd, Id, True, 0, 0, 0, 0.0, 0.0, 0.0, 0, zf, zi, zb, z2, z2, q1, finite, jump,
+            frictionless, work)
+
+
 _NO_MU = np.zeros(0)
 # joints whose configuration space is a vector space (``integrate(q, v) = q + v``)
 # the solver's stages in the order it tries them (SolverResult.method)
@@ -755,6 +857,68 @@ _ADDITIVE_JOINTS = frozenset(
 _LAZY_FIELDS = frozenset(("contact_points", "contact_normals", "contact_distances",
                           "contact_impulses", "contact_impulses_world", "contact_modes",
                           "contact_geoms", "limit_joints", "limit_impulses", "limit_active"))
+
+
+class _FastRecord:
+    """What a fused step (``Simulator._fast_step``) found, kept as the fused call returned it:
+    its ``Contacts`` and its ``Constraints`` and ``SolverResult`` (the objects ``_step``'s
+    separate calls build, with the same arrays) are built on first read."""
+
+    __slots__ = ("sm", "Fd", "Id", "n", "F", "ints", "J", "G", "nl", "lim_act", "its", "resid",
+                 "nprox", "_contacts", "_built")
+
+    def __init__(self, sim, Fd, Id, n, F, ints, J, G, nl, lim_act, its, resid, nprox):
+        self.sm = sim.sm
+        self.Fd, self.Id, self.n, self.F, self.ints, self.J, self.G = Fd, Id, n, F, ints, J, G
+        self.nl, self.lim_act, self.its, self.resid, self.nprox = nl, lim_act, its, resid, nprox
+        self._contacts = self._built = None
+
+    @property
+    def contacts(self) -> Contacts:
+        c = self._contacts
+        if c is None:
+            c = self._contacts = Contacts(*_unpack_rows(self.Fd, self.Id, 0, self.n))
+        return c
+
+    def built(self) -> tuple:
+        """(Constraints, SolverResult) of the step, made once."""
+        b = self._built
+        if b is None:
+            c = self.contacts
+            (lim_idx, lim_dist, J, bb, G, g, lam, sigma, modes, v1, rest,
+             projected) = _unpack_step(self.F, self.ints, self.J, self.G, self.n, self.nl,
+                                       self.J.shape[1], False)
+            cons = Constraints(J, bb, self.n, c.mu, c.frames, c, lim_idx, lim_dist, c.dist,
+                               None, None, projected)
+            res = SolverResult(lam, sigma, modes, self.lim_act, self.its, self.resid, True,
+                               "prox+newton" if self.nprox else "newton")
+            b = self._built = (cons, res)
+        return b
+
+
+class _FastCache(dict):
+    """``sim.cache`` of a fused step: ``"cons"`` and ``"res"`` are made on first read."""
+
+    __slots__ = ("_rec",)
+
+    def __init__(self, base: dict, rec: _FastRecord):
+        super().__init__(base)
+        self._rec = rec
+
+    def __missing__(self, key):
+        if key == "cons" or key == "res":
+            cons, res = self._rec.built()
+            self["cons"], self["res"] = cons, res
+            return cons if key == "cons" else res
+        raise KeyError(key)
+
+    def get(self, key, default=None):
+        if key == "cons" or key == "res":
+            return self[key]
+        return dict.get(self, key, default)
+
+    def __contains__(self, key) -> bool:
+        return key == "cons" or key == "res" or dict.__contains__(self, key)
 
 
 @dataclass
@@ -795,10 +959,33 @@ class StepInfo:
             d["islands"] = islands
         return info
 
+    @classmethod
+    def _lazy_record(cls, rec: "_FastRecord", iterations: int, residual: float, method: str,
+                     islands: int) -> "StepInfo":
+        """A StepInfo of a fused step (``Simulator._fast_step``): its constraints and solver
+        result too are built on first access of a per-contact field."""
+        info = object.__new__(cls)
+        d = info.__dict__
+        d["_src"] = rec
+        d["iterations"] = iterations
+        d["residual"] = residual
+        d["converged"] = True
+        d["method"] = method
+        d["islands"] = islands
+        return info
+
+    def _source(self):
+        """The (constraints, solver result, model) the lazy fields are built from, or None."""
+        src = self.__dict__.get("_src")
+        if isinstance(src, _FastRecord):
+            cons, res = src.built()
+            src = self.__dict__["_src"] = (cons, res, src.sm)
+        return src
+
     def __getattr__(self, name: str):
         # only called for attributes not set yet: the lazy fields of a simulator's StepInfo
         if name in _LAZY_FIELDS:
-            src = self.__dict__.get("_src")
+            src = self._source()
             if src is not None and src[0] is None:      # no constraint this step: the defaults
                 d = self.__dict__
                 for f in dataclasses.fields(self):
@@ -816,7 +1003,7 @@ class StepInfo:
 
     def __getstate__(self):
         # (pickling and copying fill the lazy fields: the copy holds no simulator objects)
-        src = self.__dict__.get("_src")
+        src = self._source()
         if src is not None:
             getattr(self, "contact_points") if src[0] is None else self._fill(*src)
         return dict(self.__dict__)
@@ -842,6 +1029,8 @@ class StepInfo:
     @property
     def num_contacts(self) -> int:
         src = self.__dict__.get("_src")
+        if isinstance(src, _FastRecord):
+            return src.n
         if src is not None and "contact_modes" not in self.__dict__:
             return int(src[0].nc) if src[0] is not None else 0
         return len(self.contact_modes)
@@ -1249,6 +1438,117 @@ class Simulator:
         self._energy_budget(q, v, out[0], out[1])
         return out
 
+    def _fast_args(self):
+        """The fused call's arguments that the model fixes (``_fused_step``), or None where
+        this simulator's steps cannot take it: several trees (``island_step``), rows of
+        ``diffgym.sim.equality``, mocap bodies, support drift (ellipsoids, cylinders, free
+        capsules on a plane), a model without contact pairs or without moving joints, joints
+        that do not integrate additively. Built on first use."""
+        fa = self.__dict__.get("_fused")
+        if fa is not None:
+            return fa
+        drv, cb = self.collision, self.constraints
+        ok = (self.__dict__.get("_trees") is None and self.__dict__.get("_extra") is None
+              and self.__dict__.get("_mocap") is None and drv._npairs and len(drv._mj)
+              and self.__dict__.get("_additive_q"))
+        if ok:
+            from .support_drift import _table
+            ok = not _table(self).active
+        if not ok:
+            fa = self._fused = False
+            return fa
+        fa = self._fused = (cb.geom_joint, cb.support, cb.sup_ptr, cb.sup_idx, cb.joint_tree, cb.tree_lo,
+                            cb.tree_hi)
+        return fa
+
+    def _fast_step(self, q, v, tau):
+        """The step of a small robot in one compiled call after pinocchio's (``_fused_step``),
+        with what the step leaves (``sim.last``, ``sim.cache``, the constraints and contacts)
+        built when first read (``_FastRecord``): the same values as the separate calls of
+        ``_step``, bit for bit. Returns (q1, v1), or None where the step takes ``_step``'s
+        separate calls (anything but the common case, and where a kernel has been replaced)."""
+        fa = self._fused if "_fused" in self.__dict__ else self._fast_args()
+        if not fa:
+            return None
+        solver, cb, drv = self.solver, self.constraints, self.collision
+        if (type(solver) is not NCPSolver or not solver.settings.compiled
+                or len(cb.pair_restitution) or self.gradient.name == "long_range"
+                or _constrained_step is not _CONSTRAINED_STEP
+                or _cd.detect_closed_form is not detect_closed_form
+                or "detect" in drv.__dict__ or self.__dict__.get("_toi_pass")):
+            return None
+        model, data = self.model, self.__dict__.get("_data")
+        nq, nv = model.nq, model.nv
+        if not (type(q) is np.ndarray and type(v) is np.ndarray and type(tau) is np.ndarray
+                and q.dtype == _F64 and v.dtype == _F64 and tau.dtype == _F64
+                and q.shape == (nq,) and v.shape == (nv,) and tau.shape == (nv,)):
+            return None
+        q, fast = _checked_state(q, v, tau, self._quat_rows)
+        if not fast:
+            return None
+        dt = self.sm.dt
+        pin.forwardKinematics(model, data, q, v)
+        pin.updateGeometryPlacements(model, data, self.geom_model, self.geom_data)
+        pin.computeJointJacobians(model, data)
+        Jw = data.J.reshape(6, nv).copy()
+        oM = drv._placements(data)
+        if len(self._stiff_idx):
+            tau_total = tau + self.passive_forces(q, v)
+        else:
+            tau_total = tau - self.sm.damping * v
+        a_free = pin.aba(model, data, q, v, tau_total)
+        v_free = v + dt * a_free
+        Minv = pin.computeMinverse(model, data, q)
+        if nv == 1:
+            Minv = Minv.reshape(1, 1)
+        m0 = drv.base_margin + dt * dt * drv._gravity
+        fixed = drv.__dict__.get("_fixed_args")
+        if fixed is None:
+            fixed = drv._fixed_args = drv._detect_fixed_args()
+        mj, support, broad, rest = fixed
+        w = self._warm
+        st = solver.settings
+        out = _fused_step(oM, mj, Jw, v, support, *broad, m0, dt, *rest, *fa, q, cb.lim_q,
+                          cb.lim_v, cb.lim_bound, cb.lim_sign, cb.limit_margin, cb.erp, cb.skin,
+                          Minv, v_free, w is not None, *(w if w is not None else _NO_WARM),
+                          st.tol, st.mode_tol, st.newton_iter, st.mode_rounds, st.newton_budget,
+                          cb.pair_restitution, _NO_SPENT, bool(st.realizable_bias),
+                          depenetration_speed(solver), _NO_MOCAP, _NO_DRIFT, tau_total,
+                          self._gate)
+        (status, n, Fd, Id, all_ok, nis, nl, its, resid, r1, vs, nprox, F, ints, lim_act, J, G,
+         q1, finite, jump, frictionless, work) = out
+        if not status or not finite or jump or frictionless:
+            return None
+        if status == 2 and not r1 <= max(100.0 * st.tol, 1e-9 * vs):
+            return None
+        drv._margin0 = m0
+        drv.last_candidates = 0
+        if status == 1:
+            v1 = v_free
+            self._last_contacts = drv._empty          # (n = 0: no contact row)
+            self._warm = None
+            self.last = StepInfo._lazy(None, _NO_RESULT, self.sm)
+            self.cache = {"q": q, "v": v, "tau": tau, "tau_total": tau_total, "a_free": a_free,
+                          "v_free": v_free, "cons": None, "res": None, "Minv": None, "G": None,
+                          "g": None, "v1": v1, "q1": q1, "impact_times": None,
+                          "support_drift": None}
+        else:
+            m = G.shape[0]
+            o = nl + 4 * m
+            v1 = F[o:o + nv]
+            rec = self._last_contacts = _FastRecord(self, Fd, Id, n, F, ints, J, G, nl, lim_act,
+                                                    its, resid, nprox)
+            self._warm = (Id[:n], Id[3 * n:4 * n], F[nl + 2 * m:nl + 3 * m], ints[nl:nl + n],
+                          ints[:nl], lim_act)
+            self.last = StepInfo._lazy_record(rec, its, resid,
+                                              "prox+newton" if nprox else "newton", nis)
+            self.cache = _FastCache({"q": q, "v": v, "tau": tau, "tau_total": tau_total,
+                                     "a_free": a_free, "v_free": v_free, "Minv": Minv, "G": G,
+                                     "g": F[nl + m:nl + 2 * m], "v1": v1, "q1": q1,
+                                     "impact_times": None, "support_drift": None}, rec)
+        self._step_work = work
+        return q1, v1
+
     # steps between two evaluations of the trajectory's mechanical energy (_energy_budget)
     ENERGY_CHECK_EVERY = 8
 
@@ -1277,7 +1577,10 @@ class Simulator:
                                   "n0": self._nstep}
             eb["K"] = self._ebudget_kin
         eb["q1"], eb["v1"] = q1.tobytes(), v1.tobytes()
-        if cache is not None:
+        work = self.__dict__.get("_step_work")
+        if work is not None:
+            eb["W"] += work
+        elif cache is not None:
             tt = cache.get("tau_total")
             cons, res = cache.get("cons"), cache.get("res")
             lb = (res.lam, cons.b) if (cons is not None and res is not None
@@ -1356,6 +1659,8 @@ class Simulator:
         sm = self.sm
         name = getattr(sm.model, "name", "") or "model"
         c = getattr(self, "_last_contacts", None)
+        if isinstance(c, _FastRecord):
+            c = c.contacts
         ctx = f"{name} ({sm.source}), step {self._nstep} of this simulator"
         if c is not None and len(c):
             pairs = sorted({(self.sm.geoms[int(a)].name, self.sm.geoms[int(b)].name)
@@ -1368,6 +1673,11 @@ class Simulator:
         return ctx
 
     def _step(self, q, v, tau, jacobian: bool = False):
+        self._step_work = None        # (the energy budget's work where the fused call gave it)
+        if not jacobian:
+            out = self._fast_step(q, v, tau)
+            if out is not None:
+                return out
         trees = self.__dict__.get("_trees")
         model, data, dt = self.model, self.__dict__.get("_data"), self.dt
         nq, nv = model.nq, model.nv
