@@ -758,7 +758,7 @@ def _fused_step(oM, mj, Jw, v, support, gslot, W0, reach, pairs, perm, pcat, rad
                 lim_q, lim_v, lim_bound, lim_sign, limit_margin, erp, skin, Minv, v_free, warm,
                 pair_w, point_w, lam_w, modes_w, limits_w, lim_act_w, tol, mode_tol, newton_iter,
                 mode_rounds, budget, pair_rest, rest_spent, realizable, cap, mocap_b, drift,
-                tau_total, gate):
+                tau_total, gate, additive, dr_plane, dr_carrier, dr_ids):
     """A small robot's whole step after pinocchio's calls in one compiled call (issue 14: each
     call from Python costs the unboxing of its arguments and the boxing of its results): the
     collision pass's closed forms (``collision_kernels.detect_closed_form``, the driver's
@@ -766,7 +766,10 @@ def _fused_step(oM, mj, Jw, v, support, gslot, W0, reach, pairs, perm, pcat, rad
     rows (the arguments of the step's call, without restitution, mocap offsets or support drift,
     ``Mbody`` None), ``q1 = q + dt v1`` with the end-of-step checks (``_step_end``) and the work
     of the energy budget (``_budget_work``): the same kernels on the same values as the separate
-    calls, bit for bit.
+    calls, bit for bit. ``additive`` False (a free or ball joint: pinocchio integrates q1): q1
+    is left empty and ``finite`` covers v1 only. ``dr_plane``, ``dr_carrier``, ``dr_ids``: the
+    geoms of ``support_drift`` (its ``_Table``'s plane, carrier, ids; empty where it is not
+    active): a row carrying its term sends the step to the separate calls.
 
     Returns (status, n, Fd, Id, all_ok, islands, nl, its, res, verify residual, verify scale,
     nprox, F, I, lim_act, J, G, q1, finite, jump, frictionless, work): ``status`` 0 where the
@@ -822,6 +825,14 @@ def _fused_step(oM, mj, Jw, v, support, gslot, W0, reach, pairs, perm, pcat, rad
             limits_w, lim_act_w, tol, mode_tol, newton_iter, mode_rounds, budget, pair_rest, 0.0,
             rest_spent, None, realizable, cap, mocap_b, drift)
         m = G.shape[0]
+        if m and dr_plane.shape[0]:
+            for r in range(n):          # (support_drift._rows: a row carrying the term)
+                a1, a2 = g1[r], g2[r]
+                first = dr_plane[a1] and dr_carrier[a2]
+                if first or (dr_plane[a2] and dr_carrier[a1]):
+                    ge = a2 if first else a1
+                    if point[r] == dr_ids[ge, 0] or point[r] == dr_ids[ge, 1]:
+                        all_ok = False
         if m:
             if not all_ok:
                 return (0, n, Fd, Id, False, 0, 0, 0, 0.0, 0.0, 0.0, 0, zf, zi, zb, z2, z2, zf,
@@ -835,11 +846,19 @@ def _fused_step(oM, mj, Jw, v, support, gslot, W0, reach, pairs, perm, pcat, rad
             for r in range(m):
                 b[r] = F[nl + r]
                 lam[r] = F[nl + 2 * m + r]
-            q1, finite, jump, frictionless = _step_end(q, v, v1, dt, gate, mu)
+            if additive:
+                q1, finite, jump, frictionless = _step_end(q, v, v1, dt, gate, mu)
+            else:
+                q1 = zf
+                finite, jump, frictionless = _step_checks(v, v1, zf, gate, mu)
             work = _budget_work(v1, tau_total, lam, b, dt)
             return (2, n, Fd, Id, all_ok, nis, nl, its, res, r1, vs, nprox, F, I, lim_act, J, G,
                     q1, finite, jump, frictionless, work)
-    q1, finite, jump, frictionless = _step_end(q, v, v_free, dt, gate, zf)
+    if additive:
+        q1, finite, jump, frictionless = _step_end(q, v, v_free, dt, gate, zf)
+    else:
+        q1 = zf
+        finite, jump, frictionless = _step_checks(v, v_free, zf, gate, zf)
     work = _budget_work(v_free, tau_total, zf, zf, dt)
     return (1, n, Fd, Id, True, 0, 0, 0, 0.0, 0.0, 0.0, 0, zf, zi, zb, z2, z2, q1, finite, jump,
             frictionless, work)
@@ -1441,24 +1460,24 @@ class Simulator:
     def _fast_args(self):
         """The fused call's arguments that the model fixes (``_fused_step``), or None where
         this simulator's steps cannot take it: several trees (``island_step``), rows of
-        ``diffgym.sim.equality``, mocap bodies, support drift (ellipsoids, cylinders, free
-        capsules on a plane), a model without contact pairs or without moving joints, joints
-        that do not integrate additively. Built on first use."""
+        ``diffgym.sim.equality``, mocap bodies, a model without contact pairs or without moving
+        joints. Built on first use."""
         fa = self.__dict__.get("_fused")
         if fa is not None:
             return fa
         drv, cb = self.collision, self.constraints
         ok = (self.__dict__.get("_trees") is None and self.__dict__.get("_extra") is None
-              and self.__dict__.get("_mocap") is None and drv._npairs and len(drv._mj)
-              and self.__dict__.get("_additive_q"))
-        if ok:
-            from .support_drift import _table
-            ok = not _table(self).active
+              and self.__dict__.get("_mocap") is None and drv._npairs and len(drv._mj))
         if not ok:
             fa = self._fused = False
             return fa
-        fa = self._fused = (cb.geom_joint, cb.support, cb.sup_ptr, cb.sup_idx, cb.joint_tree, cb.tree_lo,
-                            cb.tree_hi)
+        from .support_drift import _table
+        t = _table(self)
+        # (support drift: the geoms whose rows carry its term, which the separate calls handle)
+        dr = ((t.plane, t.carrier, t.ids) if t.active else
+              (np.zeros(0, np.bool_), np.zeros(0, np.bool_), np.zeros((0, 2), np.int64)))
+        fa = self._fused = ((cb.geom_joint, cb.support, cb.sup_ptr, cb.sup_idx, cb.joint_tree,
+                             cb.tree_lo, cb.tree_hi), (bool(self._additive_q),) + dr)
         return fa
 
     def _fast_step(self, q, v, tau):
@@ -1508,23 +1527,32 @@ class Simulator:
         mj, support, broad, rest = fixed
         w = self._warm
         st = solver.settings
-        out = _fused_step(oM, mj, Jw, v, support, *broad, m0, dt, *rest, *fa, q, cb.lim_q,
+        out = _fused_step(oM, mj, Jw, v, support, *broad, m0, dt, *rest, *fa[0], q, cb.lim_q,
                           cb.lim_v, cb.lim_bound, cb.lim_sign, cb.limit_margin, cb.erp, cb.skin,
                           Minv, v_free, w is not None, *(w if w is not None else _NO_WARM),
                           st.tol, st.mode_tol, st.newton_iter, st.mode_rounds, st.newton_budget,
                           cb.pair_restitution, _NO_SPENT, bool(st.realizable_bias),
                           depenetration_speed(solver), _NO_MOCAP, _NO_DRIFT, tau_total,
-                          self._gate)
+                          self._gate, *fa[1])
         (status, n, Fd, Id, all_ok, nis, nl, its, resid, r1, vs, nprox, F, ints, lim_act, J, G,
          q1, finite, jump, frictionless, work) = out
-        if not status or not finite or jump or frictionless:
+        if not status or not finite or frictionless:
             return None
         if status == 2 and not r1 <= max(100.0 * st.tol, 1e-9 * vs):
             return None
+        if not fa[1][0]:            # (a free or ball joint: q1 by pinocchio, as _step)
+            m = G.shape[0]
+            v1 = v_free if status == 1 else F[nl + 4 * m:nl + 4 * m + nv]
+            q1 = pin.integrate(model, q, v1 * dt)
+            s1 = float(_add(q1))
+            if s1 - s1 != 0.0:      # (not finite: _step raises the error)
+                return None
         drv._margin0 = m0
         drv.last_candidates = 0
         if status == 1:
             v1 = v_free
+            if jump and self._energy_excess(q, v, v1, tau_total, None, None) > 0.0:
+                return None
             self._last_contacts = drv._empty          # (n = 0: no contact row)
             self._warm = None
             self.last = StepInfo._lazy(None, _NO_RESULT, self.sm)
@@ -1536,8 +1564,11 @@ class Simulator:
             m = G.shape[0]
             o = nl + 4 * m
             v1 = F[o:o + nv]
-            rec = self._last_contacts = _FastRecord(self, Fd, Id, n, F, ints, J, G, nl, lim_act,
-                                                    its, resid, nprox)
+            rec = _FastRecord(self, Fd, Id, n, F, ints, J, G, nl, lim_act, its, resid, nprox)
+            # (the speed jumped: the energy check of _step, which a step failing it takes)
+            if jump and self._energy_excess(q, v, v1, tau_total, *rec.built()) > 0.0:
+                return None
+            self._last_contacts = rec
             self._warm = (Id[:n], Id[3 * n:4 * n], F[nl + 2 * m:nl + 3 * m], ints[nl:nl + n],
                           ints[:nl], lim_act)
             self.last = StepInfo._lazy_record(rec, its, resid,
