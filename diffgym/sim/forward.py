@@ -55,6 +55,9 @@ _NO_DRIFT = np.zeros(0)   # _constrained_step's ``drift`` where no contact has o
 _NO_RT = np.zeros((0, 2), dtype=np.int64)   # _verify_velocity's rt: rows' trees unknown
 _NO_WARM = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0),
             np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.bool_))
+# (_fused_step's warm-start arguments: none; the record's part where the tuple is given)
+_NO_WARM_REC = (np.zeros(0), np.zeros(0, dtype=np.int64), 0, 0, 0)
+_NO_WARM_FUSED = (0,) + _NO_WARM + _NO_WARM_REC
 _NO_RESULT = SolverResult(np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64),
                           np.zeros(0, dtype=bool), 0, 0.0, True, "none")
 
@@ -755,8 +758,9 @@ def _fused_step(oM, mj, Jw, v, support, gslot, W0, reach, pairs, perm, pcat, rad
                 bp_pair, bp_kind, bp_geom, bp_n, bp_off, bp_N, bp_frames, bp_size, g_ssr,
                 g_sbhalf, g_sbr, geom_joint, csupport, sup_ptr, sup_idx, joint_tree, tree_lo,
                 tree_hi, q,
-                lim_q, lim_v, lim_bound, lim_sign, limit_margin, erp, skin, Minv, v_free, warm,
-                pair_w, point_w, lam_w, modes_w, limits_w, lim_act_w, tol, mode_tol, newton_iter,
+                lim_q, lim_v, lim_bound, lim_sign, limit_margin, erp, skin, Minv, v_free, wkind,
+                pair_w, point_w, lam_w, modes_w, limits_w, lim_act_w, wFo, wIo, wn, wnl, wm,
+                tol, mode_tol, newton_iter,
                 mode_rounds, budget, pair_rest, rest_spent, realizable, cap, mocap_b, drift,
                 tau_total, gate, additive, dr_plane, dr_carrier, dr_ids):
     """A small robot's whole step after pinocchio's calls in one compiled call (issue 14: each
@@ -771,30 +775,51 @@ def _fused_step(oM, mj, Jw, v, support, gslot, W0, reach, pairs, perm, pcat, rad
     geoms of ``support_drift`` (its ``_Table``'s plane, carrier, ids; empty where it is not
     active): a row carrying its term sends the step to the separate calls.
 
-    Returns (status, n, Fd, Id, all_ok, islands, nl, its, res, verify residual, verify scale,
-    nprox, F, I, lim_act, J, G, q1, finite, jump, frictionless, work): ``status`` 0 where the
-    step needs what this call does not do (narrow-phase candidates, a problem of at least
-    ``BODY_MIN_ROWS`` rows, a failed island: the caller takes the separate calls), 1 without
-    constraints (``v1 = v_free``), 2 with; (n, Fd, Id): the detection's packed rows
-    (``collision_driver._unpack_rows`` with no candidate); the rest as ``_constrained_step``'s
-    (status 2)."""
+    The warm start: ``wkind`` 0 none, 1 the arrays ``pair_w`` ... ``lim_act_w`` (as
+    ``_constrained_step`` takes them), 2 those of the last fused step, read from its packed
+    arrays ``wFo``, ``wIo`` (its ``n``, ``nl``, ``m``: ``wn``, ``wnl``, ``wm``; ``lim_act_w`` its
+    limits' modes): no Python slicing between two fused steps.
+
+    Returns (status, n, nl, m, islands, its, res, verify residual, verify scale, nprox, finite,
+    jump, frictionless, work, Fo, Io, lim_act): ``status`` 0 where the step needs what this
+    call does not do (narrow-phase candidates, a problem of at least ``BODY_MIN_ROWS`` rows, a
+    failed island, a row with support drift: the caller takes the separate calls), 1 without
+    constraints (``v1 = v_free``; ``Fo`` holds q1 alone), 2 with. Every array but ``lim_act``
+    is packed into two (each returned array costs a boxing; ``_FastRecord`` gives the views):
+    ``Fo`` = ``_constrained_step``'s F (``_unpack_step``), J (m, nv) and G (m, m) row-major,
+    q1 (nq; none where not ``additive``), the detection's float rows (``_unpack_rows``, no
+    candidate); ``Io`` = its int array, then the detection's int rows."""
     nv = v.shape[0]
     zi = np.zeros(0, dtype=np.int64)
     zf = np.zeros(0)
     zb = np.zeros(0, dtype=np.bool_)
-    z2 = np.zeros((0, nv))
     ncand, n, Fd, Id = detect_closed_form(
         oM, mj, Jw, v, support, zf, zf, True, gslot, W0, reach, pairs, perm, pcat, rad, sap_g,
         base_margin, dt, hp_k, hp_pl, hp_ot, ext_vec, ext_const, use_rot, mesh_i, mesh_pl,
         mesh_ot, mesh_sw, hull_off, hull_pts, g_boxhalf, g_isbox, friction, max_points, bp_pair,
         bp_kind, bp_geom, bp_n, bp_off, bp_N, bp_frames, bp_size, g_ssr, g_sbhalf, g_sbr)
     if ncand or 3 * n + lim_q.shape[0] >= BODY_MIN_ROWS:
-        return (0, n, Fd, Id, False, 0, 0, 0, 0.0, 0.0, 0.0, 0, zf, zi, zb, z2, z2, zf, False,
-                False, False, 0.0)
+        return (0, n, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0, False, False, False, 0.0, zf, zi, zb)
     free = n == 0
     if free and lim_q.shape[0]:
         idx, _ = _active_limits(q, v, lim_q, lim_v, lim_bound, lim_sign, limit_margin, dt)
         free = idx.shape[0] == 0
+    if not free and wkind == 2:
+        # the last fused step's warm start (Simulator._record's arrays, _FastRecord.warm)
+        oI = wnl + wn + wm
+        pair_w = np.empty(wn, dtype=np.int64)
+        point_w = np.empty(wn, dtype=np.int64)
+        modes_w = np.empty(wn, dtype=np.int64)
+        for k in range(wn):
+            pair_w[k] = wIo[oI + k]
+            point_w[k] = wIo[oI + 3 * wn + k]
+            modes_w[k] = wIo[wnl + k]
+        limits_w = np.empty(wnl, dtype=np.int64)
+        for k in range(wnl):
+            limits_w[k] = wIo[k]
+        lam_w = np.empty(wm)
+        for k in range(wm):
+            lam_w[k] = wFo[wnl + 2 * wm + k]
     if not free:
         # the rows as the driver's views hold them (collision_driver._unpack_rows), in arrays
         # of their own (the layouts of the separate call: the same compiled _constrained_step)
@@ -821,9 +846,9 @@ def _fused_step(oM, mj, Jw, v, support, gslot, W0, reach, pairs, perm, pcat, rad
         (all_ok, nis, nl, its, res, r1, vs, nprox, F, I, lim_act, J, G) = _constrained_step(
             pos, frames, g1, g2, geom_joint, dist, mu, pair, point, Jw, csupport, sup_ptr,
             sup_idx, joint_tree, tree_lo, tree_hi, q, v, lim_q, lim_v, lim_bound, lim_sign,
-            limit_margin, dt, erp, skin, Minv, v_free, warm, pair_w, point_w, lam_w, modes_w,
-            limits_w, lim_act_w, tol, mode_tol, newton_iter, mode_rounds, budget, pair_rest, 0.0,
-            rest_spent, None, realizable, cap, mocap_b, drift)
+            limit_margin, dt, erp, skin, Minv, v_free, wkind > 0, pair_w, point_w, lam_w,
+            modes_w, limits_w, lim_act_w, tol, mode_tol, newton_iter, mode_rounds, budget,
+            pair_rest, 0.0, rest_spent, None, realizable, cap, mocap_b, drift)
         m = G.shape[0]
         if m and dr_plane.shape[0]:
             for r in range(n):          # (support_drift._rows: a row carrying the term)
@@ -835,8 +860,7 @@ def _fused_step(oM, mj, Jw, v, support, gslot, W0, reach, pairs, perm, pcat, rad
                         all_ok = False
         if m:
             if not all_ok:
-                return (0, n, Fd, Id, False, 0, 0, 0, 0.0, 0.0, 0.0, 0, zf, zi, zb, z2, z2, zf,
-                        False, False, False, 0.0)
+                return (0, n, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0, False, False, False, 0.0, zf, zi, zb)
             v1 = np.empty(nv)
             o = nl + 4 * m
             for i in range(nv):
@@ -852,16 +876,39 @@ def _fused_step(oM, mj, Jw, v, support, gslot, W0, reach, pairs, perm, pcat, rad
                 q1 = zf
                 finite, jump, frictionless = _step_checks(v, v1, zf, gate, mu)
             work = _budget_work(v1, tau_total, lam, b, dt)
-            return (2, n, Fd, Id, all_ok, nis, nl, its, res, r1, vs, nprox, F, I, lim_act, J, G,
-                    q1, finite, jump, frictionless, work)
+            LF = F.shape[0]
+            nd = Fd.shape[0]
+            Fo = np.empty(LF + m * nv + m * m + q1.shape[0] + nd)
+            for i in range(LF):
+                Fo[i] = F[i]
+            o = LF
+            for r in range(m):
+                for i in range(nv):
+                    Fo[o + r * nv + i] = J[r, i]
+            o += m * nv
+            for r in range(m):
+                for c in range(m):
+                    Fo[o + r * m + c] = G[r, c]
+            o += m * m
+            for i in range(q1.shape[0]):
+                Fo[o + i] = q1[i]
+            o += q1.shape[0]
+            for i in range(nd):
+                Fo[o + i] = Fd[i]
+            Io = np.empty(I.shape[0] + Id.shape[0], dtype=np.int64)
+            for i in range(I.shape[0]):
+                Io[i] = I[i]
+            for i in range(Id.shape[0]):
+                Io[I.shape[0] + i] = Id[i]
+            return (2, n, nl, m, nis, its, res, r1, vs, nprox, finite, jump, frictionless, work,
+                    Fo, Io, lim_act)
     if additive:
         q1, finite, jump, frictionless = _step_end(q, v, v_free, dt, gate, zf)
     else:
         q1 = zf
         finite, jump, frictionless = _step_checks(v, v_free, zf, gate, zf)
     work = _budget_work(v_free, tau_total, zf, zf, dt)
-    return (1, n, Fd, Id, True, 0, 0, 0, 0.0, 0.0, 0.0, 0, zf, zi, zb, z2, z2, q1, finite, jump,
-            frictionless, work)
+    return (1, n, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0, finite, jump, frictionless, work, q1, zi, zb)
 
 
 _NO_MU = np.zeros(0)
@@ -879,44 +926,75 @@ _LAZY_FIELDS = frozenset(("contact_points", "contact_normals", "contact_distance
 
 
 class _FastRecord:
-    """What a fused step (``Simulator._fast_step``) found, kept as the fused call returned it:
-    its ``Contacts`` and its ``Constraints`` and ``SolverResult`` (the objects ``_step``'s
-    separate calls build, with the same arrays) are built on first read."""
+    """What a fused step (``Simulator._fast_step``) found, kept in the two arrays the fused call
+    packed it into (``_fused_step``): its ``Contacts``, ``Constraints`` and ``SolverResult``
+    (the objects ``_step``'s separate calls build, with the same values), its J, G and g, and
+    the warm start of the next step are views made on first read."""
 
-    __slots__ = ("sm", "Fd", "Id", "n", "F", "ints", "J", "G", "nl", "lim_act", "its", "resid",
-                 "nprox", "_contacts", "_built")
+    __slots__ = ("sm", "Fo", "Io", "n", "nl", "m", "nv", "lim_act", "its", "resid", "nprox",
+                 "_contacts", "_built")
 
-    def __init__(self, sim, Fd, Id, n, F, ints, J, G, nl, lim_act, its, resid, nprox):
-        self.sm = sim.sm
-        self.Fd, self.Id, self.n, self.F, self.ints, self.J, self.G = Fd, Id, n, F, ints, J, G
-        self.nl, self.lim_act, self.its, self.resid, self.nprox = nl, lim_act, its, resid, nprox
+    def __init__(self, sm, Fo, Io, n, nl, m, nv, lim_act, its, resid, nprox):
+        self.sm, self.Fo, self.Io, self.n, self.nl, self.m, self.nv = sm, Fo, Io, n, nl, m, nv
+        self.lim_act, self.its, self.resid, self.nprox = lim_act, its, resid, nprox
         self._contacts = self._built = None
+
+    def _offsets(self):
+        """(start of J, of G, of q1 in Fo; start of the detection's int rows in Io)."""
+        n, nl, m, nv = self.n, self.nl, self.m, self.nv
+        oJ = nl + 5 * m + nv + 2 * n
+        return oJ, oJ + m * nv, oJ + m * nv + m * m, nl + n + m
 
     @property
     def contacts(self) -> Contacts:
         c = self._contacts
         if c is None:
-            c = self._contacts = Contacts(*_unpack_rows(self.Fd, self.Id, 0, self.n))
+            n = self.n
+            Fd = self.Fo[self.Fo.shape[0] - 17 * n:]
+            c = self._contacts = Contacts(*_unpack_rows(Fd, self.Io[self._offsets()[3]:], 0, n))
         return c
 
+    @property
+    def G(self) -> np.ndarray:
+        return self.built()[2]
+
+    @property
+    def g(self) -> np.ndarray:
+        return self.built()[3]
+
+    def warm(self) -> tuple:
+        """The warm start of the next step (``Simulator._record``'s tuple)."""
+        n, nl, m = self.n, self.nl, self.m
+        oI = self._offsets()[3]
+        Io = self.Io
+        return (Io[oI:oI + n], Io[oI + 3 * n:oI + 4 * n], self.Fo[nl + 2 * m:nl + 3 * m],
+                Io[nl:nl + n], Io[:nl], self.lim_act)
+
     def built(self) -> tuple:
-        """(Constraints, SolverResult) of the step, made once."""
+        """(Constraints, SolverResult, G, g) of the step, made once."""
         b = self._built
         if b is None:
             c = self.contacts
+            m, nv = self.m, self.nv
+            oJ, oG, oq, _ = self._offsets()
+            J0 = self.Fo[oJ:oG].reshape(m, nv)
+            G0 = self.Fo[oG:oq].reshape(m, m)
             (lim_idx, lim_dist, J, bb, G, g, lam, sigma, modes, v1, rest,
-             projected) = _unpack_step(self.F, self.ints, self.J, self.G, self.n, self.nl,
-                                       self.J.shape[1], False)
-            cons = Constraints(J, bb, self.n, c.mu, c.frames, c, lim_idx, lim_dist, c.dist,
-                               None, None, projected)
+             projected) = _unpack_step(self.Fo, self.Io, J0, G0, self.n, self.nl, nv, False)
+            cons = Constraints(J, bb, self.n, c.mu, _NO_FRAMES if c.frames is None else c.frames,
+                               c, lim_idx, lim_dist, c.dist, None, None, projected)
             res = SolverResult(lam, sigma, modes, self.lim_act, self.its, self.resid, True,
                                "prox+newton" if self.nprox else "newton")
-            b = self._built = (cons, res)
+            b = self._built = (cons, res, G, g)
         return b
 
 
+_FAST_LAZY = frozenset(("cons", "res", "G", "g"))
+
+
 class _FastCache(dict):
-    """``sim.cache`` of a fused step: ``"cons"`` and ``"res"`` are made on first read."""
+    """``sim.cache`` of a fused step: ``"cons"``, ``"res"``, ``"G"`` and ``"g"`` are made on
+    first read."""
 
     __slots__ = ("_rec",)
 
@@ -925,19 +1003,19 @@ class _FastCache(dict):
         self._rec = rec
 
     def __missing__(self, key):
-        if key == "cons" or key == "res":
-            cons, res = self._rec.built()
-            self["cons"], self["res"] = cons, res
-            return cons if key == "cons" else res
+        if key in _FAST_LAZY:
+            cons, res, G, g = self._rec.built()
+            self["cons"], self["res"], self["G"], self["g"] = cons, res, G, g
+            return self[key]
         raise KeyError(key)
 
     def get(self, key, default=None):
-        if key == "cons" or key == "res":
+        if key in _FAST_LAZY:
             return self[key]
         return dict.get(self, key, default)
 
     def __contains__(self, key) -> bool:
-        return key == "cons" or key == "res" or dict.__contains__(self, key)
+        return key in _FAST_LAZY or dict.__contains__(self, key)
 
 
 @dataclass
@@ -997,7 +1075,7 @@ class StepInfo:
         """The (constraints, solver result, model) the lazy fields are built from, or None."""
         src = self.__dict__.get("_src")
         if isinstance(src, _FastRecord):
-            cons, res = src.built()
+            cons, res = src.built()[:2]
             src = self.__dict__["_src"] = (cons, res, src.sm)
         return src
 
@@ -1177,6 +1255,20 @@ class Simulator:
         self._additive_q = all(self.model.joints[j].shortname() in _ADDITIVE_JOINTS
                                for j in range(1, self.model.njoints))
         _warn_unstable_dt(self)
+
+    @property
+    def _warm(self):
+        """The warm start of the next step: (pair, point, impulses, modes, limits, limit
+        modes) of the last step's contacts and limits, or None (after a fused step, made from
+        its record when read: ``_FastRecord.warm``)."""
+        w = self.__dict__.get("_warm_st")
+        if type(w) is _FastRecord:
+            w = self.__dict__["_warm_st"] = w.warm()
+        return w
+
+    @_warm.setter
+    def _warm(self, w) -> None:
+        self.__dict__["_warm_st"] = w
 
     def _idx_q_of_v(self, iv: int) -> int:
         for j in range(1, self.model.njoints):
@@ -1525,24 +1617,32 @@ class Simulator:
         if fixed is None:
             fixed = drv._fixed_args = drv._detect_fixed_args()
         mj, support, broad, rest = fixed
-        w = self._warm
+        w = self.__dict__.get("_warm_st")
+        if w is None:
+            wa = _NO_WARM_FUSED
+        elif type(w) is _FastRecord:
+            wa = (2,) + _NO_WARM[:5] + (w.lim_act, w.Fo, w.Io, w.n, w.nl, w.m)
+        else:
+            wa = (1,) + w + _NO_WARM_REC
         st = solver.settings
         out = _fused_step(oM, mj, Jw, v, support, *broad, m0, dt, *rest, *fa[0], q, cb.lim_q,
                           cb.lim_v, cb.lim_bound, cb.lim_sign, cb.limit_margin, cb.erp, cb.skin,
-                          Minv, v_free, w is not None, *(w if w is not None else _NO_WARM),
-                          st.tol, st.mode_tol, st.newton_iter, st.mode_rounds, st.newton_budget,
+                          Minv, v_free, *wa, st.tol, st.mode_tol, st.newton_iter, st.mode_rounds, st.newton_budget,
                           cb.pair_restitution, _NO_SPENT, bool(st.realizable_bias),
                           depenetration_speed(solver), _NO_MOCAP, _NO_DRIFT, tau_total,
                           self._gate, *fa[1])
-        (status, n, Fd, Id, all_ok, nis, nl, its, resid, r1, vs, nprox, F, ints, lim_act, J, G,
-         q1, finite, jump, frictionless, work) = out
+        (status, n, nl, m, nis, its, resid, r1, vs, nprox, finite, jump, frictionless, work, Fo,
+         Io, lim_act) = out
         if not status or not finite or frictionless:
             return None
         if status == 2 and not r1 <= max(100.0 * st.tol, 1e-9 * vs):
             return None
-        if not fa[1][0]:            # (a free or ball joint: q1 by pinocchio, as _step)
-            m = G.shape[0]
-            v1 = v_free if status == 1 else F[nl + 4 * m:nl + 4 * m + nv]
+        o = nl + 4 * m
+        v1 = v_free if status == 1 else Fo[o:o + nv]
+        if fa[1][0]:
+            o = nl + 5 * m + nv + 2 * n + m * nv + m * m if status == 2 else 0
+            q1 = Fo[o:o + nq]
+        else:                       # (a free or ball joint: q1 by pinocchio, as _step)
             q1 = pin.integrate(model, q, v1 * dt)
             s1 = float(_add(q1))
             if s1 - s1 != 0.0:      # (not finite: _step raises the error)
@@ -1550,7 +1650,6 @@ class Simulator:
         drv._margin0 = m0
         drv.last_candidates = 0
         if status == 1:
-            v1 = v_free
             if jump and self._energy_excess(q, v, v1, tau_total, None, None) > 0.0:
                 return None
             self._last_contacts = drv._empty          # (n = 0: no contact row)
@@ -1561,22 +1660,19 @@ class Simulator:
                           "g": None, "v1": v1, "q1": q1, "impact_times": None,
                           "support_drift": None}
         else:
-            m = G.shape[0]
-            o = nl + 4 * m
-            v1 = F[o:o + nv]
-            rec = _FastRecord(self, Fd, Id, n, F, ints, J, G, nl, lim_act, its, resid, nprox)
+            rec = _FastRecord(self.sm, Fo, Io, n, nl, m, nv, lim_act, its, resid, nprox)
+            if not n:                   # (limits alone: the driver's empty contacts, as detect)
+                rec._contacts = drv._empty
             # (the speed jumped: the energy check of _step, which a step failing it takes)
-            if jump and self._energy_excess(q, v, v1, tau_total, *rec.built()) > 0.0:
+            if jump and self._energy_excess(q, v, v1, tau_total, *rec.built()[:2]) > 0.0:
                 return None
             self._last_contacts = rec
-            self._warm = (Id[:n], Id[3 * n:4 * n], F[nl + 2 * m:nl + 3 * m], ints[nl:nl + n],
-                          ints[:nl], lim_act)
+            self.__dict__["_warm_st"] = rec            # (its tuple made when read: _warm)
             self.last = StepInfo._lazy_record(rec, its, resid,
                                               "prox+newton" if nprox else "newton", nis)
             self.cache = _FastCache({"q": q, "v": v, "tau": tau, "tau_total": tau_total,
-                                     "a_free": a_free, "v_free": v_free, "Minv": Minv, "G": G,
-                                     "g": F[nl + m:nl + 2 * m], "v1": v1, "q1": q1,
-                                     "impact_times": None, "support_drift": None}, rec)
+                                     "a_free": a_free, "v_free": v_free, "Minv": Minv, "v1": v1,
+                                     "q1": q1, "impact_times": None, "support_drift": None}, rec)
         self._step_work = work
         return q1, v1
 
