@@ -758,7 +758,7 @@ def _fused_step(oM, mj, Jw, v, support, gslot, W0, reach, pairs, perm, pcat, rad
                 bp_pair, bp_kind, bp_geom, bp_n, bp_off, bp_N, bp_frames, bp_size, g_ssr,
                 g_sbhalf, g_sbr, geom_joint, csupport, sup_ptr, sup_idx, joint_tree, tree_lo,
                 tree_hi, q,
-                lim_q, lim_v, lim_bound, lim_sign, limit_margin, erp, skin, Minv, v_free, wkind,
+                lim_q, lim_v, lim_bound, lim_sign, limit_margin, erp, skin, Minv, a_free, wkind,
                 pair_w, point_w, lam_w, modes_w, limits_w, lim_act_w, wFo, wIo, wn, wnl, wm,
                 tol, mode_tol, newton_iter,
                 mode_rounds, budget, pair_rest, rest_spent, realizable, cap, mocap_b, drift,
@@ -770,7 +770,8 @@ def _fused_step(oM, mj, Jw, v, support, gslot, W0, reach, pairs, perm, pcat, rad
     rows (the arguments of the step's call, without restitution, mocap offsets or support drift,
     ``Mbody`` None), ``q1 = q + dt v1`` with the end-of-step checks (``_step_end``) and the work
     of the energy budget (``_budget_work``): the same kernels on the same values as the separate
-    calls, bit for bit. ``additive`` False (a free or ball joint: pinocchio integrates q1): q1
+    calls, bit for bit. It takes ``a_free`` and makes ``v_free = v + dt a_free`` itself; inputs
+    that are not finite give status 0. ``additive`` False (a free or ball joint: pinocchio integrates q1): q1
     is left empty and ``finite`` covers v1 only. ``dr_plane``, ``dr_carrier``, ``dr_ids``: the
     geoms of ``support_drift`` (its ``_Table``'s plane, carrier, ids; empty where it is not
     active): a row carrying its term sends the step to the separate calls.
@@ -784,13 +785,22 @@ def _fused_step(oM, mj, Jw, v, support, gslot, W0, reach, pairs, perm, pcat, rad
     jump, frictionless, work, Fo, Io, lim_act): ``status`` 0 where the step needs what this
     call does not do (narrow-phase candidates, a problem of at least ``BODY_MIN_ROWS`` rows, a
     failed island, a row with support drift: the caller takes the separate calls), 1 without
-    constraints (``v1 = v_free``; ``Fo`` holds q1 alone), 2 with. Every array but ``lim_act``
-    is packed into two (each returned array costs a boxing; ``_FastRecord`` gives the views):
-    ``Fo`` = ``_constrained_step``'s F (``_unpack_step``), J (m, nv) and G (m, m) row-major,
-    q1 (nq; none where not ``additive``), the detection's float rows (``_unpack_rows``, no
-    candidate); ``Io`` = its int array, then the detection's int rows."""
+    constraints (``v1 = v_free``; ``Fo`` holds q1 and v_free), 2 with. Every array but
+    ``lim_act`` is packed into two (each returned array costs a boxing; ``_FastRecord`` gives
+    the views): ``Fo`` = ``_constrained_step``'s F (``_unpack_step``), J (m, nv) and G (m, m)
+    row-major, q1 (nq; none where not ``additive``), v_free, the detection's float rows
+    (``_unpack_rows``, no candidate); ``Io`` = its int array, then the detection's int rows."""
     nv = v.shape[0]
     zi = np.zeros(0, dtype=np.int64)
+    # (inputs not finite: the separate calls, whose checks name them)
+    for x in (q, v, tau_total):
+        for i in range(x.shape[0]):
+            if not np.isfinite(x[i]):
+                return (0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0, False, False, False, 0.0,
+                        np.zeros(0), zi, np.zeros(0, dtype=np.bool_))
+    v_free = np.empty(nv)           # (v + dt a_free, as numpy computes it)
+    for i in range(nv):
+        v_free[i] = v[i] + dt * a_free[i]
     zf = np.zeros(0)
     zb = np.zeros(0, dtype=np.bool_)
     ncand, n, Fd, Id = detect_closed_form(
@@ -878,7 +888,7 @@ def _fused_step(oM, mj, Jw, v, support, gslot, W0, reach, pairs, perm, pcat, rad
             work = _budget_work(v1, tau_total, lam, b, dt)
             LF = F.shape[0]
             nd = Fd.shape[0]
-            Fo = np.empty(LF + m * nv + m * m + q1.shape[0] + nd)
+            Fo = np.empty(LF + m * nv + m * m + q1.shape[0] + nv + nd)
             for i in range(LF):
                 Fo[i] = F[i]
             o = LF
@@ -893,6 +903,9 @@ def _fused_step(oM, mj, Jw, v, support, gslot, W0, reach, pairs, perm, pcat, rad
             for i in range(q1.shape[0]):
                 Fo[o + i] = q1[i]
             o += q1.shape[0]
+            for i in range(nv):
+                Fo[o + i] = v_free[i]
+            o += nv
             for i in range(nd):
                 Fo[o + i] = Fd[i]
             Io = np.empty(I.shape[0] + Id.shape[0], dtype=np.int64)
@@ -908,7 +921,12 @@ def _fused_step(oM, mj, Jw, v, support, gslot, W0, reach, pairs, perm, pcat, rad
         q1 = zf
         finite, jump, frictionless = _step_checks(v, v_free, zf, gate, zf)
     work = _budget_work(v_free, tau_total, zf, zf, dt)
-    return (1, n, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0, finite, jump, frictionless, work, q1, zi, zb)
+    Fo = np.empty(q1.shape[0] + nv)
+    for i in range(q1.shape[0]):
+        Fo[i] = q1[i]
+    for i in range(nv):
+        Fo[q1.shape[0] + i] = v_free[i]
+    return (1, n, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0, finite, jump, frictionless, work, Fo, zi, zb)
 
 
 _NO_MU = np.zeros(0)
@@ -931,19 +949,22 @@ class _FastRecord:
     (the objects ``_step``'s separate calls build, with the same values), its J, G and g, and
     the warm start of the next step are views made on first read."""
 
-    __slots__ = ("sm", "Fo", "Io", "n", "nl", "m", "nv", "lim_act", "its", "resid", "nprox",
-                 "_contacts", "_built")
+    __slots__ = ("sm", "Fo", "Io", "n", "nl", "m", "nv", "nqa", "lim_act", "its", "resid",
+                 "nprox", "_contacts", "_built")
 
-    def __init__(self, sm, Fo, Io, n, nl, m, nv, lim_act, its, resid, nprox):
+    def __init__(self, sm, Fo, Io, n, nl, m, nv, nqa, lim_act, its, resid, nprox):
         self.sm, self.Fo, self.Io, self.n, self.nl, self.m, self.nv = sm, Fo, Io, n, nl, m, nv
+        self.nqa = nqa                  # (q1's length in Fo: nq, or 0 where pinocchio integrates)
         self.lim_act, self.its, self.resid, self.nprox = lim_act, its, resid, nprox
         self._contacts = self._built = None
 
     def _offsets(self):
-        """(start of J, of G, of q1 in Fo; start of the detection's int rows in Io)."""
+        """(start of J, of G, of q1, of v_free in Fo; start of the detection's int rows in
+        Io)."""
         n, nl, m, nv = self.n, self.nl, self.m, self.nv
         oJ = nl + 5 * m + nv + 2 * n
-        return oJ, oJ + m * nv, oJ + m * nv + m * m, nl + n + m
+        oq = oJ + m * nv + m * m
+        return oJ, oJ + m * nv, oq, oq + self.nqa, nl + n + m
 
     @property
     def contacts(self) -> Contacts:
@@ -951,8 +972,13 @@ class _FastRecord:
         if c is None:
             n = self.n
             Fd = self.Fo[self.Fo.shape[0] - 17 * n:]
-            c = self._contacts = Contacts(*_unpack_rows(Fd, self.Io[self._offsets()[3]:], 0, n))
+            c = self._contacts = Contacts(*_unpack_rows(Fd, self.Io[self._offsets()[4]:], 0, n))
         return c
+
+    @property
+    def v_free(self) -> np.ndarray:
+        o = self._offsets()[3]
+        return self.Fo[o:o + self.nv]
 
     @property
     def G(self) -> np.ndarray:
@@ -965,7 +991,7 @@ class _FastRecord:
     def warm(self) -> tuple:
         """The warm start of the next step (``Simulator._record``'s tuple)."""
         n, nl, m = self.n, self.nl, self.m
-        oI = self._offsets()[3]
+        oI = self._offsets()[4]
         Io = self.Io
         return (Io[oI:oI + n], Io[oI + 3 * n:oI + 4 * n], self.Fo[nl + 2 * m:nl + 3 * m],
                 Io[nl:nl + n], Io[:nl], self.lim_act)
@@ -976,7 +1002,7 @@ class _FastRecord:
         if b is None:
             c = self.contacts
             m, nv = self.m, self.nv
-            oJ, oG, oq, _ = self._offsets()
+            oJ, oG, oq, _, _ = self._offsets()
             J0 = self.Fo[oJ:oG].reshape(m, nv)
             G0 = self.Fo[oG:oq].reshape(m, m)
             (lim_idx, lim_dist, J, bb, G, g, lam, sigma, modes, v1, rest,
@@ -989,12 +1015,12 @@ class _FastRecord:
         return b
 
 
-_FAST_LAZY = frozenset(("cons", "res", "G", "g"))
+_FAST_LAZY = frozenset(("cons", "res", "G", "g", "v_free"))
 
 
 class _FastCache(dict):
-    """``sim.cache`` of a fused step: ``"cons"``, ``"res"``, ``"G"`` and ``"g"`` are made on
-    first read."""
+    """``sim.cache`` of a fused step: ``"cons"``, ``"res"``, ``"G"``, ``"g"`` and ``"v_free"``
+    are made on first read."""
 
     __slots__ = ("_rec",)
 
@@ -1003,6 +1029,9 @@ class _FastCache(dict):
         self._rec = rec
 
     def __missing__(self, key):
+        if key == "v_free":
+            val = self[key] = self._rec.v_free
+            return val
         if key in _FAST_LAZY:
             cons, res, G, g = self._rec.built()
             self["cons"], self["res"], self["G"], self["g"] = cons, res, G, g
@@ -1594,9 +1623,12 @@ class Simulator:
                 and q.dtype == _F64 and v.dtype == _F64 and tau.dtype == _F64
                 and q.shape == (nq,) and v.shape == (nv,) and tau.shape == (nv,)):
             return None
-        q, fast = _checked_state(q, v, tau, self._quat_rows)
-        if not fast:
-            return None
+        if len(self._quat_rows):
+            q, fast = _checked_state(q, v, tau, self._quat_rows)
+            if not fast:
+                return None
+        else:                           # (the finiteness checks in the fused call)
+            q = q.copy()
         dt = self.sm.dt
         pin.forwardKinematics(model, data, q, v)
         pin.updateGeometryPlacements(model, data, self.geom_model, self.geom_data)
@@ -1608,7 +1640,6 @@ class Simulator:
         else:
             tau_total = tau - self.sm.damping * v
         a_free = pin.aba(model, data, q, v, tau_total)
-        v_free = v + dt * a_free
         Minv = pin.computeMinverse(model, data, q)
         if nv == 1:
             Minv = Minv.reshape(1, 1)
@@ -1627,7 +1658,7 @@ class Simulator:
         st = solver.settings
         out = _fused_step(oM, mj, Jw, v, support, *broad, m0, dt, *rest, *fa[0], q, cb.lim_q,
                           cb.lim_v, cb.lim_bound, cb.lim_sign, cb.limit_margin, cb.erp, cb.skin,
-                          Minv, v_free, *wa, st.tol, st.mode_tol, st.newton_iter, st.mode_rounds, st.newton_budget,
+                          Minv, a_free, *wa, st.tol, st.mode_tol, st.newton_iter, st.mode_rounds, st.newton_budget,
                           cb.pair_restitution, _NO_SPENT, bool(st.realizable_bias),
                           depenetration_speed(solver), _NO_MOCAP, _NO_DRIFT, tau_total,
                           self._gate, *fa[1])
@@ -1637,9 +1668,14 @@ class Simulator:
             return None
         if status == 2 and not r1 <= max(100.0 * st.tol, 1e-9 * vs):
             return None
-        o = nl + 4 * m
-        v1 = v_free if status == 1 else Fo[o:o + nv]
-        if fa[1][0]:
+        additive = fa[1][0]
+        if status == 1:
+            o = nq if additive else 0
+            v1 = v_free = Fo[o:o + nv]
+        else:
+            o = nl + 4 * m
+            v1 = Fo[o:o + nv]
+        if additive:
             o = nl + 5 * m + nv + 2 * n + m * nv + m * m if status == 2 else 0
             q1 = Fo[o:o + nq]
         else:                       # (a free or ball joint: q1 by pinocchio, as _step)
@@ -1660,7 +1696,8 @@ class Simulator:
                           "g": None, "v1": v1, "q1": q1, "impact_times": None,
                           "support_drift": None}
         else:
-            rec = _FastRecord(self.sm, Fo, Io, n, nl, m, nv, lim_act, its, resid, nprox)
+            rec = _FastRecord(self.sm, Fo, Io, n, nl, m, nv, nq if additive else 0, lim_act, its,
+                              resid, nprox)
             if not n:                   # (limits alone: the driver's empty contacts, as detect)
                 rec._contacts = drv._empty
             # (the speed jumped: the energy check of _step, which a step failing it takes)
@@ -1671,7 +1708,7 @@ class Simulator:
             self.last = StepInfo._lazy_record(rec, its, resid,
                                               "prox+newton" if nprox else "newton", nis)
             self.cache = _FastCache({"q": q, "v": v, "tau": tau, "tau_total": tau_total,
-                                     "a_free": a_free, "v_free": v_free, "Minv": Minv, "v1": v1,
+                                     "a_free": a_free, "Minv": Minv, "v1": v1,
                                      "q1": q1, "impact_times": None, "support_drift": None}, rec)
         self._step_work = work
         return q1, v1
