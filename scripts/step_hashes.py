@@ -97,7 +97,8 @@ def main():
             runs.append((f"{e} jac={jac}", lambda e=e, jac=jac: env_run(e, args.steps, jac)))
     for name in ("hopper", "go1"):
         for jac in (False, True):
-            runs.append((f"sim {name} jac={jac}", lambda n=name, jac=jac: sim_run(n, args.steps, jac)))
+            runs.append((f"sim {name} jac={jac}",
+                         lambda n=name, jac=jac: sim_run(n, args.steps, jac)))
     for label, fn in runs:
         if args.only and not any(s in label for s in args.only.split(",")):
             continue

@@ -771,8 +771,8 @@ def _fused_step(oM, mj, Jw, v, support, gslot, W0, reach, pairs, perm, pcat, rad
     ``Mbody`` None), ``q1 = q + dt v1`` with the end-of-step checks (``_step_end``) and the work
     of the energy budget (``_budget_work``): the same kernels on the same values as the separate
     calls, bit for bit. It takes ``a_free`` and makes ``v_free = v + dt a_free`` itself; inputs
-    that are not finite give status 0. ``additive`` False (a free or ball joint: pinocchio integrates q1): q1
-    is left empty and ``finite`` covers v1 only. ``dr_plane``, ``dr_carrier``, ``dr_ids``: the
+    that are not finite give status 0. ``additive`` False (a free or ball joint: pinocchio
+    integrates q1): q1 is left empty and ``finite`` covers v1 only. ``dr_plane``, ``dr_carrier``, ``dr_ids``: the
     geoms of ``support_drift`` (its ``_Table``'s plane, carrier, ids; empty where it is not
     active): a row carrying its term sends the step to the separate calls.
 
@@ -1658,7 +1658,8 @@ class Simulator:
         st = solver.settings
         out = _fused_step(oM, mj, Jw, v, support, *broad, m0, dt, *rest, *fa[0], q, cb.lim_q,
                           cb.lim_v, cb.lim_bound, cb.lim_sign, cb.limit_margin, cb.erp, cb.skin,
-                          Minv, a_free, *wa, st.tol, st.mode_tol, st.newton_iter, st.mode_rounds, st.newton_budget,
+                          Minv, a_free, *wa, st.tol, st.mode_tol, st.newton_iter,
+                          st.mode_rounds, st.newton_budget,
                           cb.pair_restitution, _NO_SPENT, bool(st.realizable_bias),
                           depenetration_speed(solver), _NO_MOCAP, _NO_DRIFT, tau_total,
                           self._gate, *fa[1])
