@@ -549,3 +549,80 @@ def test_vector_space_models_integrate_by_sum(model, additive):
         if c.get("impact_times") is None:
             ref = pin.integrate(sim.model, c["q"], sim.dt * c["v1"])
             assert ref.tobytes() == q.tobytes(), t
+
+
+def _same(a, b, what):
+    if a is None or b is None:
+        assert a is None and b is None, what
+    elif isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        assert a.dtype == b.dtype and a.shape == b.shape, what
+        np.testing.assert_array_equal(a, b, err_msg=what)
+    elif isinstance(a, (tuple, list)):
+        assert len(a) == len(b), what
+        for i, (x, y) in enumerate(zip(a, b)):
+            _same(x, y, f"{what}[{i}]")
+    else:
+        assert a == b, what
+
+
+@pytest.mark.parametrize("model", ["hopper.xml", "go1.urdf", "hopper_gymnasium.xml"])
+def test_fused_step_equals_the_separate_calls(model):
+    """A small robot's step in one compiled call (``forward._fused_step``, its results built
+    when read) against the separate calls it stands in for (``sim._fused = False``), bit for
+    bit: the state, ``sim.last``, every ``sim.cache`` entry (constraints and solver result
+    field by field), the warm start, and the step Jacobian computed afterwards from the cache
+    (``derivatives.step_jacobian``), along random-torque rollouts that touch the ground."""
+    from diffgym.sim import forward as fw
+    from diffgym.sim.derivatives import step_jacobian
+
+    kw = {"ignore_unsupported": ("joint.frictionloss",)} if model == "go1.urdf" else (
+        {"ignore_unsupported": ("option.integrator",)} if model == "hopper_gymnasium.xml" else {})
+    sims = [diffgym.Simulator.from_file(asset_path(model), **kw) for _ in range(2)]
+    sims[1]._fused = False
+    statuses = []
+    orig = fw._fused_step
+
+    def spy(*a):
+        out = orig(*a)
+        statuses.append(out[0])
+        return out
+    rng = np.random.default_rng(7)
+    q, v = sims[0].q0, np.zeros(sims[0].nv)
+    fw._fused_step = spy
+    try:
+        for t in range(160):
+            tau = rng.normal(0.0, 8.0, sims[0].nv) if t % 4 else np.zeros(sims[0].nv)
+            outs = [s.step(q, v, tau) for s in sims]
+            _same(outs[0], outs[1], "q1, v1")
+            a, b = sims[0].last, sims[1].last
+            assert a.num_contacts == b.num_contacts
+            for f in ("iterations", "residual", "converged", "method", "islands",
+                      "contact_points", "contact_normals", "contact_distances", "contact_impulses",
+                      "contact_impulses_world", "contact_modes", "contact_geoms", "limit_joints",
+                      "limit_impulses", "limit_active"):
+                _same(getattr(a, f), getattr(b, f), f"last.{f}")
+            _same(sims[0].warm_start_state(), sims[1].warm_start_state(), "warm start")
+            ca, cb = sims[0].cache, sims[1].cache
+            for k in ("q", "v", "tau", "tau_total", "a_free", "v_free", "Minv", "G", "g", "v1",
+                      "q1", "impact_times", "support_drift"):
+                assert (k in ca) == (k in cb), k
+                _same(ca.get(k), cb.get(k), f"cache[{k!r}]")
+            for k, cls in (("cons", fw.Constraints), ("res", fw.SolverResult)):
+                x, y = ca[k], cb[k]
+                if x is None or y is None:
+                    assert x is None and y is None, k
+                    continue
+                for f in dataclasses.fields(cls):
+                    if f.name != "contacts":
+                        _same(getattr(x, f.name), getattr(y, f.name), f"{k}.{f.name}")
+                for f in dataclasses.fields(x.contacts) if k == "cons" else ():
+                    _same(getattr(x.contacts, f.name), getattr(y.contacts, f.name),
+                          f"contacts.{f.name}")
+            if t % 10 == 5:
+                ja, jb = step_jacobian(sims[0]), step_jacobian(sims[1])
+                for f in ("dq_dq", "dq_dv", "dq_dtau", "dv_dq", "dv_dv", "dv_dtau"):
+                    _same(getattr(ja, f), getattr(jb, f), f"jac.{f}")
+            q, v = outs[0]
+    finally:
+        fw._fused_step = orig
+    assert sum(s == 2 for s in statuses) > 60 and len(statuses) >= 150    # (contacts, fused)

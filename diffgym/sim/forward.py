@@ -17,7 +17,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import pinocchio as pin
 
-from .collision_driver import CollisionDriver, Contacts
+from . import collision_driver as _cd
+from .collision_driver import CollisionDriver, Contacts, _unpack_rows
+from .collision_kernels import detect_closed_form
 from .constraint import (ConstraintBuilder, Constraints, _active_limits, assemble_problem,  # noqa: F401
                          _NO_SPENT, _bias_row_ok, _pairs_in_contact, assemble_sparse,
                          island_rows, restitution_bias)
@@ -54,6 +56,9 @@ _NO_DRIFT = np.zeros(0)   # _constrained_step's ``drift`` where no contact has o
 _NO_RT = np.zeros((0, 2), dtype=np.int64)   # _verify_velocity's rt: rows' trees unknown
 _NO_WARM = (np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0),
             np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.bool_))
+# (_fused_step's warm-start arguments: none; the record's part where the tuple is given)
+_NO_WARM_REC = (np.zeros(0), np.zeros(0, dtype=np.int64), 0, 0, 0)
+_NO_WARM_FUSED = (0,) + _NO_WARM + _NO_WARM_REC
 _NO_RESULT = SolverResult(np.zeros(0), np.zeros(0), np.zeros(0, dtype=np.int64),
                           np.zeros(0, dtype=bool), 0, 0.0, True, "none")
 
@@ -694,6 +699,9 @@ def _constrained_step(pos, frames, geom1, geom2, geom_joint, dist, mu, pair, poi
     return (all_ok, island_ok.shape[0], nl, its, res, r1, vs, nprox, F, ints, lim_act, J, G)
 
 
+_CONSTRAINED_STEP = _constrained_step     # (_fast_step: not replaced by a test's spy)
+
+
 def _unpack_step(F, ints, J, G, nc, nl, nv, rest=True):
     """Views of ``_constrained_step``'s packed arrays, with its J and G: (lim_idx, lim_dist, J,
     b, G, g, lam, sigma, modes, v1, restitution (2, nc) (None when ``rest`` is False: a model
@@ -744,6 +752,184 @@ def _step_end(q, v, v1, dt, gate, mu):
     return q1, finite, jump, frictionless
 
 
+@njit
+def _fused_step(oM, mj, Jw, v, support, gslot, W0, reach, pairs, perm, pcat, rad, sap_g,
+                base_margin, dt, hp_k, hp_pl, hp_ot, ext_vec, ext_const, use_rot, mesh_i, mesh_pl,
+                mesh_ot, mesh_sw, hull_off, hull_pts, g_boxhalf, g_isbox, friction, max_points,
+                bp_pair, bp_kind, bp_geom, bp_n, bp_off, bp_N, bp_frames, bp_size, g_ssr,
+                g_sbhalf, g_sbr, geom_joint, csupport, sup_ptr, sup_idx, joint_tree, tree_lo,
+                tree_hi, q,
+                lim_q, lim_v, lim_bound, lim_sign, limit_margin, erp, skin, Minv, a_free, wkind,
+                pair_w, point_w, lam_w, modes_w, limits_w, lim_act_w, wFo, wIo, wn, wnl, wm,
+                tol, mode_tol, newton_iter,
+                mode_rounds, budget, pair_rest, rest_spent, realizable, cap, mocap_b, drift,
+                tau_total, gate, additive, dr_plane, dr_carrier, dr_ids):
+    """A small robot's whole step after pinocchio's calls in one compiled call (issue 14: each
+    call from Python costs the unboxing of its arguments and the boxing of its results): the
+    collision pass's closed forms (``collision_kernels.detect_closed_form``, the driver's
+    arguments), then, where it found no narrow-phase candidate, ``_constrained_step`` on its
+    rows (the arguments of the step's call, without restitution, mocap offsets or support drift,
+    ``Mbody`` None), ``q1 = q + dt v1`` with the end-of-step checks (``_step_end``) and the work
+    of the energy budget (``_budget_work``): the same kernels on the same values as the separate
+    calls, bit for bit. It takes ``a_free`` and makes ``v_free = v + dt a_free`` itself; inputs
+    that are not finite give status 0. ``additive`` False (a free or ball joint: pinocchio
+    integrates q1): q1 is left empty and ``finite`` covers v1 only. ``dr_plane``, ``dr_carrier``, ``dr_ids``: the
+    geoms of ``support_drift`` (its ``_Table``'s plane, carrier, ids; empty where it is not
+    active): a row carrying its term sends the step to the separate calls.
+
+    The warm start: ``wkind`` 0 none, 1 the arrays ``pair_w`` ... ``lim_act_w`` (as
+    ``_constrained_step`` takes them), 2 those of the last fused step, read from its packed
+    arrays ``wFo``, ``wIo`` (its ``n``, ``nl``, ``m``: ``wn``, ``wnl``, ``wm``; ``lim_act_w`` its
+    limits' modes): no Python slicing between two fused steps.
+
+    Returns (status, n, nl, m, islands, its, res, verify residual, verify scale, nprox, finite,
+    jump, frictionless, work, Fo, Io, lim_act): ``status`` 0 where the step needs what this
+    call does not do (narrow-phase candidates, a problem of at least ``BODY_MIN_ROWS`` rows, a
+    failed island, a row with support drift: the caller takes the separate calls), 1 without
+    constraints (``v1 = v_free``; ``Fo`` holds q1 and v_free), 2 with. Every array but
+    ``lim_act`` is packed into two (each returned array costs a boxing; ``_FastRecord`` gives
+    the views): ``Fo`` = ``_constrained_step``'s F (``_unpack_step``), J (m, nv) and G (m, m)
+    row-major, q1 (nq; none where not ``additive``), v_free, the detection's float rows
+    (``_unpack_rows``, no candidate); ``Io`` = its int array, then the detection's int rows."""
+    nv = v.shape[0]
+    zi = np.zeros(0, dtype=np.int64)
+    # (inputs not finite: the separate calls, whose checks name them)
+    for x in (q, v, tau_total):
+        for i in range(x.shape[0]):
+            if not np.isfinite(x[i]):
+                return (0, 0, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0, False, False, False, 0.0,
+                        np.zeros(0), zi, np.zeros(0, dtype=np.bool_))
+    v_free = np.empty(nv)           # (v + dt a_free, as numpy computes it)
+    for i in range(nv):
+        v_free[i] = v[i] + dt * a_free[i]
+    zf = np.zeros(0)
+    zb = np.zeros(0, dtype=np.bool_)
+    ncand, n, Fd, Id = detect_closed_form(
+        oM, mj, Jw, v, support, zf, zf, True, gslot, W0, reach, pairs, perm, pcat, rad, sap_g,
+        base_margin, dt, hp_k, hp_pl, hp_ot, ext_vec, ext_const, use_rot, mesh_i, mesh_pl,
+        mesh_ot, mesh_sw, hull_off, hull_pts, g_boxhalf, g_isbox, friction, max_points, bp_pair,
+        bp_kind, bp_geom, bp_n, bp_off, bp_N, bp_frames, bp_size, g_ssr, g_sbhalf, g_sbr)
+    if ncand or 3 * n + lim_q.shape[0] >= BODY_MIN_ROWS:
+        return (0, n, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0, False, False, False, 0.0, zf, zi, zb)
+    free = n == 0
+    if free and lim_q.shape[0]:
+        idx, _ = _active_limits(q, v, lim_q, lim_v, lim_bound, lim_sign, limit_margin, dt)
+        free = idx.shape[0] == 0
+    if not free and wkind == 2:
+        # the last fused step's warm start (Simulator._record's arrays, _FastRecord.warm)
+        oI = wnl + wn + wm
+        pair_w = np.empty(wn, dtype=np.int64)
+        point_w = np.empty(wn, dtype=np.int64)
+        modes_w = np.empty(wn, dtype=np.int64)
+        for k in range(wn):
+            pair_w[k] = wIo[oI + k]
+            point_w[k] = wIo[oI + 3 * wn + k]
+            modes_w[k] = wIo[wnl + k]
+        limits_w = np.empty(wnl, dtype=np.int64)
+        for k in range(wnl):
+            limits_w[k] = wIo[k]
+        lam_w = np.empty(wm)
+        for k in range(wm):
+            lam_w[k] = wFo[wnl + 2 * wm + k]
+    if not free:
+        # the rows as the driver's views hold them (collision_driver._unpack_rows), in arrays
+        # of their own (the layouts of the separate call: the same compiled _constrained_step)
+        pair = np.empty(n, dtype=np.int64)
+        g1 = np.empty(n, dtype=np.int64)
+        g2 = np.empty(n, dtype=np.int64)
+        point = np.empty(n, dtype=np.int64)
+        dist = np.empty(n)
+        mu = np.empty(n)
+        pos = np.empty((n, 3))
+        frames = np.empty((n, 3, 3))
+        o = 2 * n
+        for r in range(n):
+            pair[r] = Id[r]
+            g1[r] = Id[n + r]
+            g2[r] = Id[2 * n + r]
+            point[r] = Id[3 * n + r]
+            dist[r] = Fd[r]
+            mu[r] = Fd[n + r]
+            for c in range(3):
+                pos[r, c] = Fd[o + 3 * r + c]
+                for e in range(3):
+                    frames[r, c, e] = Fd[o + 6 * n + 9 * r + 3 * c + e]
+        (all_ok, nis, nl, its, res, r1, vs, nprox, F, I, lim_act, J, G) = _constrained_step(
+            pos, frames, g1, g2, geom_joint, dist, mu, pair, point, Jw, csupport, sup_ptr,
+            sup_idx, joint_tree, tree_lo, tree_hi, q, v, lim_q, lim_v, lim_bound, lim_sign,
+            limit_margin, dt, erp, skin, Minv, v_free, wkind > 0, pair_w, point_w, lam_w,
+            modes_w, limits_w, lim_act_w, tol, mode_tol, newton_iter, mode_rounds, budget,
+            pair_rest, 0.0, rest_spent, None, realizable, cap, mocap_b, drift)
+        m = G.shape[0]
+        if m and dr_plane.shape[0]:
+            for r in range(n):          # (support_drift._rows: a row carrying the term)
+                a1, a2 = g1[r], g2[r]
+                first = dr_plane[a1] and dr_carrier[a2]
+                if first or (dr_plane[a2] and dr_carrier[a1]):
+                    ge = a2 if first else a1
+                    if point[r] == dr_ids[ge, 0] or point[r] == dr_ids[ge, 1]:
+                        all_ok = False
+        if m:
+            if not all_ok:
+                return (0, n, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0, False, False, False, 0.0, zf, zi, zb)
+            v1 = np.empty(nv)
+            o = nl + 4 * m
+            for i in range(nv):
+                v1[i] = F[o + i]
+            b = np.empty(m)
+            lam = np.empty(m)
+            for r in range(m):
+                b[r] = F[nl + r]
+                lam[r] = F[nl + 2 * m + r]
+            if additive:
+                q1, finite, jump, frictionless = _step_end(q, v, v1, dt, gate, mu)
+            else:
+                q1 = zf
+                finite, jump, frictionless = _step_checks(v, v1, zf, gate, mu)
+            work = _budget_work(v1, tau_total, lam, b, dt)
+            LF = F.shape[0]
+            nd = Fd.shape[0]
+            Fo = np.empty(LF + m * nv + m * m + q1.shape[0] + nv + nd)
+            for i in range(LF):
+                Fo[i] = F[i]
+            o = LF
+            for r in range(m):
+                for i in range(nv):
+                    Fo[o + r * nv + i] = J[r, i]
+            o += m * nv
+            for r in range(m):
+                for c in range(m):
+                    Fo[o + r * m + c] = G[r, c]
+            o += m * m
+            for i in range(q1.shape[0]):
+                Fo[o + i] = q1[i]
+            o += q1.shape[0]
+            for i in range(nv):
+                Fo[o + i] = v_free[i]
+            o += nv
+            for i in range(nd):
+                Fo[o + i] = Fd[i]
+            Io = np.empty(I.shape[0] + Id.shape[0], dtype=np.int64)
+            for i in range(I.shape[0]):
+                Io[i] = I[i]
+            for i in range(Id.shape[0]):
+                Io[I.shape[0] + i] = Id[i]
+            return (2, n, nl, m, nis, its, res, r1, vs, nprox, finite, jump, frictionless, work,
+                    Fo, Io, lim_act)
+    if additive:
+        q1, finite, jump, frictionless = _step_end(q, v, v_free, dt, gate, zf)
+    else:
+        q1 = zf
+        finite, jump, frictionless = _step_checks(v, v_free, zf, gate, zf)
+    work = _budget_work(v_free, tau_total, zf, zf, dt)
+    Fo = np.empty(q1.shape[0] + nv)
+    for i in range(q1.shape[0]):
+        Fo[i] = q1[i]
+    for i in range(nv):
+        Fo[q1.shape[0] + i] = v_free[i]
+    return (1, n, 0, 0, 0, 0, 0.0, 0.0, 0.0, 0, finite, jump, frictionless, work, Fo, zi, zb)
+
+
 _NO_MU = np.zeros(0)
 # joints whose configuration space is a vector space (``integrate(q, v) = q + v``)
 # the solver's stages in the order it tries them (SolverResult.method)
@@ -756,6 +942,110 @@ _ADDITIVE_JOINTS = frozenset(
 _LAZY_FIELDS = frozenset(("contact_points", "contact_normals", "contact_distances",
                           "contact_impulses", "contact_impulses_world", "contact_modes",
                           "contact_geoms", "limit_joints", "limit_impulses", "limit_active"))
+
+
+class _FastRecord:
+    """What a fused step (``Simulator._fast_step``) found, kept in the two arrays the fused call
+    packed it into (``_fused_step``): its ``Contacts``, ``Constraints`` and ``SolverResult``
+    (the objects ``_step``'s separate calls build, with the same values), its J, G and g, and
+    the warm start of the next step are views made on first read."""
+
+    __slots__ = ("sm", "Fo", "Io", "n", "nl", "m", "nv", "nqa", "lim_act", "its", "resid",
+                 "nprox", "_contacts", "_built")
+
+    def __init__(self, sm, Fo, Io, n, nl, m, nv, nqa, lim_act, its, resid, nprox):
+        self.sm, self.Fo, self.Io, self.n, self.nl, self.m, self.nv = sm, Fo, Io, n, nl, m, nv
+        self.nqa = nqa                  # (q1's length in Fo: nq, or 0 where pinocchio integrates)
+        self.lim_act, self.its, self.resid, self.nprox = lim_act, its, resid, nprox
+        self._contacts = self._built = None
+
+    def _offsets(self):
+        """(start of J, of G, of q1, of v_free in Fo; start of the detection's int rows in
+        Io)."""
+        n, nl, m, nv = self.n, self.nl, self.m, self.nv
+        oJ = nl + 5 * m + nv + 2 * n
+        oq = oJ + m * nv + m * m
+        return oJ, oJ + m * nv, oq, oq + self.nqa, nl + n + m
+
+    @property
+    def contacts(self) -> Contacts:
+        c = self._contacts
+        if c is None:
+            n = self.n
+            Fd = self.Fo[self.Fo.shape[0] - 17 * n:]
+            c = self._contacts = Contacts(*_unpack_rows(Fd, self.Io[self._offsets()[4]:], 0, n))
+        return c
+
+    @property
+    def v_free(self) -> np.ndarray:
+        o = self._offsets()[3]
+        return self.Fo[o:o + self.nv]
+
+    @property
+    def G(self) -> np.ndarray:
+        return self.built()[2]
+
+    @property
+    def g(self) -> np.ndarray:
+        return self.built()[3]
+
+    def warm(self) -> tuple:
+        """The warm start of the next step (``Simulator._record``'s tuple)."""
+        n, nl, m = self.n, self.nl, self.m
+        oI = self._offsets()[4]
+        Io = self.Io
+        return (Io[oI:oI + n], Io[oI + 3 * n:oI + 4 * n], self.Fo[nl + 2 * m:nl + 3 * m],
+                Io[nl:nl + n], Io[:nl], self.lim_act)
+
+    def built(self) -> tuple:
+        """(Constraints, SolverResult, G, g) of the step, made once."""
+        b = self._built
+        if b is None:
+            c = self.contacts
+            m, nv = self.m, self.nv
+            oJ, oG, oq, _, _ = self._offsets()
+            J0 = self.Fo[oJ:oG].reshape(m, nv)
+            G0 = self.Fo[oG:oq].reshape(m, m)
+            (lim_idx, lim_dist, J, bb, G, g, lam, sigma, modes, v1, rest,
+             projected) = _unpack_step(self.Fo, self.Io, J0, G0, self.n, self.nl, nv, False)
+            cons = Constraints(J, bb, self.n, c.mu, _NO_FRAMES if c.frames is None else c.frames,
+                               c, lim_idx, lim_dist, c.dist, None, None, projected)
+            res = SolverResult(lam, sigma, modes, self.lim_act, self.its, self.resid, True,
+                               "prox+newton" if self.nprox else "newton")
+            b = self._built = (cons, res, G, g)
+        return b
+
+
+_FAST_LAZY = frozenset(("cons", "res", "G", "g", "v_free"))
+
+
+class _FastCache(dict):
+    """``sim.cache`` of a fused step: ``"cons"``, ``"res"``, ``"G"``, ``"g"`` and ``"v_free"``
+    are made on first read."""
+
+    __slots__ = ("_rec",)
+
+    def __init__(self, base: dict, rec: _FastRecord):
+        super().__init__(base)
+        self._rec = rec
+
+    def __missing__(self, key):
+        if key == "v_free":
+            val = self[key] = self._rec.v_free
+            return val
+        if key in _FAST_LAZY:
+            cons, res, G, g = self._rec.built()
+            self["cons"], self["res"], self["G"], self["g"] = cons, res, G, g
+            return self[key]
+        raise KeyError(key)
+
+    def get(self, key, default=None):
+        if key in _FAST_LAZY:
+            return self[key]
+        return dict.get(self, key, default)
+
+    def __contains__(self, key) -> bool:
+        return key in _FAST_LAZY or dict.__contains__(self, key)
 
 
 @dataclass
@@ -796,10 +1086,33 @@ class StepInfo:
             d["islands"] = islands
         return info
 
+    @classmethod
+    def _lazy_record(cls, rec: "_FastRecord", iterations: int, residual: float, method: str,
+                     islands: int) -> "StepInfo":
+        """A StepInfo of a fused step (``Simulator._fast_step``): its constraints and solver
+        result too are built on first access of a per-contact field."""
+        info = object.__new__(cls)
+        d = info.__dict__
+        d["_src"] = rec
+        d["iterations"] = iterations
+        d["residual"] = residual
+        d["converged"] = True
+        d["method"] = method
+        d["islands"] = islands
+        return info
+
+    def _source(self):
+        """The (constraints, solver result, model) the lazy fields are built from, or None."""
+        src = self.__dict__.get("_src")
+        if isinstance(src, _FastRecord):
+            cons, res = src.built()[:2]
+            src = self.__dict__["_src"] = (cons, res, src.sm)
+        return src
+
     def __getattr__(self, name: str):
         # only called for attributes not set yet: the lazy fields of a simulator's StepInfo
         if name in _LAZY_FIELDS:
-            src = self.__dict__.get("_src")
+            src = self._source()
             if src is not None and src[0] is None:      # no constraint this step: the defaults
                 d = self.__dict__
                 for f in dataclasses.fields(self):
@@ -817,7 +1130,7 @@ class StepInfo:
 
     def __getstate__(self):
         # (pickling and copying fill the lazy fields: the copy holds no simulator objects)
-        src = self.__dict__.get("_src")
+        src = self._source()
         if src is not None:
             getattr(self, "contact_points") if src[0] is None else self._fill(*src)
         return dict(self.__dict__)
@@ -843,6 +1156,8 @@ class StepInfo:
     @property
     def num_contacts(self) -> int:
         src = self.__dict__.get("_src")
+        if isinstance(src, _FastRecord):
+            return src.n
         if src is not None and "contact_modes" not in self.__dict__:
             return int(src[0].nc) if src[0] is not None else 0
         return len(self.contact_modes)
@@ -970,6 +1285,20 @@ class Simulator:
         self._additive_q = all(self.model.joints[j].shortname() in _ADDITIVE_JOINTS
                                for j in range(1, self.model.njoints))
         _warn_unstable_dt(self)
+
+    @property
+    def _warm(self):
+        """The warm start of the next step: (pair, point, impulses, modes, limits, limit
+        modes) of the last step's contacts and limits, or None (after a fused step, made from
+        its record when read: ``_FastRecord.warm``)."""
+        w = self.__dict__.get("_warm_st")
+        if type(w) is _FastRecord:
+            w = self.__dict__["_warm_st"] = w.warm()
+        return w
+
+    @_warm.setter
+    def _warm(self, w) -> None:
+        self.__dict__["_warm_st"] = w
 
     def _idx_q_of_v(self, iv: int) -> int:
         for j in range(1, self.model.njoints):
@@ -1269,6 +1598,142 @@ class Simulator:
         self._energy_budget(q, v, out[0], out[1])
         return out
 
+    def _fast_args(self):
+        """The fused call's arguments that the model fixes (``_fused_step``), or None where
+        this simulator's steps cannot take it: several trees (``island_step``), rows of
+        ``diffgym.sim.equality``, mocap bodies, a model without contact pairs or without moving
+        joints. Built on first use."""
+        fa = self.__dict__.get("_fused")
+        if fa is not None:
+            return fa
+        drv, cb = self.collision, self.constraints
+        ok = (self.__dict__.get("_trees") is None and self.__dict__.get("_extra") is None
+              and self.__dict__.get("_mocap") is None and drv._npairs and len(drv._mj))
+        if not ok:
+            fa = self._fused = False
+            return fa
+        from .support_drift import _table
+        t = _table(self)
+        # (support drift: the geoms whose rows carry its term, which the separate calls handle)
+        dr = ((t.plane, t.carrier, t.ids) if t.active else
+              (np.zeros(0, np.bool_), np.zeros(0, np.bool_), np.zeros((0, 2), np.int64)))
+        fa = self._fused = ((cb.geom_joint, cb.support, cb.sup_ptr, cb.sup_idx, cb.joint_tree,
+                             cb.tree_lo, cb.tree_hi), (bool(self._additive_q),) + dr)
+        return fa
+
+    def _fast_step(self, q, v, tau):
+        """The step of a small robot in one compiled call after pinocchio's (``_fused_step``),
+        with what the step leaves (``sim.last``, ``sim.cache``, the constraints and contacts)
+        built when first read (``_FastRecord``): the same values as the separate calls of
+        ``_step``, bit for bit. Returns (q1, v1), or None where the step takes ``_step``'s
+        separate calls (anything but the common case, and where a kernel has been replaced)."""
+        fa = self._fused if "_fused" in self.__dict__ else self._fast_args()
+        if not fa:
+            return None
+        solver, cb, drv = self.solver, self.constraints, self.collision
+        if (type(solver) is not NCPSolver or not solver.settings.compiled
+                or len(cb.pair_restitution) or self.gradient.name == "long_range"
+                or _constrained_step is not _CONSTRAINED_STEP
+                or _cd.detect_closed_form is not detect_closed_form
+                or "detect" in drv.__dict__ or self.__dict__.get("_toi_pass")):
+            return None
+        model, data = self.model, self.__dict__.get("_data")
+        nq, nv = model.nq, model.nv
+        if not (type(q) is np.ndarray and type(v) is np.ndarray and type(tau) is np.ndarray
+                and q.dtype == _F64 and v.dtype == _F64 and tau.dtype == _F64
+                and q.shape == (nq,) and v.shape == (nv,) and tau.shape == (nv,)):
+            return None
+        if len(self._quat_rows):
+            q, fast = _checked_state(q, v, tau, self._quat_rows)
+            if not fast:
+                return None
+        else:                           # (the finiteness checks in the fused call)
+            q = q.copy()
+        dt = self.sm.dt
+        pin.forwardKinematics(model, data, q, v)
+        pin.updateGeometryPlacements(model, data, self.geom_model, self.geom_data)
+        pin.computeJointJacobians(model, data)
+        Jw = data.J.reshape(6, nv).copy()
+        oM = drv._placements(data)
+        if len(self._stiff_idx):
+            tau_total = tau + self.passive_forces(q, v)
+        else:
+            tau_total = tau - self.sm.damping * v
+        a_free = pin.aba(model, data, q, v, tau_total)
+        Minv = pin.computeMinverse(model, data, q)
+        if nv == 1:
+            Minv = Minv.reshape(1, 1)
+        m0 = drv.base_margin + dt * dt * drv._gravity
+        fixed = drv.__dict__.get("_fixed_args")
+        if fixed is None:
+            fixed = drv._fixed_args = drv._detect_fixed_args()
+        mj, support, broad, rest = fixed
+        w = self.__dict__.get("_warm_st")
+        if w is None:
+            wa = _NO_WARM_FUSED
+        elif type(w) is _FastRecord:
+            wa = (2,) + _NO_WARM[:5] + (w.lim_act, w.Fo, w.Io, w.n, w.nl, w.m)
+        else:
+            wa = (1,) + w + _NO_WARM_REC
+        st = solver.settings
+        out = _fused_step(oM, mj, Jw, v, support, *broad, m0, dt, *rest, *fa[0], q, cb.lim_q,
+                          cb.lim_v, cb.lim_bound, cb.lim_sign, cb.limit_margin, cb.erp, cb.skin,
+                          Minv, a_free, *wa, st.tol, st.mode_tol, st.newton_iter,
+                          st.mode_rounds, st.newton_budget,
+                          cb.pair_restitution, _NO_SPENT, bool(st.realizable_bias),
+                          depenetration_speed(solver), _NO_MOCAP, _NO_DRIFT, tau_total,
+                          self._gate, *fa[1])
+        (status, n, nl, m, nis, its, resid, r1, vs, nprox, finite, jump, frictionless, work, Fo,
+         Io, lim_act) = out
+        if not status or not finite or frictionless:
+            return None
+        if status == 2 and not r1 <= max(100.0 * st.tol, 1e-9 * vs):
+            return None
+        additive = fa[1][0]
+        if status == 1:
+            o = nq if additive else 0
+            v1 = v_free = Fo[o:o + nv]
+        else:
+            o = nl + 4 * m
+            v1 = Fo[o:o + nv]
+        if additive:
+            o = nl + 5 * m + nv + 2 * n + m * nv + m * m if status == 2 else 0
+            q1 = Fo[o:o + nq]
+        else:                       # (a free or ball joint: q1 by pinocchio, as _step)
+            q1 = pin.integrate(model, q, v1 * dt)
+            s1 = float(_add(q1))
+            if s1 - s1 != 0.0:      # (not finite: _step raises the error)
+                return None
+        drv._margin0 = m0
+        drv.last_candidates = 0
+        if status == 1:
+            if jump and self._energy_excess(q, v, v1, tau_total, None, None) > 0.0:
+                return None
+            self._last_contacts = drv._empty          # (n = 0: no contact row)
+            self._warm = None
+            self.last = StepInfo._lazy(None, _NO_RESULT, self.sm)
+            self.cache = {"q": q, "v": v, "tau": tau, "tau_total": tau_total, "a_free": a_free,
+                          "v_free": v_free, "cons": None, "res": None, "Minv": None, "G": None,
+                          "g": None, "v1": v1, "q1": q1, "impact_times": None,
+                          "support_drift": None}
+        else:
+            rec = _FastRecord(self.sm, Fo, Io, n, nl, m, nv, nq if additive else 0, lim_act, its,
+                              resid, nprox)
+            if not n:                   # (limits alone: the driver's empty contacts, as detect)
+                rec._contacts = drv._empty
+            # (the speed jumped: the energy check of _step, which a step failing it takes)
+            if jump and self._energy_excess(q, v, v1, tau_total, *rec.built()[:2]) > 0.0:
+                return None
+            self._last_contacts = rec
+            self.__dict__["_warm_st"] = rec            # (its tuple made when read: _warm)
+            self.last = StepInfo._lazy_record(rec, its, resid,
+                                              "prox+newton" if nprox else "newton", nis)
+            self.cache = _FastCache({"q": q, "v": v, "tau": tau, "tau_total": tau_total,
+                                     "a_free": a_free, "Minv": Minv, "v1": v1,
+                                     "q1": q1, "impact_times": None, "support_drift": None}, rec)
+        self._step_work = work
+        return q1, v1
+
     # steps between two evaluations of the trajectory's mechanical energy (_energy_budget)
     ENERGY_CHECK_EVERY = 8
 
@@ -1297,7 +1762,10 @@ class Simulator:
                                   "n0": self._nstep}
             eb["K"] = self._ebudget_kin
         eb["q1"], eb["v1"] = q1.tobytes(), v1.tobytes()
-        if cache is not None:
+        work = self.__dict__.get("_step_work")
+        if work is not None:
+            eb["W"] += work
+        elif cache is not None:
             tt = cache.get("tau_total")
             cons, res = cache.get("cons"), cache.get("res")
             lb = (res.lam, cons.b) if (cons is not None and res is not None
@@ -1376,6 +1844,8 @@ class Simulator:
         sm = self.sm
         name = getattr(sm.model, "name", "") or "model"
         c = getattr(self, "_last_contacts", None)
+        if isinstance(c, _FastRecord):
+            c = c.contacts
         ctx = f"{name} ({sm.source}), step {self._nstep} of this simulator"
         if c is not None and len(c):
             pairs = sorted({(self.sm.geoms[int(a)].name, self.sm.geoms[int(b)].name)
@@ -1388,6 +1858,11 @@ class Simulator:
         return ctx
 
     def _step(self, q, v, tau, jacobian: bool = False):
+        self._step_work = None        # (the energy budget's work where the fused call gave it)
+        if not jacobian:
+            out = self._fast_step(q, v, tau)
+            if out is not None:
+                return out
         trees = self.__dict__.get("_trees")
         model, data, dt = self.model, self.__dict__.get("_data"), self.dt
         nq, nv = model.nq, model.nv
