@@ -52,9 +52,12 @@ derivative to check: a column of a simulator state that does not agree and is no
 of the impulses that moves the velocity (``G z != 0`` beyond rounding; see
 :func:`velocity_indeterminacy`), e.g. a box face sliding and spinning on four coplanar points,
 whose split of normal impulse changes the friction torque; the solver returns the member of the
-family its warm start leads to, and central differences of it converge as h shrinks only to a
-limit that depends on the warm start (from the step's own solution they match the analytic
-entry; from a cold start they reach another member's derivative).
+family its warm start leads to (where its stage 1 or 1b solves the step; where stage 1c does,
+the limit of the uniformly compliant problems: ``diffgym/sim/solver.py``), and central
+differences of it converge as h shrinks only to a limit that depends on the warm start (from the
+step's own solution they match the analytic entry; from a cold start they reach another member's
+derivative) or, in stage 1c, to the derivative of that selection, which the analytic entry (the
+minimum-norm solution of the mode equations) is not.
 Redundant impulses that leave the velocity alone (a face resting or sliding without spin) are
 determinate and are checked as usual. An environment step is classified the same way, by the
 same test at each of its frame-skip sub-steps: a disagreement of its state and reward blocks

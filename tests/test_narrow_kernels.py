@@ -102,10 +102,28 @@ def test_compiled_polytope_route_matches_python_route(n, force):
     detect = drv.detect
     seen = {"rows": 0, "per_point": 0}
 
+    import coal
+    fresh = coal.CollisionRequest(coal.CollisionRequestFlag.NO_REQUEST, 1)
+    default = (np.array(fresh.cached_gjk_guess), np.array(fresh.cached_support_func_guess))
+
+    def guesses():
+        nar = drv.__dict__.get("_narrow")
+        return {} if nar is None else {
+            k: (np.array(s[0].cached_gjk_guess), np.array(s[0].cached_support_func_guess))
+            for k, s in nar._slots.items()}
+
     def both(*args):
-        """detect by the compiled route, then by the Python route, at the step's placements"""
+        """detect by the compiled route, then by the Python route, at the step's placements,
+        each from the same state of coal's requests: their GJK runs start from the guess the
+        last call on the pair cached (``enable_cached_gjk_guess``), and where the closest
+        points are not unique (two box faces a few 1e-3 rad from parallel, 1 cm apart: the
+        16-box pile at step 6 since stage 1c) two calls in a row returned witness points 2.3e-6
+        m apart, whichever route ran"""
+        before = guesses()
         a = detect(*args)
         ppa = set(drv.per_point_pairs)
+        for k, s in drv.__dict__["_narrow"]._slots.items():
+            s[0].cached_gjk_guess, s[0].cached_support_func_guess = before.get(k, default)
         drv._poly_fast = np.zeros_like(fast)
         try:
             b = detect(*args)

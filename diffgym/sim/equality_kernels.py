@@ -48,7 +48,8 @@ def _reduced(Gs, gs, d0, nc, nl, mu, lam0, modes0, has_modes, tol, mode_tol, new
             allkeep = False
     if allkeep:
         out = solve_stage1(Gs, gs, nc, mu, lam0, modes0, has_modes, tol, mode_tol, newton_iter,
-                           mode_rounds, budget, None, None, None, None)   # (no body-space steps)
+                           mode_rounds, budget, None, None, None, None, None, None,
+                           False)   # (no body-space steps; no stage 1c: the rounds' own stages)
         return out[0], out[1], out[2], out[3], out[4], out[5], out[6], False
     ncs = 0
     for c in range(nc):
@@ -107,7 +108,8 @@ def _reduced(Gs, gs, d0, nc, nl, mu, lam0, modes0, has_modes, tol, mode_tol, new
     else:
         subm = np.zeros(0, np.int64)
     out = solve_stage1(Gr, gr, ncs, mur, sub0, subm, has_modes, tol, mode_tol, newton_iter,
-                       mode_rounds, budget, None, None, None, None)   # (no body-space steps)
+                       mode_rounds, budget, None, None, None, None, None, None,
+                       False)   # (no body-space steps; no stage 1c: the rounds' own stages)
     if not out[0]:
         return False, lam, gs, modes, act, out[5], out[6], False
     for a in range(n):

@@ -45,15 +45,46 @@ Stages:
    over the island's dofs (sparse envelope Cholesky, dependent dofs deflated; see
    ``solver_kernels.body_factor``): the same minimum-norm least-squares solution as the dense
    LU / rank test / SVD path, at the cost of the bodies' contact graph instead of O(m^3).
-1b. If that fails, **proximal active-set Newton** (``solver_kernels.proximal``): proximal-point iterations
-   whose subproblems are the NCPs of ``G + rho I`` and ``g - rho lam_k`` (``rho = 1e-6`` of the
-   mean Delassus diagonal), each solved by the same active-set kernel from the previous modes,
-   then the active-set Newton on the original problem from the modes found. Redundant contacts
-   (a face on a face) make the impulses non-unique and the plain iteration can wander between
-   equivalent impulses and modes; the subproblems have unique impulses, the velocity solution
-   is unique, and the outer iteration converges (the error in the range of G shrinks by
-   ``rho / (rho + eig)`` per outer step). Tried from the warm start, a cold all-sticking start
-   and an all-sliding start; typically 2-5 outer steps of a few Newton solves each.
+1b. If that fails, **proximal active-set Newton** (``solver_kernels.proximal``): proximal-point
+   iterations whose subproblems are the NCPs of ``G + rho I`` and ``g - rho lam_k`` (``rho =
+   1e-6`` of the mean Delassus diagonal), each solved by the same active-set kernel from the
+   previous modes, then the active-set Newton on the original problem from the modes found;
+   tried from the warm start, a cold all-sticking start and an all-sliding start. (Where these
+   fail and the rows' drift offsets are not realizable, stages 1 and 1b once more with them
+   made realizable: ``SolverSettings.realizable_bias``.)
+1c. If that fails, the **limit of the uniformly compliant problems**
+   (``solver_kernels.compliance_limit``, islands of fewer than ``BODY_MIN_ROWS`` rows): the
+   NCPs of ``G + rho I`` (every contact and limit made equally compliant; their impulses are
+   unique) are solved by the same active-set kernel from a cold start at ``rho`` = the mean
+   Delassus diagonal, then with ``rho`` stepped down by 10x (less where a subproblem is not
+   solved), each from the last solution, to ``1e-8`` of the mean diagonal; from that
+   solution's modes and impulses the active-set Newton on the original problem (its
+   minimum-norm steps move the impulses by O(rho)). Stages 1b and 1c are reported as
+   ``prox+newton``. Redundant contacts (a face on a face) make the impulses non-unique and the
+   plain iteration can wander between equivalent impulses and modes: on box piles pushed by
+   random forces (tests/test_pile_stages.py) stages 1 and 1b fail on most steps, which reached
+   the later stages before stage 1c and now all converge in it.
+
+   **Which solution a step returns where more than one is valid.** Where a redundant face's
+   contacts slide (a box pushed over a box or the floor, turning) not only the impulses but the
+   velocity is not unique: the split of the normal impulse among the face's corners is free,
+   and it changes the friction torque (two solutions of one problem with natural residual
+   <= 1e-11 differed by up to 4.4e-3 m/s). The step returns
+   - where stage 1 or 1b converges: its solution, the one Newton reaches from the previous
+     step's impulses and modes (it may depend on that warm start);
+   - else (stage 1c) the limit of the uniformly compliant problems as rho -> 0, the rigid limit
+     of contacts that are all equally stiff: a function of the step's problem alone, not of
+     the warm start (measured on the problems stage 1 failed on along the pushed piles: from
+     the warm start instead of the cold one the velocity agrees to 6e-8 m/s; stopped at
+     rho = 1e-10 or 1e-11 instead of 1e-8, to 4e-7 m/s);
+   - else the later stages' solution (path-dependent).
+   Where the velocity is unique (faces sticking, or sliding without turning; every
+   non-redundant problem) all of these are the same solution. The step Jacobian is taken at
+   the returned solution by its contact modes (``derivatives``: the minimum-norm solution of
+   the linearized mode equations). Where the velocity is not unique that is not the derivative
+   of the selection rule above (which also moves the split of the impulses), and it does not
+   match central differences of the step (``gradcheck`` reports such columns as
+   indeterminate).
 2. If that fails (many contacts changing between stick and slip at once), approximate solutions
    seed stage 1 again ("polish", modes classified at three thresholds): a short run of
    pinocchio's ``ADMMConstraintSolver`` (C++, ``solve_ncp``; limits are embedded as frictionless
@@ -61,8 +92,8 @@ Stages:
    pinocchio ADMM runs, then our ADMM and projected Gauss-Seidel. If nothing reaches the
    tolerance, the best iterate is returned with ``converged = False``.
 
-Stages 1 and 1b have one implementation each, compiled with numba (``solver_kernels.py``:
-``active_set`` and ``proximal``, with a hand-written LU, LAPACK's Cholesky for the rank test and
+Stages 1, 1b and 1c have one implementation each, compiled with numba (``solver_kernels.py``:
+``active_set``, ``proximal`` and ``compliance_limit``, with a hand-written LU, LAPACK's Cholesky for the rank test and
 a Jacobi SVD for the minimum-norm least squares of up to 32 unknowns; ``DIFFGYM_JIT=0`` runs
 them as plain Python), and run in one call (``solver_kernels.solve_stage1``) for every caller:
 the step's fused compiled call, ``NCPSolver.solve`` (any ``SolverSettings``, user subclasses,
@@ -528,7 +559,7 @@ class NCPSolver:
         ``SolverSettings.realizable_bias``): where the retry succeeds ``b`` and ``g`` hold the
         realizable offsets (in place; ``g`` then must be the caller's float64 array).
 
-        Stages 1 and 1b, preamble included, are one compiled call
+        Stages 1, 1b and 1c, preamble included, are one compiled call
         (``solver_kernels.solve_stage1``, whatever ``settings.compiled`` says); stages 2-4 (rare)
         run here in Python."""
         s = self.settings
@@ -562,7 +593,7 @@ class NCPSolver:
         return self._solve(G, g, nc, mu, lam0, modes0, stage1=False)
 
     def _solve(self, G, g, nc, mu, lam0, modes0, stage1=True):
-        """Stages 2-4 of ``solve`` (stage 1 and 1b failed); ``stage1`` True: the whole of
+        """Stages 2-4 of ``solve`` (stages 1, 1b and 1c failed); ``stage1`` True: the whole of
         ``solve``, stage 1 first."""
         if stage1:
             return self.solve(G, g, nc, mu, lam0, modes0)

@@ -5,10 +5,11 @@ step's fused call runs it, the later stages polish with ``active_set``; ``DIFFGY
 it as plain Python): ``active_set`` with ``_prepare``, ``_newton`` (linear and sliding
 branches, line search, iterative refinement, anchored / minimum-norm least-squares steps),
 ``_tols``, ``_violations`` with its quick test, ``_finish``, ``natres``, ``_rank_deficient``,
-``_lin_solve`` and the elimination of rows with a zero Delassus diagonal, and the solve's
-preamble (``solve_stage1``). The linear algebra is written out: matrix-vector products as
-loops, LU with partial pivoting (LAPACK ``dgetf2``'s order: reciprocal pivot, row-oriented
-rank-1 updates), Cholesky (``dpotrf``) for the rank test, and a Jacobi SVD or numba's
+``_lin_solve`` and the elimination of rows with a zero Delassus diagonal, the solve's
+preamble (``solve_stage1``), and stages 1b and 1c (``proximal``, ``compliance_limit``: both
+run ``active_set`` on regularized problems). The linear algebra is written out: matrix-vector
+products as loops, LU with partial pivoting (LAPACK ``dgetf2``'s order: reciprocal pivot,
+row-oriented rank-1 updates), Cholesky (``dpotrf``) for the rank test, and a Jacobi SVD or numba's
 ``np.linalg.lstsq`` (LAPACK ``dgelsd``: minimum norm, ``rcond = 1e-11``) for rank-deficient
 systems. Tested against independent oracles (tests/test_solver_kernels.py, tests/test_solver.py).
 
@@ -1216,31 +1217,43 @@ def active_set(G, g, nc, mu, modes_in, lim_in, lam_in, dG, dc, zero, haszero, vs
 
 @njit
 def solve_stage1(G, g, nc, mu, lam0, modes0, has_modes, tol, mode_tol, newton_iter,
-                 mode_rounds, budget, Jb, Mb, tlo, thi, b=None, keep=None):
+                 mode_rounds, budget, Jb, Mb, tlo, thi, b=None, keep=None, limit=True):
     """Stage 1 of the NCP solve (``_stage1``: the active set from the warm and cold starts,
-    stage 1b) for every caller (the compiled step's islands, the per-island storage of
-    ``island_step``, ``NCPSolver.solve``). With the rows' drift offsets ``b`` (``g = J v_free +
-    b``) and ``keep`` (the rows whose offset is a drift correction that may be projected:
+    stage 1b; then stage 1c, ``compliance_stage``) for every caller (the compiled step's
+    islands, the per-island storage of ``island_step``, ``NCPSolver.solve``). With the rows'
+    drift offsets ``b`` (``g = J v_free + b``) and ``keep`` (the rows whose offset is a drift correction that may be projected:
     ``constraint._bias_row_ok``; ``SolverSettings.realizable_bias``): where stage 1 fails, once
     more with those offsets projected onto the range of their rows of J (``project_block``:
     the closest correction one generalized velocity realizes; redundant contacts can ask for
     corrections no motion produces, and the mode equations then have no solution). Where that
     succeeds ``b`` and ``g`` hold the projected offsets (in place) and its solution is returned;
-    else they are unchanged and the first attempt's (failed) tuple is returned, the iterations
-    of both counted. Returns ``_stage1``'s tuple. ``keep`` is the record of what the step did
+    else they are unchanged. Where stage 1 (and the retry) failed, with ``limit`` stage 1c
+    (``compliance_stage``) on the problem with its own offsets (the rows' mixed solve,
+    ``equality_kernels``, passes False: its rounds hand a failed reduced problem to their own
+    later stages); where that fails too the first
+    attempt's (failed) tuple is returned, the iterations of all counted. Returns ``_stage1``'s
+    tuple. ``keep`` is the record of what the step did
     (in place): the projected rows where the retry's solution is returned, else cleared (the
     derivatives read it: ``Constraints.projected``)."""
     out = _stage1(G, g, nc, mu, lam0, modes0, has_modes, tol, mode_tol, newton_iter,
                   mode_rounds, budget, Jb, Mb, tlo, thi)
-    if b is None or keep is None:
-        return out
     if out[0]:
-        keep[:] = False
+        if b is not None and keep is not None:
+            keep[:] = False
         return out
+    if not limit:
+        if b is None or keep is None:
+            return out
+    elif b is None or keep is None:
+        return compliance_stage(G, g, nc, mu, out, tol, mode_tol, newton_iter, mode_rounds,
+                                Jb, Mb, tlo, thi)
     changed, nb = project_block(G, b, keep)
     if not changed:
         keep[:] = False
-        return out
+        if not limit:
+            return out
+        return compliance_stage(G, g, nc, mu, out, tol, mode_tol, newton_iter, mode_rounds,
+                                Jb, Mb, tlo, thi)
     m = G.shape[0]
     g2 = g.copy()
     t = 0
@@ -1253,7 +1266,12 @@ def solve_stage1(G, g, nc, mu, lam0, modes0, has_modes, tol, mode_tol, newton_it
     its = out[5] + out2[5]
     if not out2[0]:
         keep[:] = False
-        return False, out[1], out[2], out[3], out[4], its, out[6], out[7]
+        if not limit:
+            return False, out[1], out[2], out[3], out[4], its, out[6], out[7]
+        # (stage 1c on the raw offsets: its selection is the problem's own)
+        return compliance_stage(G, g, nc, mu, (False, out[1], out[2], out[3], out[4], its,
+                                               out[6], out[7]), tol, mode_tol, newton_iter,
+                                mode_rounds, Jb, Mb, tlo, thi)
     t = 0
     for a in range(m):
         g[a] = g2[a]
@@ -1306,17 +1324,11 @@ def project_block(Gs, bs, keep):
 
 
 @njit
-def _stage1(G, g, nc, mu, lam0, modes0, has_modes, tol, mode_tol, newton_iter,
-            mode_rounds, budget, Jb, Mb, tlo, thi):
-    """The preamble of ``NCPSolver.solve`` (dG, dc, vscale, zero-diagonal rows, the warm start)
-    and stage 1: the active set from the warm start, then (a warm start given) from the cold
-    start, then stage 1b (``proximal``) from three starts (the warm start, a cold
-    all-sticking one, an all-sliding one). ``lam0`` empty: no warm start; ``has_modes`` False: no ``modes0``; ``Jb``... (``island_body``; no
-    rows: none) for the body-space steps. Returns ``active_set``'s tuple and 1 if stage 1b
-    solved it (else 0)."""
+def _preamble(G, g, nc, tol):
+    """The solve's scales (``_stage1``, ``compliance_stage``): the Delassus diagonal with its
+    floor ``dG``, each contact's mean ``dc``, the rows with a zero diagonal (``zero``, and
+    whether any) and the velocity scale ``vscale``."""
     m = G.shape[0]
-    k = 3 * nc
-    nl = m - k
     dmax = G[0, 0]
     for i in range(1, m):
         if G[i, i] > dmax or G[i, i] != G[i, i]:
@@ -1345,6 +1357,41 @@ def _stage1(G, g, nc, mu, lam0, modes0, has_modes, tol, mode_tol, newton_iter,
             vscale = a
     if 1e-3 * tol > vscale:
         vscale = 1e-3 * tol
+    return dG, dc, zero, haszero, vscale
+
+
+@njit
+def compliance_stage(G, g, nc, mu, out, tol, mode_tol, newton_iter, mode_rounds, Jb, Mb, tlo,
+                     thi):
+    """Stage 1c: where stage 1 and 1b failed (``out``, ``_stage1``'s failed tuple, returned as
+    it is where this fails too, its iterations added), ``compliance_limit`` on the problem
+    (islands of fewer than ``BODY_MIN_ROWS`` rows: its subproblems are dense). Returns
+    ``_stage1``'s tuple (its last entry 1 where this solved it: reported as ``prox+newton``)."""
+    m = G.shape[0]
+    if m >= BODY_MIN_ROWS:
+        return out
+    dG, dc, zero, haszero, vscale = _preamble(G, g, nc, tol)
+    c = compliance_limit(G, g, nc, mu, dG, dc, zero, haszero, vscale, tol, mode_tol,
+                         newton_iter, mode_rounds, Jb, Mb, tlo, thi)
+    if c[0]:
+        return True, c[1], c[2], c[3], c[4], out[5] + c[5], c[6], 1
+    return False, out[1], out[2], out[3], out[4], out[5] + c[5], out[6], out[7]
+
+
+@njit
+def _stage1(G, g, nc, mu, lam0, modes0, has_modes, tol, mode_tol, newton_iter,
+            mode_rounds, budget, Jb, Mb, tlo, thi):
+    """The preamble of ``NCPSolver.solve`` (dG, dc, vscale, zero-diagonal rows, the warm start)
+    and stage 1: the active set from the warm start, then (a warm start given, where
+    ``COLD_RESTART``) from the cold start, then stage 1b (``proximal``) from three starts (the
+    warm start, a cold all-sticking one, an all-sliding one). ``lam0`` empty: no warm start;
+    ``has_modes`` False: no ``modes0``; ``Jb``... (``island_body``; no rows: none) for the
+    body-space steps. Returns ``active_set``'s tuple and 1 if stage 1b
+    solved it (else 0)."""
+    m = G.shape[0]
+    k = 3 * nc
+    nl = m - k
+    dG, dc, zero, haszero, vscale = _preamble(G, g, nc, tol)
     lam = np.zeros(m)
     if lam0.shape[0]:
         t = 0.0
@@ -1485,6 +1532,120 @@ def proximal(G, g, nc, mu, modes, lim_act, lam, dG, dc, zero, haszero, vscale, b
             if f[0]:
                 return True, f[1], f[2], f[3], lim_act, total + f[4], f[5]
             return True, lam, sigma, modes, lim_act, total, res
+    return False, lam, lam, modes, lim_act, total, _INF
+
+
+LIMIT_RHO0 = 1.0        # stage 1c (compliance_limit): its first weight (of the mean diagonal)
+LIMIT_RHO_MIN = 1e-8    # its last weight (then the original problem from the modes found)
+LIMIT_FACTOR = 0.1      # the weight's step down (halved in log where a subproblem fails)
+LIMIT_SUBS = 40         # subproblems at most
+LIMIT_BUDGET = 100      # Newton iterations of each subproblem's active set
+LIMIT_RAISE = 3         # the first weight raised by 1 / LIMIT_FACTOR at most this often
+LIMIT_SMALLEST = 1.0 / 16.0   # a step down halved below this part of LIMIT_FACTOR: stop there
+
+
+@njit
+def compliance_limit(G, g, nc, mu, dG, dc, zero, haszero, vscale, tol, mode_tol, newton_iter,
+                     mode_rounds, Jb, Mb, tlo, thi):
+    """Stage 1c (issue 16: pushed box piles; ``compliance_stage``), the solution the solver
+    selects where stages 1 and 1b fail: the limit, as the weight ``rho`` goes to zero, of the
+    solutions of the NCPs of ``G + rho I`` (the same contacts, each made uniformly compliant:
+    their impulses are unique, and the selection does not depend on the warm start). Computed
+    by continuation: from a cold start (zero impulses, approaching contacts sticking, limits
+    whose free velocity closes them active) the problem of ``rho = LIMIT_RHO0`` times the mean
+    Delassus diagonal is solved by ``active_set``, then ``rho`` steps down by ``LIMIT_FACTOR``
+    (the step halved in log where a subproblem is not solved, doubled back after a success; a
+    first problem not solved: ``rho`` raised by ``1 / LIMIT_FACTOR``, at most ``LIMIT_RAISE``
+    times), each subproblem warm-started from the last, to ``LIMIT_RHO_MIN`` (or to the last one
+    solved where the step had to be halved below ``LIMIT_SMALLEST``); from that solution's modes
+    and impulses ``active_set`` on the original problem (its minimum-norm steps move the
+    impulses by O(rho); else ``_finish``; else the point itself where its natural residual is
+    within ``tol``). Where a redundant face's corners slide the discrete Coulomb problem has a
+    continuum of solutions with different velocities; this is the one the solver returns where
+    stages 1 and 1b fail (measured on the island problems stage 1 failed on along the pushed
+    piles of tests/test_pile_stages.py, 3, 4 and 16 boxes: from the warm start instead of the
+    cold one the velocity agrees to 6e-8 m/s; ending at 1e-8 against 1e-11 or 1e-10, to 4e-7
+    m/s;
+    proximal-point iterations pick other solutions, up to 6e-3 m/s away; solver.py's docstring
+    states the rule). Returns ``active_set``'s tuple (found first)."""
+    m = G.shape[0]
+    k = 3 * nc
+    nl = m - k
+    rounds = nc + nl + 2
+    if mode_rounds > rounds:
+        rounds = mode_rounds
+    s = 0.0
+    for i in range(m):
+        s += dG[i]
+    s /= m
+    modes = np.empty(nc, np.int64)
+    for i in range(nc):
+        modes[i] = STICKING if g[3 * i + 2] < 0.0 else BREAKING
+    lim_act = np.empty(nl, np.bool_)
+    for j in range(nl):
+        lim_act[j] = g[k + j] < 0.0
+    lam = np.zeros(m)
+    Gr = G.copy()
+    dGr = np.empty(m)
+    dcr = np.empty(nc)
+    lmin = math.log(LIMIT_RHO_MIN)
+    lf = math.log(LIMIT_FACTOR)
+    cur = math.log(LIMIT_RHO0)
+    prev = cur
+    solved = False
+    step = lf
+    total = 0
+    raised = 0
+    for _ in range(LIMIT_SUBS):
+        rho = s * math.exp(cur)
+        for i in range(m):
+            Gr[i, i] = G[i, i] + rho
+            dGr[i] = dG[i] + rho
+        for i in range(nc):
+            dcr[i] = dc[i] + rho
+        out = active_set(Gr, g, nc, mu, modes, lim_act, lam, dGr, dcr, zero, haszero, vscale,
+                         LIMIT_BUDGET, tol, mode_tol, newton_iter, rounds, None, None, None,
+                         None)
+        total += out[5]
+        if not out[0]:
+            if not solved:          # the first problem: a larger weight (at most 3 times)
+                if raised == LIMIT_RAISE:
+                    break
+                raised += 1
+                cur -= lf
+                continue
+            if step > LIMIT_SMALLEST * lf:
+                break               # (the step halved to 1/16: the original from prev's)
+            step *= 0.5
+            cur = prev + step
+            continue
+        lam = out[1]
+        modes = out[3]
+        lim_act = out[4]
+        prev = cur
+        solved = True
+        if cur <= lmin:
+            break
+        if step > lf:
+            step = 2.0 * step if 2.0 * step > lf else lf
+        cur = cur + step if cur + step > lmin else lmin
+    if not solved:
+        return False, lam, lam, modes, lim_act, total, _INF
+    # the original problem from the last subproblem's solution (rho = LIMIT_RHO_MIN unless its
+    # steps down stalled above it)
+    sigma = np.empty(m)
+    _matvec(G, lam, g, sigma)
+    o2 = active_set(G, g, nc, mu, modes, lim_act, lam, dG, dc, zero, haszero, vscale,
+                    LIMIT_BUDGET, tol, mode_tol, newton_iter, rounds, Jb, Mb, tlo, thi)
+    if o2[0]:
+        return True, o2[1], o2[2], o2[3], o2[4], total + o2[5], o2[6]
+    f = _finish(G, g, nc, mu, modes, lim_act, lam, sigma, dG, dc, vscale, zero, haszero,
+                tol, mode_tol, newton_iter, Jb, Mb, tlo, thi)
+    if f[0]:
+        return True, f[1], f[2], f[3], lim_act, total + o2[5] + f[4], f[5]
+    res = natres(lam, sigma, nc, mu, dc, dG)
+    if res <= tol:
+        return True, lam, sigma, modes, lim_act, total + o2[5], res
     return False, lam, lam, modes, lim_act, total, _INF
 
 
