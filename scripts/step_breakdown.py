@@ -10,6 +10,13 @@ Each part replays the arguments recorded over ``--steps`` steps of ``diffgym ben
 (after 20 untimed ones), best of ``--reps`` passes, CPU time (``time.process_time``: less
 sensitive than wall-clock to other load on a shared machine), microseconds per step. A part a
 step does not take (no contact: no constrained call) counts as zero for that step.
+
+Since the fused step (``Simulator._fast_step``, session 12) a small robot's plain step is one
+compiled call; the spies this script installs on ``_constrained_step`` and
+``detect_closed_form`` send the step to the separate calls, so the table breaks down that path
+(which Jacobian steps, narrow-phase pairs and robots with joint friction still take), not the
+fused one. For the fused step compare the whole step with and without it (``sim._fused =
+False`` turns it off for one simulator, as ``tests/test_fast_paths.py`` does).
 """
 from __future__ import annotations
 
