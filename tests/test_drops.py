@@ -52,3 +52,17 @@ def test_bench_runs_chosen_ids_and_lists_every_failure(capsys):
     with pytest.raises(SystemExit):
         bench_drops.main(bench_drops.add_arguments(argparse.ArgumentParser()).parse_args(
             ["--ids", "-1"]))
+
+
+@pytest.mark.parametrize("index", [119, 575, 971, 2897])
+def test_corners_over_a_box_face_get_rows(index):
+    """#119 (box + box, 100 Hz): the upper box touches the lower one edge on edge (one contact
+    point, 0.9 mm apart) while a corner of its edge hangs 2 mm over the lower box's face;
+    within the step it turned about the contact and that corner went 10 mm into the face (19
+    mm at worst). #575 (box + box, 10 Hz, 13 mm), #971 (capsule + box, 20 Hz, 34 mm) and
+    #2897 (box + box, 30 Hz, 6.3 mm) the same with a corner or a capsule's end. The box
+    corners and capsule ends within the pair's margin over a face of a box (and the points
+    where an edge from one leaves the face) of a pair touching at one or two points now have
+    rows on the contact's normal and mid plane (collision_kernels.poly_margin_rows)."""
+    r, info = _run(index)
+    assert not r.fails, info

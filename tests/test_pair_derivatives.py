@@ -262,3 +262,41 @@ def test_pile_box_corner_beyond_a_face(monkeypatch):
                                            monkeypatch)
     assert max(c.dist[k] for k in errs) > 0.03
     assert max(errs.values()) < 1e-6, errs
+
+
+def _bench_state(index, steps):
+    """A simulator of bench_drops run ``index`` (seed 0) and its state and warm start after
+    ``steps`` steps."""
+    from diffgym import bench_drops
+    scene = bench_drops.make_scene(0, index)
+    sim = diffgym.Simulator.from_string(scene.mjcf(), tol=1e-9)
+    q, v = sim.q0.copy(), np.zeros(sim.nv)
+    for b in range(len(scene.kinds)):
+        for name, val in ((f"j{b}", scene.vlin[b]), (f"j{b}_rot", scene.vang[b])):
+            j = sim.model.joints[sim.model.getJointId(name)]
+            v[j.idx_v:j.idx_v + 3] = val
+    for _ in range(steps):
+        q, v = sim.step(q, v, np.zeros(sim.nv))
+    return sim, q, v, sim.warm_start_state()
+
+
+@pytest.mark.parametrize("index, steps, kinds", [
+    (119, 50, ("box", "box")),        # two boxes edge on edge, a corner 1-3 mm over a face
+    (119, 60, ("box", "box")),        # ... resting on it, two rows
+    (557, 12, ("box", "capsule")),    # a capsule tilted over a box face: its far end
+    (1499, 52, ("box", "box")),       # box edges leaving a face over its boundary (both sides)
+    (1499, 56, ("box", "box")),
+])
+def test_margin_vertex_rows_against_the_driver(index, steps, kinds, monkeypatch):
+    """Margin rows (collision_kernels.poly_margin_rows: a box corner or a capsule end within the
+    margin over a box face, or the point where an edge from one leaves the face, beyond the
+    contact's patch) along bench_drops runs: their closed-form dp, dn, dd against central
+    differences of the driver, the fallback forbidden."""
+    from diffgym.sim.collision_derivatives import MARGIN_VERTEX_ID
+    sim, q, v, warm = _bench_state(index, steps)
+    errs, c = _geometry_against_the_driver(sim, q, v, np.zeros(sim.nv), warm, kinds, monkeypatch)
+    spec = [k for k in errs if int(c.point[k]) >= MARGIN_VERTEX_ID]
+    assert spec, "no margin row"
+    if index == 1499:                 # (an edge crossing among them)
+        assert any((int(c.point[k]) - MARGIN_VERTEX_ID) % 500_000 >= 1000 for k in spec)
+    assert max(errs.values()) < 1e-6, errs

@@ -65,6 +65,13 @@ import numpy as np
 
 from .jit import njit
 
+# point ids of the margin rows of a polytope pair (collision_kernels.poly_margin_rows): a
+# vertex i of geom 1 over a face of geom 2 is MARGIN_VERTEX_ID + i, the point where its edge to
+# vertex o leaves the face MARGIN_VERTEX_ID + 1000 (1 + i) + o; a point of geom 2 over a face of
+# geom 1 adds MARGIN_SIDE (stable from step to step: the warm start)
+MARGIN_VERTEX_ID = 3_000_000
+MARGIN_SIDE = 500_000
+
 # exact support sets: vertices within this fraction of the pair's size of the support plane
 SUPPORT_TOL = 1e-8
 # a contact point matches a patch candidate within this fraction of the pair's size
@@ -1134,23 +1141,40 @@ def _k_snap_pair(XA, radA, FA, EA, XB, radB, FB, EB, n, d, tol):
     return ok, axis, fbest, cbest
 
 
-def polytope_pairs(sim, kin, c, groups, dp, dn, dd) -> list:
+def polytope_pairs(sim, kin, c, groups, dp, dn, dd, deferred=None) -> list:
     """Closed-form dp, dn, dd for the contact rows of polytope pairs (boxes, convex meshes, a
     capsule with a polytope): groups is a list of (j1, j2, rows), the rows of one pair of geoms
     each, in ``c = cons.contacts``. One compiled call does them all; returns the rows it could
     not do (for the fallback). (The kernel's constant inputs per set of geom pairs, vertices and
-    radii, are kept on the simulator: a step's Python work is a few gathers.)"""
+    radii, are kept on the simulator: a step's Python work is a few gathers.) The margin rows
+    of a pair (``margin_vertex_rows``) follow its contact row; where that row is left to the
+    fallback they are appended to ``deferred`` as ``margin_vertex_rows``' arguments after
+    (sim, kin, c), for the caller to do once the fallback has done the contact row (without
+    ``deferred``: returned with the rows not done)."""
     undone: list = []
     todo = []
+    margin = []
     geom1, geom2 = c.geom1, c.geom2
+    point = c.point
     for j1, j2, rows in groups:
         k0 = rows[0]
         g1, g2 = int(geom1[k0]), int(geom2[k0])
         VA, VB = local_vertices(sim, g1), local_vertices(sim, g2)
         if VA is None or VB is None:
             undone += _undone(rows, 'not polytopes')
-        else:
-            todo.append((j1, j2, rows, g1, g2, VA, VB))
+            continue
+        spec = [k for k in rows if int(point[k]) >= MARGIN_VERTEX_ID]
+        if spec:
+            # the margin rows (collision_kernels.poly_margin_rows: a vertex over a face), done
+            # after the pair's contact row, whose normal and point they share
+            rows = [k for k in rows if int(point[k]) < MARGIN_VERTEX_ID]
+            if not rows:
+                undone += _undone(spec, "margin row without a contact row")
+            else:
+                margin.append((spec, rows[0], j1, j2, g1, g2, VA, VB))
+            if not rows:
+                continue
+        todo.append((j1, j2, rows, g1, g2, VA, VB))
     if not todo:
         return undone
     P = len(todo)
@@ -1220,7 +1244,98 @@ def polytope_pairs(sim, kin, c, groups, dp, dn, dd) -> list:
         for code in np.unique(status[status != 0]):
             undone += _undone([all_rows[q] for q in np.flatnonzero(status == code)],
                               _REASONS[int(code)])
+    if margin:
+        failed = {k for k, _ in undone}
+        for spec, k0, j1, j2, g1, g2, VA, VB in margin:
+            if k0 in failed:
+                if deferred is None:
+                    undone += _undone(spec, "margin row: its contact row was not done")
+                else:
+                    deferred.append((spec, k0, j1, j2, g1, g2, VA, VB))
+            else:
+                undone += margin_vertex_rows(sim, kin, c, spec, k0, j1, j2, g1, g2, VA, VB,
+                                             dp, dn, dd)
     return undone
+
+
+def margin_vertex_rows(sim, kin, c, rows, k0, j1, j2, g1, g2, VA, VB, dp, dn, dd) -> list:
+    """Closed-form dp, dn, dd of the margin rows of one polytope pair (geoms g1, g2 on joints
+    j1, j2, local core vertices VA, VB; collision_kernels.poly_margin_rows), from those of the
+    pair's contact row k0 (done before: its point p0, normal n and their derivatives). A point
+    X of the incident geom's core (radius r_I) lies over a face of the reference box, whose
+    outward normal is u (u . n < 0 for a point of geom 1, > 0 for one of geom 2). X is a vertex
+    (body-fixed), or the point where the edge from vertex P to vertex Q crosses the plane of
+    the face's side e . x = const (e the box axis of that side): ``X = P + t (Q - P)`` with
+    ``e . (dX_I - dX_R) + e . (Q - P) dt = 0`` (dX_I, dX_R the Jacobians of the point moving
+    with the incident body and with the box; the side plane moves with the box), so ``dX =
+    dX_I + (Q - P) dt``. With Y any vertex of the face (body-fixed, on its plane) the distance
+    along n from the incident surface to the face's plane is ``d = u . (Y - X) / (u . n) -
+    r_I`` for a point of geom 1 (of geom 2: ``u . (X - Y) / (u . n) - r_I``, its sign turned): ``dd = (du . (Y - X) + u . (dY - dX)) / (u . n) - u . (Y - X) (du . n + u . dn) /
+    (u . n)^2`` with ``du = w_R x u`` (the face turns with the box). The row's normal is n
+    (``dn`` the contact row's), its point X projected on the plane through p0 normal to n:
+    ``p = X - (X . n - p0 . n) n``. Returns the rows it could not do (a crossing the pose no
+    longer has)."""
+    oMg = sim.geom_data.oMg
+    nv = kin.nv
+    zJ = np.zeros((6, nv))
+    zo = np.zeros(3)
+    left = []
+    n = np.asarray(c.normal[k0], float)
+    p0 = np.asarray(c.pos[k0], float)
+    Dn, Dp0 = dn[k0], dp[k0]
+    c0 = float(p0 @ n)
+    Dc0 = _k_vD(n, Dp0) + _k_vD(p0, Dn)
+    for k in rows:
+        pid = int(c.point[k]) - MARGIN_VERTEX_ID
+        side = 1 if pid >= MARGIN_SIDE else 0
+        code = pid - side * MARGIN_SIDE
+        gI, gR, jI, jR, VI, VR = (g1, g2, j1, j2, VA, VB) if side == 0 else (g2, g1, j2, j1, VB, VA)
+        MI, MR = oMg[gI], oMg[gR]
+        RR, tR = MR.rotation, MR.translation
+        JI, oI = (kin.J[jI], kin.o[jI]) if jI else (zJ, zo)
+        JR, oR = (kin.J[jR], kin.o[jR]) if jR else (zJ, zo)
+        half = np.abs(VR).max(axis=0)
+        if code < 1000:                                  # a vertex
+            X = MI.rotation @ VI[code] + MI.translation
+            dX = _k_pj(JI, oI, X)
+            lX = RR.T @ (X - tR)
+            cax = int(np.argmax(np.abs(lX) - half))      # the face it lies over
+            sx = lX[cax]
+        else:                                            # an edge leaving the face
+            P = MI.rotation @ VI[code // 1000 - 1] + MI.translation
+            Q = MI.rotation @ VI[code % 1000] + MI.translation
+            lP, lQ = RR.T @ (P - tR), RR.T @ (Q - tR)
+            cax = int(np.argmax(np.abs(lP) - half))
+            best, ax = 2.0, -1
+            for a in range(3):
+                if a != cax and abs(lQ[a]) > half[a]:
+                    ta = (np.copysign(half[a], lQ[a]) - lP[a]) / (lQ[a] - lP[a])
+                    if ta < best:
+                        best, ax = ta, a
+            if ax < 0 or not 0.0 < best < 1.0:
+                left.append(k)
+                continue
+            X = P + best * (Q - P)
+            e = RR[:, ax]
+            dXI = _k_pj(JI, oI, X)
+            dt = -_k_vD(e, dXI - _k_pj(JR, oR, X)) / float(e @ (Q - P))
+            dX = dXI + _k_outer(Q - P, dt)
+            sx = lP[cax]
+        # the face's outward normal u and a point Y of its plane (body-fixed)
+        u = RR[:, cax] * (1.0 if sx >= 0.0 else -1.0)
+        Y = tR + u * half[cax]
+        du = _k_turn(JR, u)
+        dY = _k_pj(JR, oR, Y)
+        un = float(u @ n)
+        N = float(u @ (Y - X))
+        DN = _k_vD(Y - X, du) + _k_vD(u, dY - dX)
+        DD = _k_vD(n, du) + _k_vD(u, Dn)
+        sd = 1.0 if side == 0 else -1.0                  # (geom 2's point: d = u . (X - Y) / (u . n))
+        dd[k] = sd * (DN / un - N * DD / (un * un))
+        dn[k] = Dn
+        h = float(X @ n) - c0
+        dp[k] = dX - _k_outer(n, _k_vD(n, dX) + _k_vD(X, Dn) - Dc0) - h * Dn
+    return _undone(left, "margin row: no crossing") if left else []
 
 
 # the (ngeom, 12) placement rows' rotation from column-major to row-major order

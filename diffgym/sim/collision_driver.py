@@ -14,6 +14,15 @@
   contacts: a 10 m/s ball cannot tunnel through a 2 cm wall);
 * contact patches (``pinocchio.computeContactPatch``): a face or edge contact gives a polygon,
   reduced to at most ``max_points`` (4) points that span it, so a box lies flat without rocking;
+* margin rows of box-box and box-capsule pairs (``collision_kernels.poly_margin_rows``): the
+  patch holds the support sets along the contact normal only, so a box on an edge or a corner
+  over another box's face, or a tilted capsule, has one or two points and turns about them
+  into the face within the step; where the contact has one or two points, the box corners or
+  capsule ends within the pair's margin over a box face (and the points where an edge from
+  one leaves the face) that the pair's relative motion can bring to it within the step get
+  rows, the nearest first, up to three points with the contact's: the contact's normal, the
+  point projected on its mid plane, the distance along the normal to the face's plane (so
+  that the pair's drift correction stays realizable, as a patch's);
 * closed form, without coal (``collision_kernels``): spheres, capsules and boxes on a static
   plane, sphere-sphere and sphere-box pairs (a ball against a cushion); (``plane_contacts``)
   cylinders and ellipsoids on a plane, and a cylinder on the face of a box
@@ -64,8 +73,10 @@ from .pinviews import gather_placements, placement_view
 from .model import SimModel
 from .convex_support import FACE_ID_BASE, SMOOTH_KINDS, face_contact, shape_of, solve
 from .pair_tables import NarrowPhase
-from .collision_kernels import (BROAD_SLACK as _BROAD_SLACK, KIND_CODES, detect_closed_form,
-                                merge_rows, narrow_rows, poly_patches, poly_separated,
+from .collision_kernels import (BROAD_SLACK as _BROAD_SLACK, KIND_CODES, MARGIN_POINTS as
+                                _MARGIN_POINTS, MARGIN_REACH, detect_closed_form,
+                                merge_rows, narrow_rows, poly_margin_rows, poly_patches,
+                                poly_separated,
                                 poly_snaps)
 from .trees import _oMg_view
 from .plane_contacts import (ANALYTIC_KINDS, CYLINDER_POINTS, ELLIPSOID_POINTS, cylinder_box_face,
@@ -245,6 +256,9 @@ class CollisionDriver:
         # (a ball at 10 Hz entered the floor by up to 6 cm before its contact was seen)
         self._gravity = float(np.linalg.norm(sm.model.gravity.linear))
         self.max_points = int(max_points)
+        # margin rows (poly_margin_rows): within this many step lengths of the point's and the
+        # contact's closing speeds of the face
+        self.margin_reach = MARGIN_REACH
         gm = sm.geom_model
         self.pairs = sm.pairs
         self.ngeom = len(gm.geometryObjects)
@@ -552,6 +566,7 @@ class CollisionDriver:
             fast[k] = False
         self._poly_fast = fast
         self._any_fast = bool(fast.any())
+        self._any_snap = bool(self._box_box.mask.any()) if len(p) else False
         self._gviews: tuple | None = None       # (gdata, view of its oMg or None)
 
     def _world(self, k, gdata):
@@ -807,6 +822,61 @@ class CollisionDriver:
             raise np.linalg.LinAlgError("patch_distances: singular support feature")
         self.per_point_pairs.update(ks[take].tolist())
         return tuple(rows)
+
+    def _twists(self, geoms, data, Jw, v) -> np.ndarray:
+        """World twists (len(geoms), 6) of the given geoms' bodies: the velocity of the point
+        at the world origin and the angular velocity (zeros for a static geom), from the joint
+        Jacobians ``Jw`` and ``v`` where the step gives them, else from ``data.v``."""
+        out = np.zeros((len(geoms), 6))
+        for i, g in enumerate(geoms):
+            s = int(self._gslot[g])
+            if s < 0:
+                continue
+            if Jw is not None:
+                mask = self._support[s]
+                out[i] = Jw[:, mask] @ v[mask]
+            else:
+                j = self._mj[s]
+                M, V = data.oMi[j], data.v[j]
+                w = M.rotation @ V.angular
+                out[i, 3:] = w
+                out[i, :3] = M.rotation @ V.linear - np.cross(w, M.translation)
+        return out
+
+    def _margin_rows(self, gdata, cand, cand_margin, cols, data, dt, Jw, v):
+        """``cols`` (pair, point, pos, normal, dist of the narrow phase's rows) with the
+        margin rows of its snappable polytope pairs (box-box, box-capsule) that touch at one
+        or two points appended (collision_kernels.poly_margin_rows: the vertices within the
+        pair's margin over a face of a box of the pair, beyond the contact, that the pair's
+        motion can bring to the face within the step)."""
+        P = cols[0]
+        sel = np.flatnonzero(self._box_box.mask[P])
+        if not len(sel):
+            return cols
+        # pairs touching at one or two points only (a face patch holds its corners)
+        ks, cnt = np.unique(P[sel], return_counts=True)
+        few = cnt < _MARGIN_POINTS
+        if not few.any():
+            return cols
+        sel = sel[np.isin(P[sel], ks[few])]
+        ks, first, inv = np.unique(P[sel], return_index=True, return_inverse=True)
+        normals = np.ascontiguousarray(cols[3][sel[first]])
+        margins = np.ascontiguousarray(cand_margin[np.searchsorted(cand, ks)])
+        deepest = np.full(len(ks), np.inf)
+        np.minimum.at(deepest, inv, cols[4][sel])
+        count = np.bincount(inv, minlength=len(ks))
+        at = np.ascontiguousarray(cols[2][sel[np.argsort(inv, kind="stable")]])
+        off = np.zeros(len(ks) + 1, dtype=np.int64)
+        np.cumsum(count, out=off[1:])
+        tw = self._twists(self.pairs[ks].ravel(), data, Jw, v).reshape(len(ks), 2, 6)
+        c_v, c_voff = self._cores[0], self._cores[1]
+        extra = poly_margin_rows(self._oMg(gdata), self.pairs, ks, normals, margins, deepest,
+                                 off, at, float(self._patch_tol), self._g_coal_box,
+                                 self._g_half, c_v, c_voff, self._cores[6], tw, float(dt),
+                                 float(self._margin0), float(self.margin_reach))
+        if not len(extra[0]):
+            return cols
+        return tuple(np.concatenate((a, b)) for a, b in zip(cols, extra))
 
     def _cylinder_box(self, k, gdata, margin, rows_pair, rows_pt, rows_pos, rows_n, rows_d) -> bool:
         """Closed-form points of cylinder-box pair k where a box face is the contact feature
@@ -1083,6 +1153,9 @@ class CollisionDriver:
             if poly_rows is not None:
                 cols = tuple(np.concatenate((a, b)) for a, b in zip(cols, poly_rows)) \
                     if rows_pair else poly_rows
+            if self._any_snap:
+                cols = self._margin_rows(gdata, cand, cand_margin, cols, data, dt,
+                                         Jw if from_jacobian else None, v)
             narrow = narrow_rows(*cols, self.pairs, self._friction, True)
             out = Contacts(*(merge_rows(rows, narrow) if blocks else narrow))
         else:

@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .collision_derivatives import (_k_common_plane, _k_cross, _k_rows_of, _k_snap_pair,
+from .collision_derivatives import (MARGIN_SIDE, MARGIN_VERTEX_ID, _k_common_plane, _k_cross,
+                                    _k_rows_of, _k_snap_pair,
                                     _k_world_patch_distances)
 from .jit import njit
 
@@ -998,3 +999,225 @@ def poly_patches(view, pairs, ks, axes, heights, mids, off, c_v, c_voff, c_rad, 
             nrm[r] = axes[i]
             r += 1
     return True, pair[:r], point[:r], pos[:r], nrm[:r], dist[:r]
+
+
+# (point ids of the margin-vertex rows of a polytope pair, ``poly_margin_rows``: a vertex i of
+# geom 1 over a face of geom 2 is MARGIN_VERTEX_ID + i, a vertex of geom 2 over a face of geom 1
+# MARGIN_VERTEX_ID + MARGIN_SIDE + i, stable from step to step for the warm start; defined in
+# collision_derivatives)
+
+
+@njit
+def _near_rows(x, n, at, r0, r1, tol):
+    """Whether the point x is within tol, across the normal n, of one of the points at[r0:r1]."""
+    for r in range(r0, r1):
+        w = x - at[r]
+        w = w - (w @ n) * n
+        if w @ w <= tol * tol:
+            return True
+    return False
+
+
+# a margin row needs the reference face within this angle of the contact normal (cos): its
+# distance is taken along the normal, (gap + r) / cos - r
+MARGIN_COS = 0.7
+# points of a pair with its margin rows at most (its one or two contact points and one or two
+# margin rows: any depths on three points are realizable by a rigid motion with every point
+# sticking)
+MARGIN_POINTS = 3
+# a margin row's point must be within this many times (its approach speed plus the contact's
+# closing speed) dt of the face (poly_margin_rows)
+MARGIN_REACH = 2.0
+
+
+@njit(inline="always")
+def _relative_speed(tw, x):
+    """Speed of the point x of one geom of a pair relative to the other's point there,
+    ``|v_1(x) - v_2(x)|`` with ``v(x) = v_O + w x x`` (tw (2, 6): the two geoms' world
+    twists)."""
+    a = np.zeros(3)
+    for g in range(2):
+        sg = 1.0 if g == 0 else -1.0
+        w0, w1, w2 = tw[g, 3], tw[g, 4], tw[g, 5]
+        a[0] += sg * (tw[g, 0] + w1 * x[2] - w2 * x[1])
+        a[1] += sg * (tw[g, 1] + w2 * x[0] - w0 * x[2])
+        a[2] += sg * (tw[g, 2] + w0 * x[1] - w1 * x[0])
+    return np.sqrt(a[0] * a[0] + a[1] * a[1] + a[2] * a[2])
+
+
+@njit
+def poly_margin_rows(view, pairs, ks, normals, margins, deepest, off, at, ptol, isbox, half,
+                     c_v, c_voff, c_rad, twists, dt, m0, reach):
+    """Speculative rows of the polytope pairs ``ks`` that touch at one or two points (a corner,
+    an edge: ``at[off[i]:off[i + 1]]``, their contact normal ``normals[i]``, from geom 1 to geom
+    2, and margin ``margins[i]``) at
+    the points of one geom over a face of the other where that one is a box (the reference):
+    a vertex of the other's core (a box corner, a capsule's axis end with its radius) that lies
+    over a face of the box (its box coordinates within the half sizes on the face's two axes,
+    and outside it, or least deep, on the third), or the point where an edge from such a
+    vertex (a box edge, a capsule's axis) leaves the face over its boundary.
+
+    Each row is a row of the pair's contact as a patch point is: the contact's normal n, its
+    point the vertex's projection on the plane through the (first) contact point normal to n
+    (the pair's common mid plane), its distance the distance along n from the incident surface to
+    the face's plane, ``(gap + r) / cos - r`` (gap along the face normal, r the incident core's
+    radius, cos between the face normal and n, at least ``MARGIN_COS``). All of a pair's rows
+    then share one normal and one plane, and with at most ``MARGIN_POINTS`` (three) points
+    with the contact's any depths are realizable by a rigid motion with every point sticking
+    (constraint.realizable_bias). Rows within the margin only, the nearest first; none for a
+    point at the contact (within ``ptol`` across n), nor deeper than the contact's row
+    (``deepest``) by more than ``ptol`` (it went into the box through another face), nor for
+    a point the pair's motion does not bring to the face within the step: its distance must
+    be below ``m0`` (the margin's part that is not the bodies' motion) plus ``reach`` dt
+    times the speed at which the point approaches the face plus the speed at which the
+    contact point closes (``twists[i, s]``: each geom's world twist, the velocity of the point
+    at the world origin and the angular velocity; the impulse that stops the contact point
+    turns the body about it, and drives a far end down by up to half its closing speed for a
+    rod struck at one end). A box sliding flat past an edge, a rod held still against a face
+    get none.
+
+    Coal's patch holds the support sets along the contact normal only. A box standing on an
+    edge or a corner over another box's face, two boxes touching edge on edge, a capsule tilted
+    over a box face: the contact is one point, and within the step the body turns about it and
+    a far corner or end, which no row holds, goes into the face (bench_drops #119, 100 Hz: two
+    boxes edge on edge 0.9 mm apart, then a corner 10 mm deep in one step)."""
+    nk = ks.shape[0]
+    cap = nk * (MARGIN_POINTS - 1)
+    pair = np.empty(cap, dtype=np.int64)
+    point = np.empty(cap, dtype=np.int64)
+    pos = np.empty((cap, 3))
+    nrm = np.empty((cap, 3))
+    dist = np.empty(cap)
+    m = 0
+    R = np.empty((3, 3))
+    for i in range(nk):
+        k = ks[i]
+        n = normals[i]
+        p0 = at[off[i]]
+        c0 = p0 @ n
+        tw = twists[i]
+        close = 0.0
+        for r in range(off[i], off[i + 1]):
+            close = max(close, _relative_speed(tw, at[r]))
+        # candidates of both sides: distance along n, id, point
+        cg = np.empty(64)
+        cid = np.empty(64, dtype=np.int64)
+        cx = np.empty((64, 3))
+        ncand = 0
+        for side in range(2):
+            # side 0: vertices of geom 1 over a face of geom 2; side 1: of geom 2 over geom 1's
+            gR = pairs[k, 1] if side == 0 else pairs[k, 0]
+            gI = pairs[k, 0] if side == 0 else pairs[k, 1]
+            if not isbox[gR]:
+                continue
+            s = 1.0 if side == 0 else -1.0
+            Iv = _core_vertices(view, gI, c_v, c_voff)
+            r_inc = c_rad[gI]
+            for r in range(3):
+                for c in range(3):
+                    R[r, c] = view[gR, 3 * c + r]
+            t = view[gR, 9:12]
+            h = half[gR]
+            nI = Iv.shape[0]
+            # each incident vertex in the box frame: the face it lies over (-1: beyond an edge
+            # of every face, or a face turned from the normal) and its side, its distance
+            # along n to that face's plane, whether it is the contact point
+            Lc = np.empty((nI, 3))
+            face = np.full(nI, -1, dtype=np.int64)
+            sgn = np.empty(nI)
+            cosf = np.empty(nI)
+            gapv = np.empty(nI)
+            atpt = np.zeros(nI, dtype=np.bool_)
+            for j in range(nI):
+                w = Iv[j] - t
+                for a in range(3):
+                    Lc[j, a] = R[0, a] * w[0] + R[1, a] * w[1] + R[2, a] * w[2]
+                c = 0
+                for a in range(1, 3):
+                    if abs(Lc[j, a]) - h[a] > abs(Lc[j, c]) - h[c]:
+                        c = a
+                over = True
+                for a in range(3):
+                    if a != c and abs(Lc[j, a]) > h[a]:
+                        over = False
+                if not over:
+                    continue
+                sc = 1.0 if Lc[j, c] >= 0.0 else -1.0
+                # the face's outward normal sc R[:, c] faces the incident geom: along -s n
+                cs = -s * sc * (R[0, c] * n[0] + R[1, c] * n[1] + R[2, c] * n[2])
+                if cs < MARGIN_COS:
+                    continue
+                face[j], sgn[j], cosf[j] = c, sc, cs
+                gapv[j] = (abs(Lc[j, c]) - h[c]) / cs - r_inc
+                atpt[j] = _near_rows(Iv[j], n, at, off[i], off[i + 1], ptol)
+            isbox_inc = nI == 8 and isbox[gI]
+            for j in range(nI):
+                c = face[j]
+                if c < 0:
+                    continue
+                if gapv[j] < margins[i] and gapv[j] > deepest[i] - ptol and not atpt[j] \
+                        and ncand < 64 and gapv[j] < m0 + reach * dt * (
+                            _relative_speed(tw, Iv[j]) + close):
+                    cg[ncand], cid[ncand] = gapv[j], side * MARGIN_SIDE + j
+                    cx[ncand] = Iv[j]
+                    ncand += 1
+                for o in range(nI):
+                    if o == j:
+                        continue
+                    if isbox_inc:
+                        x = j ^ o
+                        if x != 1 and x != 2 and x != 4:
+                            continue
+                    elif nI != 2:
+                        continue
+                    if face[o] == c and sgn[o] == sgn[j]:
+                        continue                        # (the whole edge over the face)
+                    tt = 2.0
+                    for a in range(3):
+                        if a == c:
+                            continue
+                        if abs(Lc[o, a]) > h[a]:
+                            lim = h[a] if Lc[o, a] > 0.0 else -h[a]
+                            ta = (lim - Lc[j, a]) / (Lc[o, a] - Lc[j, a])
+                            tt = min(tt, ta)
+                    if not (tt > 0.0 and tt < 1.0):
+                        continue
+                    lcx = Lc[j, c] + tt * (Lc[o, c] - Lc[j, c])
+                    g_ = (sgn[j] * lcx - h[c]) / cosf[j] - r_inc
+                    if not (g_ < margins[i] and g_ > deepest[i] - ptol):
+                        continue
+                    xc = Iv[j] + tt * (Iv[o] - Iv[j])
+                    if not g_ < m0 + reach * dt * (_relative_speed(tw, xc) + close):
+                        continue
+                    if _near_rows(xc, n, at, off[i], off[i + 1], ptol) or ncand == 64:
+                        continue                        # (the contact point itself)
+                    cg[ncand], cid[ncand] = g_, side * MARGIN_SIDE + 1000 * (1 + j) + o
+                    cx[ncand] = xc
+                    ncand += 1
+        # an edge crossing seen from both sides is one point: geom 1's row stands (whichever
+        # distance is smaller by rounding: the row must not switch sides under a perturbation)
+        for q in range(ncand):
+            if cid[q] >= MARGIN_SIDE + 1000:
+                for q2 in range(ncand):
+                    if cid[q2] < MARGIN_SIDE and cid[q2] >= 1000:
+                        w = cx[q] - cx[q2]
+                        w = w - (w @ n) * n
+                        if w @ w <= ptol * ptol:
+                            cg[q] = np.inf
+        order = np.argsort(cg[:ncand], kind="mergesort")
+        mstart = m
+        for q in range(ncand):
+            if m - mstart + off[i + 1] - off[i] >= MARGIN_POINTS:
+                break
+            j = order[q]
+            if cg[j] == np.inf:
+                break
+            pair[m] = k
+            point[m] = MARGIN_VERTEX_ID + cid[j]
+            hx = cx[j] @ n - c0
+            for b in range(3):
+                pos[m, b] = cx[j, b] - hx * n[b]
+                nrm[m, b] = n[b]
+            dist[m] = cg[j]
+            m += 1
+    return pair[:m].copy(), point[:m].copy(), pos[:m].copy(), nrm[:m].copy(), dist[:m].copy()

@@ -67,7 +67,8 @@ from . import derivative_kernels as K
 from . import collision_derivatives as _cd
 from . import support_drift as _support_drift
 from .collision_derivatives import (POLYTOPE_KINDS, capsule_pair, convex_pair,  # noqa: F401
-                                    cylinder_box_pair, face_pair, polytope_pair, polytope_pairs)
+                                    cylinder_box_pair, face_pair, margin_vertex_rows,
+                                    polytope_pair, polytope_pairs)
 from .collision_driver import tighten_requests
 from .constraint import baumgarte_gain, depenetration_speed
 from .plane_contacts import cylinder_lowest, ellipsoid_directions
@@ -724,10 +725,12 @@ def geometry_derivatives(sim, kin: _Kin, cons, skip=None) -> tuple[np.ndarray, n
         dn[ks] = dnk
         dd[ks] = ddk
         dp[ks] = 0.5 * (dc1 + dc2) + (0.5 * (r1 - r2))[:, None, None] * dnk
+    deferred: list = []       # margin rows whose pair's contact row takes the fallback
     if polytope:
         # every polytope pair of the step in one compiled call (collision_derivatives)
         try:
-            fallback += polytope_pairs(sim, kin, c, list(polytope.values()), dp, dn, dd)
+            fallback += polytope_pairs(sim, kin, c, list(polytope.values()), dp, dn, dd,
+                                       deferred)
         except (np.linalg.LinAlgError, FloatingPointError, ValueError, ZeroDivisionError):
             fallback += [k for _, _, rows in polytope.values() for k in rows]   # (degenerate)
     for route, groups in ((capsule_pair, capsules), (cylinder_box_pair, cylbox),
@@ -752,6 +755,11 @@ def geometry_derivatives(sim, kin: _Kin, cons, skip=None) -> tuple[np.ndarray, n
             _collision_fd(sim, cons, fallback, dp, dn, dd)
         else:                      # (a block's dofs only: derivative_blocks)
             _collision_fd(sim, cons, fallback, dp, dn, dd, cols)
+    for job in deferred:           # (on the contact row's derivatives the fallback gave)
+        left = margin_vertex_rows(sim, kin, c, *job, dp, dn, dd)
+        if left:
+            _note_fallback(sim, c, left)
+            _collision_fd(sim, cons, left, dp, dn, dd, getattr(kin, "cols", None))
     return dp, dn, dd
 
 
