@@ -43,19 +43,21 @@ G_POOL_MIN_BYTES = 16 * 2 ** 20
 G_POOL_SIZE = 3
 
 
-def g_buffer(sim, m: int):
-    """Memory for the step's island blocks of G (``assemble_blocks``' ``Gb``, at most m^2
-    entries), or None (it allocates its own) where that is under :data:`G_POOL_MIN_BYTES`.
+def g_buffer(sim):
+    """Memory for the step's island blocks of G (``assemble_blocks``' ``Gb``), or None (it
+    allocates its own) until a step of ``sim`` has needed at least :data:`G_POOL_MIN_BYTES`.
 
     A fresh array that large is served by mmap and freed to the system after the step, so each
     step faulted in every page again: at a rack of 256 balls (one island of 2,208 rows, a 39 MB
     block) 9,700 page faults and 18 ms of system time of a 29 ms constrained call. The pool
-    keeps up to :data:`G_POOL_SIZE` such arrays on the simulator (``np.empty``: pages past what
-    a step uses are never touched) and hands out one that nothing outside the pool refers to:
-    the blocks of an earlier step stay valid as long as anything (``sim.last``, a kept
-    ``Constraints``, the derivatives' cache) holds them, since holding a view holds the array."""
-    need = int(m) * int(m)
-    if 8 * need < G_POOL_MIN_BYTES:
+    keeps up to :data:`G_POOL_SIZE` such arrays on the simulator, each sized by the largest
+    block storage a step of it has needed (``sim._g_need``, recorded by ``block_step``; a
+    quarter more, so that a few more contacts fit), and hands out one that nothing outside the
+    pool refers to: the blocks of an earlier step stay valid as long as anything (``sim.last``,
+    a kept ``Constraints``, the derivatives' cache) holds them, since holding a view holds the
+    array. A step needing more than the array handed out allocates its own, once."""
+    need = sim.__dict__.get("_g_need", 0)
+    if need <= 0 or 8 * need < G_POOL_MIN_BYTES:
         return None
     pool = sim.__dict__.setdefault("_g_pool", [])
     for k in range(len(pool)):
@@ -69,7 +71,7 @@ def g_buffer(sim, m: int):
             break
     if len(pool) >= G_POOL_SIZE:
         return None
-    buf = np.empty(need)
+    buf = np.empty(need + need // 4)
     pool.append(buf)
     return buf
 
@@ -387,12 +389,15 @@ def block_step(sim, trees, q, v, Jw, contacts, v_free):
             w is not None, *(w if w is not None else _NO_WARM), st.tol, st.mode_tol,
             st.newton_iter, st.mode_rounds, st.newton_budget, bool(st.realizable_bias),
             depenetration_speed(solver), _NO_DRIFT if drift is None else drift,
-            g_buffer(sim, m + len(cb.lim_q)))
+            g_buffer(sim))
     # (an ellipsoid's support point: its offsets at the step's own v1, support_drift)
     out, drift_at = fixed_point(sim, contacts, Jw, v, solve_pass,
                                 lambda o: o[10] if o[0] else None)
     (all_ok, island_ok, lim_idx, lim_dist, lam, sigma, modes, lim_act, its, resid, v1, r1, vs,
      nprox, storage, proj, braw) = out
+    need = int(storage[16][-1])                     # (G's blocks: g_buffer's next size)
+    if need > sim.__dict__.get("_g_need", 0):
+        sim._g_need = need
     cons = BlockConstraints(storage, nv, storage[3], nc, contacts.mu, frames, contacts, lim_idx,
                             lim_dist, contacts.dist)
     if len(proj) and proj.max() >= 0:
